@@ -1,0 +1,189 @@
+/*
+ * wp.h -- the whole public C API of the warp engine.
+ *
+ * The engine runs mixture-of-experts language models from a warp container (a directory,
+ * see docs/FORMAT.md). The dense trunk is resident; routed experts are reached only
+ * through a bounded expert cache filled by aligned reads from the expert banks.
+ *
+ * Contract for every function:
+ *   - Errors are returned as wp_status, never printed. Nothing calls exit() or abort()
+ *     on any input. wp_strerror(status) names the code; wp_error_detail(ctx) names the
+ *     exact tensor, record or position and stays valid until the next call on that ctx.
+ *   - A wp_ctx is not thread-safe: one thread at a time per context. Several contexts
+ *     (models) may be open at once. The engine keeps no global mutable state except the
+ *     kernel dispatch table, which is chosen once from the CPU's flags.
+ *   - Caller-owned buffers come with their capacity; a short buffer returns WP_E_ARG.
+ *   - Sizes are in bytes, counts in elements, times in seconds.
+ */
+#ifndef WP_H
+#define WP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define WP_VERSION_MAJOR 0
+#define WP_VERSION_MINOR 1
+#define WP_VERSION_PATCH 0
+#define WP_FORMAT_VERSION 1
+
+typedef enum wp_status {
+    WP_OK = 0,
+    WP_E_IO = -1,           /* missing file, short read, checksum mismatch */
+    WP_E_FORMAT = -2,       /* malformed container or state file, wrong version */
+    WP_E_BUDGET = -3,       /* RAM budget below the floor */
+    WP_E_OOM = -4,          /* an allocation failed */
+    WP_E_ARG = -5,          /* bad argument (NULL, out of range, short buffer) */
+    WP_E_UNSUPPORTED = -6,  /* unknown model_type, dtype or feature */
+    WP_E_CANCELLED = -7,    /* reserved for callbacks that ask to stop */
+    WP_E_CONTEXT_FULL = -8, /* the tokens do not fit in the context */
+    WP_E_STATE = -9         /* a state file from another model or shape */
+} wp_status;
+
+typedef enum wp_cache_policy {
+    WP_CACHE_LFRU = 0, /* frequency-aware: evict the least-hit of sampled slots */
+    WP_CACHE_LRU = 1   /* least recently used */
+} wp_cache_policy;
+
+typedef enum wp_isa {
+    WP_ISA_AUTO = 0,   /* best the CPU supports */
+    WP_ISA_SCALAR = 1, /* the portable reference kernels */
+    WP_ISA_AVX2 = 2,   /* AVX2 + FMA */
+    WP_ISA_AVX512 = 3  /* AVX-512 F/BW/VL (+VNNI where present) */
+} wp_isa;
+
+/* Configuration. Always start from wp_cfg_init(): fields added later get sane defaults. */
+typedef struct wp_cfg {
+    uint64_t budget_bytes;      /* hard ceiling on engine memory; 0 = resolve automatically */
+    uint32_t ctx_tokens;        /* context length; 0 = min(max_position_embeddings, 4096) */
+    uint32_t n_threads;         /* compute threads; 0 = physical cores */
+    uint32_t reader_threads;    /* expert reader threads; 0 = 1 */
+    uint32_t prefill_chunk;     /* tokens per prefill chunk; 0 = 64 */
+    int32_t cache_policy;       /* wp_cache_policy; default WP_CACHE_LFRU */
+    int32_t direct_io;          /* 1 = O_DIRECT when the file system accepts it (default) */
+    int32_t verify;             /* 1 = check each record's payload CRC32C on read (default 0) */
+    int32_t lookahead;          /* 1 = prefetch layer L+1's likely experts (default 1) */
+    int32_t isa;                /* wp_isa; default WP_ISA_AUTO */
+    const char *hotlist_path;   /* usage counts to warm the cache at open; NULL = none */
+    uint64_t usable_ram_bytes;  /* 0 = detect (physical RAM and cgroup limits) */
+    const char *cgroup_root;    /* where cgroup files are read; NULL = "/sys/fs/cgroup" */
+    const char *proc_root;      /* where /proc/self/cgroup is read; NULL = "/proc" */
+} wp_cfg;
+
+/* Fills every field with its default. Never fails. */
+void wp_cfg_init(wp_cfg *cfg);
+
+/* Memory plan of a container at a configuration, in bytes. */
+typedef struct wp_plan {
+    uint64_t trunk_bytes;        /* resident tensors */
+    uint64_t kv_bytes;           /* KV cache / recurrent state at ctx_tokens */
+    uint64_t scratch_bytes;      /* activations, logits, chunk buffers */
+    uint64_t min_cache_bytes;    /* smallest legal expert cache */
+    uint64_t floor_bytes;        /* trunk + kv + scratch + min cache */
+    uint64_t working_set_bytes;  /* one token's expert traffic: top_k * record * moe layers */
+    uint64_t recommended_bytes;  /* floor + 3 working sets, capped at all experts */
+    uint64_t experts_total_bytes;/* every expert record of the container */
+    uint64_t record_bytes;       /* largest expert record */
+    uint64_t usable_ram_bytes;   /* min(physical RAM, cgroup limits) */
+    uint64_t budget_bytes;       /* the budget that open would use */
+    uint64_t cache_bytes;        /* expert cache that open would allocate */
+    uint32_t ctx_tokens;         /* resolved context length */
+    uint32_t cache_slots;        /* expert records the cache holds */
+    int32_t budget_multiple;     /* k in floor + k*ws chosen by the resolver; -1 explicit */
+} wp_plan;
+
+/* Plans memory without loading weights. err (may be NULL) receives a detail message.
+ * Returns WP_OK, WP_E_IO, WP_E_FORMAT, WP_E_UNSUPPORTED, WP_E_BUDGET (an explicit budget
+ * below the floor; the plan is still filled), WP_E_ARG. */
+wp_status wp_plan_memory(const char *path, const wp_cfg *cfg, wp_plan *out,
+                         char *err, size_t err_cap);
+
+typedef struct wp_ctx wp_ctx;
+
+/* Opens a container. On failure *out is NULL and err receives the detail.
+ * Returns WP_OK, WP_E_IO, WP_E_FORMAT, WP_E_UNSUPPORTED, WP_E_BUDGET, WP_E_OOM, WP_E_ARG. */
+wp_status wp_open(const char *path, const wp_cfg *cfg, wp_ctx **out, char *err, size_t err_cap);
+
+/* Closes and frees everything. NULL is allowed. */
+void wp_close(wp_ctx *ctx);
+
+/* Static name of a status. */
+const char *wp_strerror(wp_status status);
+
+/* Detail of the last error on ctx ("" if none). Valid until the next call on ctx. */
+const char *wp_error_detail(const wp_ctx *ctx);
+
+typedef struct wp_info {
+    char model_type[32];
+    char isa[16];                /* kernel set in use: "scalar", "avx2", "avx512" */
+    uint32_t vocab_size, hidden_size, n_layers, n_heads, n_kv_heads, head_dim;
+    uint32_t n_experts, top_k, n_moe_layers;
+    uint32_t ctx_tokens, max_position_embeddings, n_threads;
+    uint64_t total_params, active_params;
+    wp_plan plan;                /* the plan resolved at open */
+} wp_info;
+
+wp_status wp_get_info(const wp_ctx *ctx, wp_info *out);
+
+/* Evaluates n tokens at the current position and advances it by n.
+ * logits receives vocab_size floats for the last token, or n * vocab_size when
+ * all_logits != 0 (row t for token t). logits may be NULL when logits_cap is 0 (prefill
+ * only). Returns WP_OK, WP_E_ARG (token id out of range, short buffer),
+ * WP_E_CONTEXT_FULL (position + n > ctx_tokens; nothing is evaluated), WP_E_IO (an
+ * expert record failed to read or validate; the detail names layer and expert; the
+ * position is left unchanged and the state must be reset or truncated), WP_E_OOM. */
+wp_status wp_eval(wp_ctx *ctx, const int32_t *tokens, uint32_t n, int all_logits,
+                  float *logits, size_t logits_cap);
+
+/* Tokens evaluated so far. */
+uint32_t wp_position(const wp_ctx *ctx);
+
+/* Forgets the context (position 0). */
+wp_status wp_state_reset(wp_ctx *ctx);
+
+/* Keeps the first pos tokens of the context and drops the rest (pos <= position). */
+wp_status wp_state_truncate(wp_ctx *ctx, uint32_t pos);
+
+/* Saves the KV cache and position; the file records the model's shape. */
+wp_status wp_state_save(wp_ctx *ctx, const char *path);
+
+/* Loads a saved state. A state of another model or shape returns WP_E_STATE. */
+wp_status wp_state_load(wp_ctx *ctx, const char *path);
+
+typedef struct wp_stats {
+    uint64_t tokens;             /* tokens evaluated */
+    uint64_t expert_lookups;     /* demand lookups = hits + misses */
+    uint64_t expert_hits;
+    uint64_t expert_misses;
+    uint64_t prefetch_issued;    /* speculative reads started by the lookahead */
+    uint64_t prefetch_hits;      /* demand lookups served by a speculative read */
+    uint64_t bytes_read;         /* expert record bytes read (demand + speculative) */
+    uint64_t other_bytes_read;   /* trunk / embedding rows read after open */
+    double read_seconds;         /* time waited on expert reads */
+    double eval_seconds;         /* wall time inside wp_eval */
+    uint64_t peak_bytes;         /* peak engine allocation */
+    uint64_t cache_bytes;        /* expert cache size */
+    uint32_t cache_slots;
+    int32_t direct_io;           /* 1 when expert reads bypass the page cache */
+} wp_stats;
+
+/* Cumulative since open or the last wp_stats_reset. */
+wp_status wp_get_stats(const wp_ctx *ctx, wp_stats *out);
+void wp_stats_reset(wp_ctx *ctx);
+
+/* Writes per-(layer, expert) usage counts, read back at open via cfg.hotlist_path. */
+wp_status wp_hotlist_save(wp_ctx *ctx, const char *path);
+
+const char *wp_version(void);
+int wp_version_number(void); /* major * 10000 + minor * 100 + patch */
+
+/* Kernel sets this CPU can run, as a bit mask of (1 << wp_isa). */
+uint32_t wp_isa_supported(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* WP_H */

@@ -1,0 +1,346 @@
+/*
+ * internal.h -- the engine's private interfaces between its modules.
+ *
+ *   container.c  manifest.json (json.c) -> wpi_container: hparams, trunk index, banks
+ *   experts/     plan.c (memory plan, usable RAM), cache.c (slots, policy, pins),
+ *                reader.c (aligned pread, O_DIRECT probe, header + CRC32C validation)
+ *   core.c       wp_open/wp_eval/...: glue; arch/ + blocks/ compute the forward pass
+ *   kernels/     numeric kernels with ISA dispatch (kernels.h)
+ *
+ * Architecture code reaches experts only through wpi_experts_* and never touches a file.
+ * Nothing here is exported: every non-static symbol is prefixed wpi_.
+ */
+#ifndef WP_INTERNAL_H
+#define WP_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "wp.h"
+#include "kernels/kernels.h"
+
+#define WPI_MAX_LAYERS 1024
+#define WPI_MAX_EOS 16
+#define WPI_RECORD_HEADER_BYTES 64
+#define WPI_DISK_ALIGN 4096      /* O_DIRECT offset and length alignment */
+#define WPI_BUF_ALIGN 4096       /* alignment of read buffers */
+#define WPI_ERR_CAP 512
+
+/* ---- util.c -------------------------------------------------------------------- */
+
+/* Formats an error message into err (may be NULL) and returns status. */
+wp_status wpi_fail(char *err, size_t cap, wp_status status, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* CRC32C (Castagnoli); SSE4.2 instruction when present, table otherwise. */
+uint32_t wpi_crc32c(uint32_t crc, const void *data, size_t n);
+
+/* Memory accounting of one context: every engine allocation goes through it. */
+typedef struct wpi_mem {
+    uint64_t current;
+    uint64_t peak;
+} wpi_mem;
+
+void *wpi_alloc(wpi_mem *m, size_t align, size_t bytes); /* zeroed; NULL on failure */
+void wpi_free(wpi_mem *m, void *p, size_t bytes);
+
+double wpi_now(void); /* monotonic seconds */
+
+/* ---- container.c --------------------------------------------------------------- */
+
+enum { WPI_QK_NONE = 0, WPI_QK_HEAD = 1, WPI_QK_FULL = 2 };
+
+/* Normalized hyperparameters (docs/FORMAT.md section 3). */
+typedef struct wpi_hparams {
+    char model_type[32];
+    uint32_t vocab_size, hidden_size, n_layers;
+    uint32_t n_heads, n_kv_heads, head_dim;
+    uint32_t intermediate_size, moe_intermediate_size;
+    uint32_t n_experts, top_k;
+    uint32_t shared_expert_intermediate_size;
+    int32_t shared_expert_gate;             /* bool */
+    int32_t norm_topk_prob;                 /* bool */
+    uint8_t layer_is_moe[WPI_MAX_LAYERS];   /* [n_layers] */
+    float rms_norm_eps;
+    uint32_t rope_dim;
+    float rope_theta, rope_attn_factor;
+    int32_t qk_norm;                        /* WPI_QK_* */
+    float attn_scale;
+    uint32_t max_position_embeddings;
+    int32_t tie_word_embeddings;            /* bool */
+    int32_t bos_token_id;                   /* -1 if none */
+    uint32_t n_eos;
+    int32_t eos_token_ids[WPI_MAX_EOS];
+    float clip_qkv;                         /* clamp q, k, v to +-clip_qkv; 0 = none */
+} wpi_hparams;
+
+/* A trunk tensor. shape[0] = rows (or length of a vector), shape[1] = cols (1 for a vector). */
+typedef struct wpi_tensor {
+    char *name;
+    int32_t dtype;
+    uint32_t n_dims;        /* 1 or 2 */
+    uint64_t shape[2];
+    uint64_t offset;        /* in trunk.bin */
+    uint64_t bytes;
+    uint32_t crc32c;
+    void *data;             /* resident copy after wpi_container_load_trunk, else NULL */
+} wpi_tensor;
+
+/* One MoE layer's expert bank (experts-L{layer}.bin). */
+typedef struct wpi_bank {
+    uint32_t layer;
+    char *path;
+    uint32_t n_experts;
+    uint64_t record_bytes;  /* multiple of WPI_DISK_ALIGN */
+    int32_t dtype;          /* of gate, up and down */
+    uint32_t inter;         /* gate/up rows, down cols */
+    uint32_t hidden;        /* gate/up cols, down rows */
+    uint64_t gate_offset, up_offset, down_offset; /* from the record start */
+    uint64_t payload_bytes; /* end of down - WPI_RECORD_HEADER_BYTES */
+} wpi_bank;
+
+typedef struct wpi_container {
+    char *dir;
+    wpi_hparams hp;
+    wpi_tensor *tensors;
+    uint32_t n_tensors;
+    char *trunk_path;
+    uint64_t trunk_bytes;         /* sum of tensor bytes */
+    wpi_bank *banks;
+    uint32_t n_banks;
+    int32_t bank_of_layer[WPI_MAX_LAYERS]; /* index into banks, -1 for a dense layer */
+    uint64_t experts_total_bytes;
+    uint64_t max_record_bytes;
+} wpi_container;
+
+/* Parses and validates manifest.json and the sizes of every file it names. Loads no
+ * tensor data. Errors: WP_E_IO (missing/unreadable file), WP_E_FORMAT (anything
+ * malformed; err names the key, tensor or file). */
+wp_status wpi_container_open(const char *dir, wpi_container **out, char *err, size_t cap);
+
+/* Reads every trunk tensor into memory accounted to m, tensor by tensor with pread,
+ * checking each CRC32C. Errors: WP_E_IO, WP_E_FORMAT (CRC mismatch names the tensor), OOM. */
+wp_status wpi_container_load_trunk(wpi_container *c, wpi_mem *m, char *err, size_t cap);
+
+/* The tensor of that name, or NULL. */
+const wpi_tensor *wpi_container_tensor(const wpi_container *c, const char *name);
+
+void wpi_container_close(wpi_container *c, wpi_mem *m);
+
+/* ---- experts/ -------------------------------------------------------------------- */
+
+typedef struct wpi_expert_view {
+    const void *gate, *up, *down; /* matrices in dtype layout */
+    int32_t dtype;
+    uint32_t inter, hidden;
+} wpi_expert_view;
+
+typedef struct wpi_experts wpi_experts;
+
+/* Creates the expert cache of cache_bytes (rounded down to whole slots of the largest
+ * record) and its reader threads; probes O_DIRECT per bank. */
+wp_status wpi_experts_open(wpi_container *c, const wp_cfg *cfg, uint64_t cache_bytes,
+                           wpi_mem *m, wpi_experts **out, char *err, size_t cap);
+
+/* How many experts one request may pin at once (>= top_k). */
+uint32_t wpi_experts_max_pinned(const wpi_experts *x);
+
+/* Demand request: pins experts ids[0..n) of layer (n <= max_pinned, ids distinct) and
+ * starts reads for the misses, in the given order. Counts lookups, hits and misses. */
+wp_status wpi_experts_request(wpi_experts *x, uint32_t layer, const int32_t *ids,
+                              uint32_t n, char *err, size_t cap);
+
+/* Waits until a requested expert is present and valid; fills out. WP_E_IO with the
+ * layer and expert named in err when the record failed to read or validate. */
+wp_status wpi_experts_acquire(wpi_experts *x, uint32_t layer, int32_t id,
+                              wpi_expert_view *out, char *err, size_t cap);
+
+/* Unpins everything pinned by requests since the last release. */
+void wpi_experts_release(wpi_experts *x);
+
+/* Speculative reads (lookahead); never pinned, never counted as lookups. */
+void wpi_experts_prefetch(wpi_experts *x, uint32_t layer, const int32_t *ids, uint32_t n);
+
+/* Adds the expert counters to *s (lookups, hits, misses, prefetch, bytes, read time,
+ * direct_io, cache size). */
+void wpi_experts_stats(const wpi_experts *x, wp_stats *s);
+void wpi_experts_stats_reset(wpi_experts *x);
+
+wp_status wpi_experts_hotlist_save(const wpi_experts *x, const char *path, char *err, size_t cap);
+
+void wpi_experts_close(wpi_experts *x, wpi_mem *m);
+
+/* plan.c: the memory plan (see wp_plan), also used by wp_open to resolve the budget. */
+wp_status wpi_plan(const wpi_container *c, const wp_cfg *cfg, wp_plan *out,
+                   char *err, size_t cap);
+
+/* Usable RAM: min(physical, every finite cgroup v2 memory.max/memory.high from this
+ * process's cgroup up to the root, cgroup v1 memory.limit_in_bytes). */
+uint64_t wpi_usable_ram(const wp_cfg *cfg);
+
+/* ---- forward (core.c, forward.c, pool.c, blocks/, arch/) --------------------- */
+
+/* Bytes of the KV cache at ctx tokens, and of the scratch buffers for chunks of
+ * `chunk` tokens at ctx tokens. plan.c uses exactly what the forward allocates
+ * (chunk = cfg->prefill_chunk, 0 meaning 64). */
+uint64_t wpi_kv_bytes(const wpi_hparams *hp, uint32_t ctx);
+uint64_t wpi_scratch_bytes(const wpi_hparams *hp, uint32_t chunk, uint32_t ctx);
+
+typedef struct wpi_arch wpi_arch;
+
+/* pool.c: a persistent compute pool. The calling thread runs tasks too, so a pool of
+ * n threads starts n - 1 workers. Idle workers spin briefly, then sleep. */
+typedef struct wpi_pool wpi_pool;
+typedef void (*wpi_task_fn)(void *arg, uint32_t task);
+
+uint32_t wpi_physical_cores(void); /* unique (physical id, core id) pairs; >= 1 */
+wp_status wpi_pool_open(uint32_t n_threads, wpi_pool **out);
+void wpi_pool_close(wpi_pool *p);
+uint32_t wpi_pool_threads(const wpi_pool *p);
+/* Runs fn(arg, i) for every i < n_tasks across the pool and returns when all are done.
+ * Tasks are claimed dynamically, so fn must make each task's result independent of
+ * which thread runs it. Not reentrant: one parallel_for at a time per pool. */
+void wpi_parallel_for(wpi_pool *p, uint32_t n_tasks, wpi_task_fn fn, void *arg);
+
+/* A weight matrix [rows, cols] in dtype layout (a trunk tensor or an expert matrix). */
+typedef struct wpi_wmat {
+    const void *data;
+    int32_t dtype;
+    uint32_t rows, cols;
+} wpi_wmat;
+
+/* Trunk tensors of one layer, bound by name; NULL when absent. */
+typedef struct wpi_layer {
+    const float *attn_norm, *ffn_norm;            /* [hidden] */
+    wpi_wmat wq, wk, wv, wo;                      /* see docs/FORMAT.md section 4 */
+    const float *bq, *bk, *bv, *bo;               /* biases or NULL */
+    const float *q_norm, *k_norm;                 /* [head_dim] or full width, or NULL */
+    wpi_wmat ffn_gate, ffn_up, ffn_down;          /* dense layers */
+    const float *router;                          /* [n_experts, hidden], MoE layers */
+    wpi_wmat sh_gate, sh_up, sh_down;             /* shared expert (data NULL if none) */
+    const float *sh_gate_inp;                     /* [hidden] or NULL */
+    uint8_t is_moe;
+} wpi_layer;
+
+/* Everything the forward pass reads and writes. Buffers are carved from one scratch
+ * allocation of wpi_scratch_bytes and one KV allocation of wpi_kv_bytes. */
+typedef struct wpi_model {
+    const wpi_hparams *hp;
+    const wpi_kernels *k;
+    wpi_pool *pool;
+    wpi_experts *experts;
+    uint32_t ctx, chunk;         /* context length, tokens per chunk */
+    int lookahead;               /* decode-time prefetch of the next layer's experts */
+    const wpi_wmat *lm_head;     /* output.weight or token_embd.weight */
+    wpi_wmat tok_embd, output;
+    const float *out_norm;       /* [hidden] */
+    const float *rope_freqs;     /* [rope_dim/2] inverse frequencies */
+    wpi_layer *layers;           /* [n_layers] */
+    float *kcache, *vcache;      /* [n_layers][ctx][n_kv_heads*head_dim] */
+    /* scratch, per chunk of C tokens */
+    float *x;                    /* [C, hidden] residual stream */
+    float *xn;                   /* [C, hidden] normed input of a block */
+    float *q;                    /* [C, n_heads*head_dim] */
+    float *att;                  /* [C, n_heads*head_dim] attention output */
+    float *rope_cos, *rope_sin;  /* [C, rope_dim/2] at the chunk's positions */
+    float *ff_g, *ff_u;          /* [C, max ffn width] gate and up / hidden */
+    float *moe_out;              /* [C, hidden] routed + shared expert sum */
+    float *probs;                /* [C, n_experts] router softmax */
+    int32_t *topk_id;            /* [C, top_k] router order */
+    float *topk_w;               /* [C, top_k] */
+    float *eo;                   /* [C, top_k, hidden] one expert output per choice */
+    float *xg, *yg;              /* [C, hidden] tokens gathered for one expert */
+    int32_t *ex_ids;             /* [n_experts] distinct experts of a chunk */
+    int32_t *ex_start;           /* [n_experts + 1] */
+    int32_t *ex_pick;            /* [C * top_k] (token * top_k + slot) grouped by expert */
+    int32_t *ex_slot;            /* [n_experts] expert -> index in ex_ids, -1 */
+    float *sh_w;                 /* [C] shared expert gate */
+    float *la_probs;             /* [n_experts] lookahead router */
+    int32_t *la_ids;             /* [top_k] */
+    char *err;                   /* detail of the last error */
+    size_t err_cap;
+} wpi_model;
+
+/* forward.c: binds tensors and carves buffers (kv and scratch as sized above). */
+wp_status wpi_model_init(wpi_model *mdl, const wpi_container *c, void *kv, void *scratch,
+                         uint32_t ctx, uint32_t chunk);
+/* Evaluates tokens[0..n) (n <= chunk) at positions pos..pos+n. logits (may be NULL)
+ * receives vocab floats per token for all n tokens when all_logits, else for the last. */
+wp_status wpi_model_forward(wpi_model *mdl, const wpi_arch *arch,
+                            const int32_t *tokens, uint32_t n, uint32_t pos,
+                            float *logits, int all_logits);
+
+/* y[t*ldy + r] = W x_t for rows r0..r1 of several matrices sharing one input, split by
+ * row blocks across the pool (inline when small). */
+typedef struct wpi_mm {
+    const wpi_wmat *w;
+    float *y;
+    size_t ldy;
+} wpi_mm;
+void wpi_matmul(wpi_model *mdl, const wpi_mm *jobs, uint32_t n_jobs,
+                const float *x, size_t ldx, uint32_t n_tok);
+
+/* Tensor checks for arch check functions: err names the tensor. A matrix must have a
+ * dtype with a matmul kernel; a vector must be f32. */
+wp_status wpi_need_matrix(const wpi_container *c, const char *name, uint64_t rows,
+                          uint64_t cols, char *err, size_t cap);
+wp_status wpi_need_vector(const wpi_container *c, const char *name, uint64_t n,
+                          char *err, size_t cap);
+/* The same when present; absent is fine. */
+wp_status wpi_opt_vector(const wpi_container *c, const char *name, uint64_t n,
+                         char *err, size_t cap);
+/* Checks what every decoder shares: embeddings, norms, rope, q/k/v/o (+ biases present),
+ * qk norms per hparams, dense FFN or router + expert bank per layer, shared expert. */
+wp_status wpi_check_decoder(const wpi_container *c, char *err, size_t cap);
+
+/* blocks/: one block of a layer over a chunk of n tokens at positions pos..pos+n. Each
+ * reads x, writes the residual sum back into x. */
+void wpi_attention_block(wpi_model *mdl, uint32_t layer, uint32_t n, uint32_t pos);
+void wpi_ffn_block(wpi_model *mdl, uint32_t layer, uint32_t n);
+wp_status wpi_moe_block(wpi_model *mdl, uint32_t layer, uint32_t n);
+/* out[t] = down(silu(gate x_t) * up x_t) for m tokens (ffn.c). */
+void wpi_swiglu(wpi_model *mdl, const wpi_wmat *gate, const wpi_wmat *up,
+                const wpi_wmat *down, const float *x, size_t ldx, uint32_t m,
+                float *out, size_t ldo);
+/* Rope cos/sin of the chunk's positions into mdl->rope_cos/sin (attention.c). */
+void wpi_rope_prepare(wpi_model *mdl, uint32_t n, uint32_t pos);
+/* Rotates the first rope_dim dims of n_heads heads of head_dim (HF rotate_half). */
+void wpi_rope_apply(float *v, uint32_t n_heads, uint32_t head_dim, uint32_t rope_dim,
+                    const float *cos, const float *sin);
+/* Router top-k of probs[n] (ties to the lower id), in descending order (moe.c). */
+void wpi_topk(const float *probs, uint32_t n, uint32_t k, int32_t *ids, float *w);
+
+/* arch/registry.c: an architecture is found by its model_type. */
+struct wpi_arch {
+    const char *name;
+    /* Checks hparams and the presence and shape of every tensor this arch needs. */
+    wp_status (*check)(const wpi_container *c, char *err, size_t cap);
+    /* One decoder layer over a chunk of n tokens at positions pos..pos+n, updating
+     * mdl->x in place. Errors: WP_E_IO (an expert read), with mdl->err filled. */
+    wp_status (*layer_forward)(wpi_model *mdl, uint32_t layer, uint32_t n, uint32_t pos);
+};
+
+const wpi_arch *wpi_arch_find(const char *model_type);
+/* Comma-separated names of every supported model_type. */
+const char *wpi_arch_names(void);
+
+/* core.c: the context, shared with state.c. */
+struct wp_ctx {
+    wpi_mem mem;
+    wpi_container *c;
+    const wpi_arch *arch;
+    wp_plan plan;
+    wpi_experts *experts;
+    wpi_pool *pool;
+    wpi_model mdl;
+    void *kv;
+    uint64_t kv_bytes;
+    void *scratch;
+    uint64_t scratch_bytes;
+    uint32_t pos;                /* tokens evaluated */
+    uint64_t tokens;             /* stats since the last reset */
+    double eval_seconds;
+    char err[WPI_ERR_CAP];
+};
+
+#endif /* WP_INTERNAL_H */

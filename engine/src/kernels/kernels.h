@@ -1,0 +1,90 @@
+/*
+ * kernels.h -- numeric kernels on quantized blocks, with runtime ISA dispatch.
+ *
+ * Every kernel has a portable reference (kernels_ref.c, always compiled). SIMD variants
+ * (kernels_avx2.c, kernels_avx512.c) are compiled with per-function target pragmas, so
+ * no global -m flag is needed, and chosen in dispatch.c from the CPU's flags.
+ * Contract of a SIMD variant: equal to the reference within 1e-6 * sum_i |w_i * x_i|
+ * per output (accumulation order differs); thread count never changes a result
+ * (callers split work by rows).
+ */
+#ifndef WP_KERNELS_H
+#define WP_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Data type ids: GGUF's ggml_type numbering (docs/FORMAT.md section 1). */
+enum {
+    WPI_F32 = 0,
+    WPI_F16 = 1,
+    WPI_Q4_0 = 2,
+    WPI_Q4_1 = 3,
+    WPI_Q8_0 = 8,
+    WPI_BF16 = 30
+};
+
+#define WPI_QK 32 /* weights per quantized block */
+
+/* Bytes of one row of `cols` weights of dtype (0 for an unknown dtype or a quantized
+ * dtype with cols % 32 != 0). */
+size_t wpi_row_bytes(int dtype, size_t cols);
+int wpi_dtype_valid(int dtype);
+const char *wpi_dtype_name(int dtype);
+
+/*
+ * Y = X * W^T for a row range of W.
+ *   w:    the whole matrix [rows, cols] in dtype layout (row-major)
+ *   rows r0 <= r < r1 are computed
+ *   x:    n_tok activations, token t at x + t*ldx (cols floats each)
+ *   y:    output, token t row r at y[t*ldy + r]
+ * Weights of a row are read once for all n_tok tokens.
+ */
+typedef void (*wpi_matmul_fn)(const void *w, size_t cols, size_t r0, size_t r1,
+                              const float *x, size_t ldx, size_t n_tok,
+                              float *y, size_t ldy);
+
+typedef struct wpi_kernels {
+    const char *name;            /* "scalar", "avx2", "avx512" */
+    wpi_matmul_fn matmul_f32;
+    wpi_matmul_fn matmul_f16;
+    wpi_matmul_fn matmul_bf16;
+    wpi_matmul_fn matmul_q8_0;
+    wpi_matmul_fn matmul_q4_0;
+    wpi_matmul_fn matmul_q4_1;
+    float (*dot_f32)(const float *a, const float *b, size_t n);
+    void (*axpy_f32)(float a, const float *x, float *y, size_t n); /* y += a*x */
+} wpi_kernels;
+
+/* The kernel tables (dispatch.c picks one). The SIMD tables exist only on x86-64 builds;
+ * use wpi_kernels_get() rather than naming them, except in tests and benchmarks. */
+extern const wpi_kernels wpi_kernels_ref;
+extern const wpi_kernels wpi_kernels_avx2;
+extern const wpi_kernels wpi_kernels_avx512;
+
+/* Kernel set for an ISA (wp_isa values); NULL if this CPU cannot run it.
+ * WP_ISA_AUTO (0) returns the best supported set. */
+const wpi_kernels *wpi_kernels_get(int isa);
+
+/* The matmul of a dtype in a kernel set; NULL for an unknown dtype. */
+wpi_matmul_fn wpi_kernels_matmul(const wpi_kernels *k, int dtype);
+
+/* Reference-only helpers (kernels_ref.c). */
+float wpi_f16_to_f32(uint16_t h);
+uint16_t wpi_f32_to_f16(float f);
+float wpi_bf16_to_f32(uint16_t h);
+/* Round to nearest even; NaN stays NaN (quieted), as gguf-py's bf16 conversion. */
+uint16_t wpi_f32_to_bf16(float f);
+/* Dequantizes one row of cols weights into out (tests, embeddings rows, tools). */
+void wpi_dequant_row(int dtype, const void *row, float *out, size_t cols);
+/* Quantizes one row (cols % 32 == 0) into the dtype layout; returns bytes written. */
+size_t wpi_quant_row(int dtype, const float *in, void *out, size_t cols);
+
+/* Elementwise helpers used by the blocks (reference speed is fine at these sizes). */
+/* out = x / sqrt(mean(x^2) + eps) * w; out may equal x; w NULL means all ones. */
+void wpi_rmsnorm(float *out, const float *x, const float *w, size_t n, float eps);
+/* In place; if every x is -inf the result is uniform 1/n. */
+void wpi_softmax(float *x, size_t n);
+float wpi_silu(float x);
+
+#endif /* WP_KERNELS_H */

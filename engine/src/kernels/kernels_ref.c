@@ -1,0 +1,428 @@
+/*
+ * kernels_ref.c -- the portable reference of every kernel in kernels.h.
+ *
+ * Plain scalar C, written for reading, not speed: the SIMD variants are tested against
+ * it, and it is the kernel set of last resort on any CPU. Also owns the block formats
+ * (docs/FORMAT.md section 1): row sizes, f16/bf16 conversion, and the q8_0/q4_0/q4_1
+ * quantizers, which produce the same bytes as GGUF's reference quantizers (gguf-py's
+ * numpy code and ggml's quantize_row_*_ref), so a row quantized here equals a row
+ * the Python converter writes.
+ *
+ * Multi-byte fields inside blocks are little-endian and read byte by byte, so this
+ * file is correct on any host.
+ */
+#include <float.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "kernels/kernels.h"
+
+/* ---- data types ------------------------------------------------------------------ */
+
+int wpi_dtype_valid(int dtype)
+{
+    switch (dtype) {
+    case WPI_F32: case WPI_F16: case WPI_BF16:
+    case WPI_Q8_0: case WPI_Q4_0: case WPI_Q4_1:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+const char *wpi_dtype_name(int dtype)
+{
+    switch (dtype) {
+    case WPI_F32: return "f32";
+    case WPI_F16: return "f16";
+    case WPI_BF16: return "bf16";
+    case WPI_Q8_0: return "q8_0";
+    case WPI_Q4_0: return "q4_0";
+    case WPI_Q4_1: return "q4_1";
+    default: return "unknown";
+    }
+}
+
+/* Bytes per 32-weight block of a quantized dtype; 0 for the others. */
+static size_t block_bytes(int dtype)
+{
+    switch (dtype) {
+    case WPI_Q8_0: return 2 + 32;
+    case WPI_Q4_0: return 2 + 16;
+    case WPI_Q4_1: return 2 + 2 + 16;
+    default: return 0;
+    }
+}
+
+size_t wpi_row_bytes(int dtype, size_t cols)
+{
+    if (cols > SIZE_MAX / 4)
+        return 0;
+    switch (dtype) {
+    case WPI_F32: return cols * 4;
+    case WPI_F16: case WPI_BF16: return cols * 2;
+    case WPI_Q8_0: case WPI_Q4_0: case WPI_Q4_1:
+        return cols % WPI_QK ? 0 : cols / WPI_QK * block_bytes(dtype);
+    default:
+        return 0;
+    }
+}
+
+/* ---- f16 / bf16 ------------------------------------------------------------------ */
+
+static uint32_t f32_bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+static float bits_f32(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static uint16_t load_u16(const uint8_t *p)
+{
+    return (uint16_t)(p[0] | (p[1] << 8));
+}
+
+static void store_u16(uint8_t *p, uint16_t v)
+{
+    p[0] = (uint8_t)(v & 0xff);
+    p[1] = (uint8_t)(v >> 8);
+}
+
+float wpi_f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    uint32_t exp = (h >> 10) & 0x1f;
+    uint32_t mant = h & 0x3ff;
+    if (exp == 0) {
+        /* zero or subnormal: mant * 2^-24, exact in binary32 */
+        float v = (float)mant * 0x1p-24f;
+        return sign ? -v : v;
+    }
+    if (exp == 31) /* inf, or NaN with its payload kept */
+        return bits_f32(sign | 0x7f800000u | (mant << 13));
+    return bits_f32(sign | ((exp + 112) << 23) | (mant << 13));
+}
+
+/* Round to nearest, ties to even; overflow gives inf; NaN stays NaN (quieted). */
+uint16_t wpi_f32_to_f16(float f)
+{
+    uint32_t x = f32_bits(f);
+    uint16_t sign = (uint16_t)((x >> 16) & 0x8000);
+    x &= 0x7fffffffu;
+    if (x >= 0x7f800000u) {
+        if (x == 0x7f800000u)
+            return sign | 0x7c00;
+        return (uint16_t)(sign | 0x7e00 | ((x >> 13) & 0x3ff));
+    }
+    if (x >= 0x477ff000u) /* >= 65520, the midpoint between 65504 and 2^16: rounds to inf */
+        return sign | 0x7c00;
+    if (x < 0x38800000u) {
+        /* below 2^-14: a half subnormal, in units of 2^-24 */
+        if (x <= 0x33000000u) /* <= 2^-25, the midpoint to the smallest subnormal: 0 */
+            return sign;
+        uint32_t e = x >> 23;              /* 102..112 here */
+        uint32_t mant = (x & 0x7fffffu) | 0x800000u;
+        uint32_t shift = 126 - e;          /* 14..24 */
+        uint32_t h = mant >> shift;
+        uint32_t rem = mant & ((1u << shift) - 1);
+        uint32_t half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (h & 1)))
+            h++;                           /* may carry into the smallest normal: right */
+        return (uint16_t)(sign | h);
+    }
+    uint32_t h = (x >> 13) - (112u << 10);
+    uint32_t rem = x & 0x1fff;
+    if (rem > 0x1000 || (rem == 0x1000 && (h & 1)))
+        h++;                               /* may carry into the exponent: right */
+    return (uint16_t)(sign | h);
+}
+
+float wpi_bf16_to_f32(uint16_t h)
+{
+    return bits_f32((uint32_t)h << 16);
+}
+
+uint16_t wpi_f32_to_bf16(float f)
+{
+    uint32_t x = f32_bits(f);
+    if ((x & 0x7fffffffu) > 0x7f800000u) /* NaN: keep the top payload, force quiet */
+        return (uint16_t)((x >> 16) | 0x40);
+    uint64_t r = (uint64_t)x + 0x7fff + ((x >> 16) & 1);
+    return (uint16_t)(r >> 16);
+}
+
+/* ---- dequantization ----------------------------------------------------------- */
+
+/* Weights [c, c + n) of a row into out. Quantized dtypes: c % 32 == 0 and n == 32. */
+static void dequant_span(int dtype, const uint8_t *row, size_t c, size_t n, float *out)
+{
+    switch (dtype) {
+    case WPI_F32:
+        memcpy(out, row + c * 4, n * 4);
+        return;
+    case WPI_F16:
+        for (size_t j = 0; j < n; j++)
+            out[j] = wpi_f16_to_f32(load_u16(row + (c + j) * 2));
+        return;
+    case WPI_BF16:
+        for (size_t j = 0; j < n; j++)
+            out[j] = wpi_bf16_to_f32(load_u16(row + (c + j) * 2));
+        return;
+    case WPI_Q8_0: {
+        const uint8_t *b = row + c / WPI_QK * 34;
+        float d = wpi_f16_to_f32(load_u16(b));
+        for (size_t j = 0; j < 32; j++)
+            out[j] = d * (float)(int8_t)b[2 + j];
+        return;
+    }
+    case WPI_Q4_0: {
+        const uint8_t *b = row + c / WPI_QK * 18;
+        float d = wpi_f16_to_f32(load_u16(b));
+        for (size_t j = 0; j < 16; j++) {
+            out[j] = d * (float)((b[2 + j] & 15) - 8);
+            out[j + 16] = d * (float)((b[2 + j] >> 4) - 8);
+        }
+        return;
+    }
+    case WPI_Q4_1: {
+        const uint8_t *b = row + c / WPI_QK * 20;
+        float d = wpi_f16_to_f32(load_u16(b));
+        float m = wpi_f16_to_f32(load_u16(b + 2));
+        for (size_t j = 0; j < 16; j++) {
+            out[j] = d * (float)(b[4 + j] & 15) + m;
+            out[j + 16] = d * (float)(b[4 + j] >> 4) + m;
+        }
+        return;
+    }
+    default:
+        return;
+    }
+}
+
+void wpi_dequant_row(int dtype, const void *row, float *out, size_t cols)
+{
+    if (!wpi_dtype_valid(dtype) || (block_bytes(dtype) && cols % WPI_QK))
+        return;
+    for (size_t c = 0; c < cols; c += WPI_QK) {
+        size_t n = cols - c < WPI_QK ? cols - c : WPI_QK;
+        dequant_span(dtype, row, c, n, out + c);
+    }
+}
+
+/* ---- quantization (GGUF's reference quantizers) ------------------------------- */
+
+/* q8_0: d = amax / 127, q = round(x / d) (half away from zero). */
+static void quant_q8_0(const float *x, uint8_t *b)
+{
+    float amax = 0.0f;
+    for (int j = 0; j < 32; j++)
+        amax = fabsf(x[j]) > amax ? fabsf(x[j]) : amax;
+    float d = amax / 127.0f;
+    float id = d != 0.0f ? 1.0f / d : 0.0f;
+    store_u16(b, wpi_f32_to_f16(d));
+    for (int j = 0; j < 32; j++)
+        b[2 + j] = (uint8_t)(int8_t)roundf(x[j] * id);
+}
+
+/* q4_0: d = (the weight of largest magnitude, with its sign) / -8, so that weight maps
+ * to q = 0 exactly; q = min(15, trunc(x / d + 8.5)). */
+static void quant_q4_0(const float *x, uint8_t *b)
+{
+    float amax = 0.0f, max = 0.0f;
+    for (int j = 0; j < 32; j++) {
+        if (fabsf(x[j]) > amax) {
+            amax = fabsf(x[j]);
+            max = x[j];
+        }
+    }
+    float d = max / -8.0f;
+    float id = d != 0.0f ? 1.0f / d : 0.0f;
+    store_u16(b, wpi_f32_to_f16(d));
+    for (int j = 0; j < 16; j++) {
+        /* separate statements: a fused multiply-add would change rounding and bytes */
+        float s0 = x[j] * id;
+        float s1 = x[j + 16] * id;
+        int q0 = (int)(s0 + 8.5f);
+        int q1 = (int)(s1 + 8.5f);
+        q0 = q0 > 15 ? 15 : q0;
+        q1 = q1 > 15 ? 15 : q1;
+        b[2 + j] = (uint8_t)(q0 | (q1 << 4));
+    }
+}
+
+/* q4_1: d = (max - min) / 15, m = min, q = min(15, trunc((x - min) / d + 0.5)). */
+static void quant_q4_1(const float *x, uint8_t *b)
+{
+    float min = FLT_MAX, max = -FLT_MAX;
+    for (int j = 0; j < 32; j++) {
+        if (x[j] < min)
+            min = x[j];
+        if (x[j] > max)
+            max = x[j];
+    }
+    float d = (max - min) / 15.0f;
+    float id = d != 0.0f ? 1.0f / d : 0.0f;
+    store_u16(b, wpi_f32_to_f16(d));
+    store_u16(b + 2, wpi_f32_to_f16(min));
+    for (int j = 0; j < 16; j++) {
+        float s0 = (x[j] - min) * id;
+        float s1 = (x[j + 16] - min) * id;
+        int q0 = (int)(s0 + 0.5f);
+        int q1 = (int)(s1 + 0.5f);
+        q0 = q0 > 15 ? 15 : q0;
+        q1 = q1 > 15 ? 15 : q1;
+        b[4 + j] = (uint8_t)(q0 | (q1 << 4));
+    }
+}
+
+size_t wpi_quant_row(int dtype, const float *in, void *out, size_t cols)
+{
+    size_t bytes = wpi_row_bytes(dtype, cols);
+    uint8_t *o = out;
+    if (bytes == 0)
+        return 0;
+    switch (dtype) {
+    case WPI_F32:
+        memcpy(o, in, cols * 4);
+        break;
+    case WPI_F16:
+        for (size_t j = 0; j < cols; j++)
+            store_u16(o + 2 * j, wpi_f32_to_f16(in[j]));
+        break;
+    case WPI_BF16:
+        for (size_t j = 0; j < cols; j++)
+            store_u16(o + 2 * j, wpi_f32_to_bf16(in[j]));
+        break;
+    case WPI_Q8_0:
+        for (size_t c = 0; c < cols; c += WPI_QK)
+            quant_q8_0(in + c, o + c / WPI_QK * 34);
+        break;
+    case WPI_Q4_0:
+        for (size_t c = 0; c < cols; c += WPI_QK)
+            quant_q4_0(in + c, o + c / WPI_QK * 18);
+        break;
+    case WPI_Q4_1:
+        for (size_t c = 0; c < cols; c += WPI_QK)
+            quant_q4_1(in + c, o + c / WPI_QK * 20);
+        break;
+    default:
+        return 0;
+    }
+    return bytes;
+}
+
+/* ---- matmul ---------------------------------------------------------------------- */
+
+/* Y = X * W^T, rows [r0, r1): each 32-weight span of a row is dequantized once and
+ * applied to every token; per token, a float sum per span is added into y. */
+static void matmul_ref(int dtype, const void *w, size_t cols, size_t r0, size_t r1,
+                       const float *x, size_t ldx, size_t n_tok, float *y, size_t ldy)
+{
+    size_t rb = wpi_row_bytes(dtype, cols);
+    if (rb == 0 && cols != 0)
+        return;
+    for (size_t r = r0; r < r1; r++) {
+        const uint8_t *row = (const uint8_t *)w + r * rb;
+        for (size_t t = 0; t < n_tok; t++)
+            y[t * ldy + r] = 0.0f;
+        for (size_t c = 0; c < cols; c += WPI_QK) {
+            float span[WPI_QK];
+            size_t n = cols - c < WPI_QK ? cols - c : WPI_QK;
+            dequant_span(dtype, row, c, n, span);
+            for (size_t t = 0; t < n_tok; t++) {
+                const float *xt = x + t * ldx + c;
+                float s = 0.0f;
+                for (size_t j = 0; j < n; j++)
+                    s += span[j] * xt[j];
+                y[t * ldy + r] += s;
+            }
+        }
+    }
+}
+
+#define REF_MATMUL(name, dtype)                                                          \
+    static void name(const void *w, size_t cols, size_t r0, size_t r1, const float *x,  \
+                     size_t ldx, size_t n_tok, float *y, size_t ldy)                      \
+    {                                                                                    \
+        matmul_ref(dtype, w, cols, r0, r1, x, ldx, n_tok, y, ldy);                      \
+    }
+
+REF_MATMUL(matmul_f32_ref, WPI_F32)
+REF_MATMUL(matmul_f16_ref, WPI_F16)
+REF_MATMUL(matmul_bf16_ref, WPI_BF16)
+REF_MATMUL(matmul_q8_0_ref, WPI_Q8_0)
+REF_MATMUL(matmul_q4_0_ref, WPI_Q4_0)
+REF_MATMUL(matmul_q4_1_ref, WPI_Q4_1)
+
+static float dot_f32_ref(const float *a, const float *b, size_t n)
+{
+    float s = 0.0f;
+    for (size_t i = 0; i < n; i++)
+        s += a[i] * b[i];
+    return s;
+}
+
+static void axpy_f32_ref(float a, const float *x, float *y, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        y[i] += a * x[i];
+}
+
+const wpi_kernels wpi_kernels_ref = {
+    .name = "scalar",
+    .matmul_f32 = matmul_f32_ref,
+    .matmul_f16 = matmul_f16_ref,
+    .matmul_bf16 = matmul_bf16_ref,
+    .matmul_q8_0 = matmul_q8_0_ref,
+    .matmul_q4_0 = matmul_q4_0_ref,
+    .matmul_q4_1 = matmul_q4_1_ref,
+    .dot_f32 = dot_f32_ref,
+    .axpy_f32 = axpy_f32_ref,
+};
+
+/* ---- elementwise ----------------------------------------------------------------- */
+
+void wpi_rmsnorm(float *out, const float *x, const float *w, size_t n, float eps)
+{
+    double ss = 0.0;
+    for (size_t i = 0; i < n; i++)
+        ss += (double)x[i] * x[i];
+    float scale = n ? (float)(1.0 / sqrt(ss / (double)n + eps)) : 0.0f;
+    for (size_t i = 0; i < n; i++)
+        out[i] = x[i] * scale * (w ? w[i] : 1.0f);
+}
+
+void wpi_softmax(float *x, size_t n)
+{
+    if (n == 0)
+        return;
+    float max = x[0];
+    for (size_t i = 1; i < n; i++)
+        max = x[i] > max ? x[i] : max;
+    if (max == -INFINITY) {
+        for (size_t i = 0; i < n; i++)
+            x[i] = 1.0f / (float)n;
+        return;
+    }
+    double sum = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        x[i] = expf(x[i] - max);
+        sum += x[i];
+    }
+    float inv = (float)(1.0 / sum);
+    for (size_t i = 0; i < n; i++)
+        x[i] *= inv;
+}
+
+float wpi_silu(float x)
+{
+    return x / (1.0f + expf(-x));
+}

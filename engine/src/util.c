@@ -1,0 +1,213 @@
+/*
+ * util.c -- error formatting, CRC32C, accounted allocation and the monotonic clock.
+ *
+ * Every engine allocation goes through wpi_alloc so that the peak can be compared with
+ * the memory plan. Large blocks are anonymous mappings: they come zeroed from the kernel
+ * without being touched, so a multi-gigabyte expert cache costs no memset at open.
+ * CRC32C uses the SSE4.2 instruction when the CPU has it and a slicing table otherwise;
+ * both give identical results (checked by the container tests).
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <nmmintrin.h>
+#define WPI_HAVE_SSE42_PATH 1
+#endif
+
+wp_status wpi_fail(char *err, size_t cap, wp_status status, const char *fmt, ...)
+{
+    if (err && cap) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, cap, fmt, ap);
+        va_end(ap);
+    }
+    return status;
+}
+
+/* ---- CRC32C ----------------------------------------------------------------------- */
+
+#define CRC32C_POLY 0x82F63B78u /* Castagnoli, reflected */
+
+static uint32_t crc_table[8][256];
+static pthread_once_t crc_once = PTHREAD_ONCE_INIT;
+static int crc_hw;
+
+static void crc_init(void)
+{
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++)
+            c = (c >> 1) ^ (CRC32C_POLY & (0u - (c & 1u)));
+        crc_table[0][i] = c;
+    }
+    for (uint32_t i = 0; i < 256; i++)
+        for (int t = 1; t < 8; t++)
+            crc_table[t][i] = (crc_table[t - 1][i] >> 8) ^ crc_table[0][crc_table[t - 1][i] & 0xFF];
+#ifdef WPI_HAVE_SSE42_PATH
+    __builtin_cpu_init();
+    crc_hw = __builtin_cpu_supports("sse4.2") ? 1 : 0;
+#endif
+}
+
+/* Slicing-by-8 over the raw (non-inverted) register. */
+static uint32_t crc_sw(uint32_t c, const uint8_t *p, size_t n)
+{
+    while (n && ((uintptr_t)p & 7)) {
+        c = (c >> 8) ^ crc_table[0][(c ^ *p++) & 0xFF];
+        n--;
+    }
+    while (n >= 8) {
+        uint32_t lo = c ^ ((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
+                           (uint32_t)p[3] << 24);
+        uint32_t hi = (uint32_t)p[4] | (uint32_t)p[5] << 8 | (uint32_t)p[6] << 16 |
+                      (uint32_t)p[7] << 24;
+        c = crc_table[7][lo & 0xFF] ^ crc_table[6][(lo >> 8) & 0xFF] ^
+            crc_table[5][(lo >> 16) & 0xFF] ^ crc_table[4][lo >> 24] ^
+            crc_table[3][hi & 0xFF] ^ crc_table[2][(hi >> 8) & 0xFF] ^
+            crc_table[1][(hi >> 16) & 0xFF] ^ crc_table[0][hi >> 24];
+        p += 8;
+        n -= 8;
+    }
+    while (n--)
+        c = (c >> 8) ^ crc_table[0][(c ^ *p++) & 0xFF];
+    return c;
+}
+
+#ifdef WPI_HAVE_SSE42_PATH
+__attribute__((target("sse4.2")))
+static uint32_t crc_hw_run(uint32_t c, const uint8_t *p, size_t n)
+{
+    while (n && ((uintptr_t)p & 7)) {
+        c = _mm_crc32_u8(c, *p++);
+        n--;
+    }
+#if defined(__x86_64__)
+    uint64_t c64 = c;
+    while (n >= 8) {
+        uint64_t v;
+        memcpy(&v, p, 8);
+        c64 = _mm_crc32_u64(c64, v);
+        p += 8;
+        n -= 8;
+    }
+    c = (uint32_t)c64;
+#endif
+    while (n--)
+        c = _mm_crc32_u8(c, *p++);
+    return c;
+}
+#endif
+
+/* Internal hook for the tests: force the table path (0) or the automatic choice (1). */
+int wpi_crc32c_use_hw(int allow);
+int wpi_crc32c_use_hw(int allow)
+{
+    pthread_once(&crc_once, crc_init);
+#ifdef WPI_HAVE_SSE42_PATH
+    __builtin_cpu_init();
+    crc_hw = allow && __builtin_cpu_supports("sse4.2");
+#else
+    (void)allow;
+#endif
+    return crc_hw;
+}
+
+uint32_t wpi_crc32c(uint32_t crc, const void *data, size_t n)
+{
+    pthread_once(&crc_once, crc_init);
+    uint32_t c = ~crc;
+#ifdef WPI_HAVE_SSE42_PATH
+    if (crc_hw)
+        return ~crc_hw_run(c, (const uint8_t *)data, n);
+#endif
+    return ~crc_sw(c, (const uint8_t *)data, n);
+}
+
+/* ---- allocation ------------------------------------------------------------------ */
+
+/* At and above this size memory comes from mmap (zeroed lazily by the kernel). */
+#define WPI_MMAP_MIN ((size_t)1 << 21)
+
+static size_t page_size(void)
+{
+    long p = sysconf(_SC_PAGESIZE);
+    return p > 0 ? (size_t)p : 4096;
+}
+
+void *wpi_alloc(wpi_mem *m, size_t align, size_t bytes)
+{
+    if (align < sizeof(void *))
+        align = sizeof(void *);
+    if (align & (align - 1))
+        return NULL;
+    if (bytes == 0)
+        bytes = 1;
+    void *p = NULL;
+    if (bytes >= WPI_MMAP_MIN) {
+        size_t pg = page_size();
+        size_t extra = align > pg ? align : 0;
+        size_t len = (bytes + pg - 1) / pg * pg;
+        if (len < bytes || len + extra < len)
+            return NULL;
+        uint8_t *raw = mmap(NULL, len + extra, PROT_READ | PROT_WRITE,
+                            MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (raw == MAP_FAILED)
+            return NULL;
+        uint8_t *q = raw;
+        if (extra) {
+            /* Over-map, then trim the unaligned head and the tail so that wpi_free can
+             * unmap exactly [p, p + len). */
+            q = (uint8_t *)(((uintptr_t)raw + align - 1) & ~(uintptr_t)(align - 1));
+            if (q > raw)
+                munmap(raw, (size_t)(q - raw));
+            size_t tail = (size_t)(raw + len + extra - (q + len));
+            if (tail)
+                munmap(q + len, tail);
+        }
+        p = q;
+    } else {
+        if (posix_memalign(&p, align, bytes) != 0)
+            return NULL;
+        memset(p, 0, bytes);
+    }
+    if (m) {
+        m->current += bytes;
+        if (m->current > m->peak)
+            m->peak = m->current;
+    }
+    return p;
+}
+
+void wpi_free(wpi_mem *m, void *p, size_t bytes)
+{
+    if (!p)
+        return;
+    if (bytes == 0)
+        bytes = 1;
+    if (bytes >= WPI_MMAP_MIN) {
+        size_t pg = page_size();
+        munmap(p, (bytes + pg - 1) / pg * pg);
+    } else {
+        free(p);
+    }
+    if (m)
+        m->current = m->current >= bytes ? m->current - bytes : 0;
+}
+
+double wpi_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}

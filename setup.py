@@ -1,0 +1,42 @@
+"""Builds the C engine and its Cython binding into warp_providers._engine.
+
+The engine sources compile with plain flags: SIMD kernels select their instruction sets
+with per-file target pragmas and are chosen at run time, so the wheel runs on any
+x86-64 CPU (never -march=native).
+"""
+
+import glob
+
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+
+ENGINE_SOURCES = sorted(glob.glob("engine/src/**/*.c", recursive=True))
+
+engine = Extension(
+    "warp_providers._engine",
+    sources=["warp_providers/_engine.pyx", *ENGINE_SOURCES],
+    include_dirs=["engine/include", "engine/src"],
+    extra_compile_args=["-std=c11", "-O2", "-D_GNU_SOURCE", "-pthread", "-Wno-unused-parameter"],
+    extra_link_args=["-pthread"],
+    libraries=["m"],
+)
+
+setup(
+    packages=[
+        "warp_providers",
+        "warp_providers.chat",
+        "warp_providers.chat.formats",
+        "warp_providers.convert",
+        "langchain_warp",
+        "llama_index.llms.warp",
+        "warp_openai",
+    ],
+    package_dir={
+        "warp_providers": "warp_providers",
+        "langchain_warp": "integrations/langchain/langchain_warp",
+        "llama_index.llms.warp": "integrations/llamaindex/llama_index/llms/warp",
+        "warp_openai": "integrations/openai_shim/warp_openai",
+    },
+    package_data={"warp_providers": ["py.typed", "*.pyi", "*.pxd"]},
+    ext_modules=cythonize([engine], language_level=3, compiler_directives={"binding": False}),
+)

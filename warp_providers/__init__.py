@@ -1,0 +1,52 @@
+"""warp-providers: huge mixture-of-experts models in-process, experts streamed from disk.
+
+The whole public Python surface is `__all__` below. Integrations (LangChain, LlamaIndex,
+the OpenAI transport) import only these names.
+"""
+
+from warp_providers.engine import (
+    Engine,
+    EngineLike,
+    GenerationResult,
+    TokenEvent,
+    parse_size,
+    plan_memory,
+)
+from warp_providers.errors import (
+    Cancelled,
+    ContextOverflowError,
+    EngineIOError,
+    MemoryBudgetError,
+    ModelFormatError,
+    ModelNotFoundError,
+    StateMismatchError,
+    UnsupportedModelError,
+    WarpError,
+)
+from warp_providers.sampling import LogitsProcessor, Sampler, SamplingParams
+from warp_providers.tokenizer import Tokenizer
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Cancelled",
+    "ContextOverflowError",
+    "Engine",
+    "EngineIOError",
+    "EngineLike",
+    "GenerationResult",
+    "LogitsProcessor",
+    "MemoryBudgetError",
+    "ModelFormatError",
+    "ModelNotFoundError",
+    "Sampler",
+    "SamplingParams",
+    "StateMismatchError",
+    "TokenEvent",
+    "Tokenizer",
+    "UnsupportedModelError",
+    "WarpError",
+    "__version__",
+    "parse_size",
+    "plan_memory",
+]

@@ -1,0 +1,362 @@
+"""The `warp` command line: a client of the public Python API with no private access.
+
+Owns: argument parsing, progress bars, and turning every user error into one line on
+stderr and a non-zero exit code (never a traceback). Data goes to stdout, as JSON with
+--json. Commands: convert, plan, info, run, chat, eval, tokenize, bench, demo.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from warp_providers.engine import Engine, parse_size, plan_memory
+from warp_providers.errors import WarpError
+from warp_providers.sampling import SamplingParams
+
+EXIT_USAGE = 2
+
+
+class _UserError(Exception):
+    """A mistake of the caller, reported as one line."""
+
+
+def _gib(n: int) -> str:
+    return f"{n / (1 << 30):.2f} GiB"
+
+
+def _out(obj: Any) -> None:
+    sys.stdout.write(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def _say(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+def _engine_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--budget", help="RAM ceiling, e.g. 6G (default: the engine chooses)")
+    p.add_argument("--threads", type=int, help="compute threads (default: physical cores)")
+    p.add_argument("--ctx", type=int, help="context length in tokens")
+    p.add_argument("--cache-policy", choices=["lfru", "lru"], help="expert cache eviction")
+    p.add_argument("--no-lookahead", action="store_true", help="disable expert prefetch")
+    p.add_argument("--verify", action="store_true", help="check expert record checksums")
+
+
+def _open(a: argparse.Namespace) -> Engine:
+    opts: dict[str, Any] = {}
+    if a.cache_policy:
+        opts["cache_policy"] = a.cache_policy
+    if a.no_lookahead:
+        opts["lookahead"] = False
+    if a.verify:
+        opts["verify"] = True
+    return Engine.open(a.model, budget=a.budget, threads=a.threads, ctx=a.ctx, **opts)
+
+
+def _sampling_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-n", "--max-tokens", type=int, default=128, help="tokens to generate")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--min-p", type=float, default=0.0)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+
+
+def _sampling(a: argparse.Namespace) -> SamplingParams:
+    return SamplingParams(
+        temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, min_p=a.min_p, seed=a.seed
+    )
+
+
+def _stats_line(stats: dict[str, Any]) -> str:
+    return (
+        f"[{stats.get('decode_tok_s', 0):.2f} tok/s decode, "
+        f"{stats.get('prefill_tok_s', 0):.1f} tok/s prefill, "
+        f"experts hit {100 * stats.get('hit_rate', 0):.1f}% "
+        f"({stats.get('expert_hits', 0)}/{stats.get('expert_lookups', 0)}), "
+        f"read {stats.get('bytes_read', 0) / 1e6:.1f} MB, "
+        f"direct I/O {'on' if stats.get('direct_io') else 'off'}]"
+    )
+
+
+# -- commands -------------------------------------------------------------------------
+def cmd_convert(a: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from warp_providers.convert import convert
+
+    bar = None if a.json else tqdm(total=0, unit="B", unit_scale=True, desc="convert")
+
+    def progress(done: int, total: int, label: str) -> None:
+        if bar is not None:
+            bar.total = total
+            bar.n = done
+            bar.set_postfix_str(label[-40:], refresh=False)
+            bar.refresh()
+
+    t0 = time.perf_counter()
+    out = convert(
+        a.src, a.out, experts=a.experts, trunk=a.trunk, resume=a.resume, progress=progress
+    )
+    if bar is not None:
+        bar.close()
+    size = sum(f.stat().st_size for f in Path(out).iterdir())
+    if a.json:
+        _out({"out": str(out), "bytes": size, "seconds": time.perf_counter() - t0})
+    else:
+        _say(f"wrote {out} ({_gib(size)}) in {time.perf_counter() - t0:.1f} s\n")
+    return 0
+
+
+def cmd_plan(a: argparse.Namespace) -> int:
+    plan = plan_memory(a.model, budget=a.budget, ctx=a.ctx)
+    if a.json:
+        _out(plan)
+        return 0
+    for key in ("trunk_bytes", "kv_bytes", "scratch_bytes", "min_cache_bytes", "floor_bytes",
+                "working_set_bytes", "recommended_bytes", "experts_total_bytes",
+                "usable_ram_bytes", "budget_bytes", "cache_bytes"):
+        _say(f"{key[:-6]:<20} {_gib(plan[key]):>12}\n")
+    _say(f"{'ctx_tokens':<20} {plan['ctx_tokens']:>12}\n{'cache_slots':<20} "
+         f"{plan['cache_slots']:>12}\n")
+    return 0
+
+
+def cmd_info(a: argparse.Namespace) -> int:
+    with _open(a) as eng:
+        info = eng.info()
+    if a.json:
+        _out(info)
+    else:
+        for k, v in info.items():
+            if k != "plan":
+                _say(f"{k:<24} {v}\n")
+    return 0
+
+
+def cmd_run(a: argparse.Namespace) -> int:
+    with _open(a) as eng:
+        if a.chat:
+            from warp_providers.session import ChatSession
+
+            session = ChatSession(eng)
+            ids = session.prompt_ids([{"role": "user", "content": a.prompt}])
+            stop_ids = session.stop_ids
+        else:
+            ids = eng.tokenizer.encode_content(a.prompt)
+            stop_ids = None
+        stream = eng.stream(ids, max_tokens=a.max_tokens, sampling=_sampling(a), stop=a.stop,
+                            stop_ids=stop_ids)
+        for ev in stream:
+            if not a.json:
+                _say(ev.text)
+        res = eng.last_result
+        assert res is not None
+        if a.json:
+            _out({"text": res.text, "prompt_ids": ids, "token_ids": res.token_ids,
+                  "finish_reason": res.finish_reason, "stats": res.stats})
+        else:
+            _say("\n")
+            sys.stderr.write(_stats_line(res.stats) + "\n")
+    return 0
+
+
+def cmd_eval(a: argparse.Namespace) -> int:
+    try:
+        ids = [int(t) for t in a.ids.split(",") if t.strip()]
+    except ValueError:
+        raise _UserError(f"--ids must be comma-separated integers, got {a.ids!r}") from None
+    if not ids:
+        raise _UserError("--ids is empty")
+    with _open(a) as eng:
+        logits = eng.eval(ids)
+        order = logits.argsort()[::-1][: a.top]
+        top = [{"id": int(i), "logit": float(logits[i]),
+                "piece": eng.tokenizer.decode([int(i)])} for i in order]
+    if a.json:
+        _out({"ids": ids, "top": top})
+    else:
+        for t in top:
+            _say(f"{t['id']:>8} {t['logit']:>10.4f} {t['piece']!r}\n")
+    return 0
+
+
+def cmd_tokenize(a: argparse.Namespace) -> int:
+    from warp_providers.tokenizer import Tokenizer
+
+    if not (Path(a.model) / "manifest.json").is_file():
+        raise _UserError(f"{a.model} is not a warp container")
+    tok = Tokenizer.from_dir(a.model)
+    ids = tok.encode_markup(a.text) if a.markup else tok.encode_content(a.text)
+    if a.json:
+        _out({"ids": ids, "pieces": [tok.decode([i]) for i in ids]})
+    else:
+        _say(" ".join(map(str, ids)) + "\n")
+    return 0
+
+
+def cmd_chat(a: argparse.Namespace) -> int:
+    from warp_providers.session import ChatSession
+
+    with _open(a) as eng:
+        session = ChatSession(eng)
+        history: list[dict[str, Any]] = []
+        if a.system:
+            history.append({"role": "system", "content": a.system})
+        while True:
+            try:
+                line = input("> ")
+            except EOFError:
+                _say("\n")
+                return 0
+            cmd, _, arg = line.strip().partition(" ")
+            if cmd == "/exit":
+                return 0
+            if cmd == "/reset":
+                history = history[:1] if a.system else []
+                eng.reset()
+                continue
+            if cmd == "/stats":
+                _out(eng.stats())
+                continue
+            if cmd == "/save":
+                Path(arg or "chat.json").write_text(json.dumps(history, indent=2))
+                continue
+            if cmd == "/load":
+                history = json.loads(Path(arg or "chat.json").read_text())
+                continue
+            history.append({"role": "user", "content": line})
+            reply = session.reply(history, max_tokens=a.max_tokens, sampling=_sampling(a),
+                                  on_text=_say)
+            _say("\n")
+            sys.stderr.write(_stats_line(reply.stats) + "\n")
+            history.append({"role": "assistant", "content": reply.text})
+
+
+def cmd_bench(a: argparse.Namespace) -> int:
+    with _open(a) as eng:
+        prompt = list(range(1, a.prompt_tokens + 1))
+        eng.reset()
+        t0 = time.perf_counter()
+        eng.eval(prompt)
+        prefill = a.prompt_tokens / (time.perf_counter() - t0)
+        res = eng.generate(prompt + [1], max_tokens=a.gen_tokens, stop_ids=[])
+        row = {"prefill_tok_s": prefill, "decode_tok_s": res.stats["decode_tok_s"],
+               "hit_rate": res.stats["hit_rate"], "bytes_read": res.stats["bytes_read"],
+               "threads": eng.info()["n_threads"], "isa": eng.info()["isa"]}
+    if a.json:
+        _out(row)
+    else:
+        _say(" ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}"
+                      for k, v in row.items()) + "\n")
+    return 0
+
+
+def cmd_demo(a: argparse.Namespace) -> int:
+    from warp_providers import demo
+
+    return demo.main(moe=a.moe, max_tokens=a.max_tokens, out=_say)
+
+
+# -- parser ---------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    """The argparse parser of `warp`."""
+    ap = argparse.ArgumentParser(
+        prog="warp", description="Run mixture-of-experts models with experts streamed "
+        "from disk under a RAM budget.")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("convert", help="convert an HF checkpoint dir or a .gguf file")
+    p.add_argument("src")
+    p.add_argument("out")
+    p.add_argument("--experts", default="q4_0", choices=["q4_0", "q8_0", "f16", "bf16", "f32"])
+    p.add_argument("--trunk", default="q8_0", choices=["q4_0", "q8_0", "f16", "bf16", "f32"])
+    p.add_argument("--resume", action="store_true", help="restart an interrupted conversion")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=cmd_convert)
+
+    p = sub.add_parser("plan", help="memory plan of a container (nothing is loaded)")
+    p.add_argument("model")
+    p.add_argument("--budget")
+    p.add_argument("--ctx", type=int)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=cmd_plan)
+
+    p = sub.add_parser("info", help="model facts and the resolved plan")
+    p.add_argument("model")
+    _engine_args(p)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=cmd_info)
+
+    p = sub.add_parser("run", help="generate from a prompt, then print a stats line")
+    p.add_argument("model")
+    p.add_argument("prompt")
+    p.add_argument("--chat", action="store_true", help="wrap the prompt as a user turn")
+    _engine_args(p)
+    _sampling_args(p)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=cmd_run)
+
+    p = sub.add_parser("chat", help="interactive chat (/reset /save /load /stats /exit)")
+    p.add_argument("model")
+    p.add_argument("--system")
+    _engine_args(p)
+    _sampling_args(p)
+    p.set_defaults(fn=cmd_chat)
+
+    p = sub.add_parser("eval", help="top logits of the last position")
+    p.add_argument("model")
+    p.add_argument("--ids", required=True, help="comma-separated token ids")
+    p.add_argument("--top", type=int, default=10)
+    _engine_args(p)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=cmd_eval)
+
+    p = sub.add_parser("tokenize", help="text to token ids")
+    p.add_argument("model")
+    p.add_argument("text")
+    p.add_argument("--markup", action="store_true", help="recognise control tokens")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=cmd_tokenize)
+
+    p = sub.add_parser("bench", help="prefill and decode tok/s")
+    p.add_argument("model")
+    p.add_argument("--prompt-tokens", type=int, default=64)
+    p.add_argument("--gen-tokens", type=int, default=32)
+    _engine_args(p)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=cmd_bench)
+
+    p = sub.add_parser("demo", help="run the embedded default model (no download)")
+    p.add_argument("--moe", action="store_true",
+                   help="also stream a generated multi-GB MoE under a small budget")
+    p.add_argument("-n", "--max-tokens", type=int, default=48)
+    p.set_defaults(fn=cmd_demo)
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `warp`; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    try:
+        if getattr(args, "budget", None) is not None:
+            parse_size(args.budget)
+        return int(args.fn(args))
+    except (WarpError, _UserError, ValueError, TypeError, OSError) as e:
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        sys.stderr.write(f"warp {args.command}: error: {msg}\n")
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        sys.stderr.write("interrupted\n")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

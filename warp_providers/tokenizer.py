@@ -1,0 +1,528 @@
+"""Text <-> token ids through the `tokenizers` and `tiktoken` libraries, markup kept apart from content.
+
+Owns: `Tokenizer` with two entry points (PROTOCOLS §1.1): `encode_content`
+never yields a control-token id, whatever the text spells; `encode_markup`
+recognises control tokens. `encode_segments` encodes a rendered prompt one
+segment at a time (§1.2), cutting very long text as K3's encoder does.
+`IncrementalDecoder` turns a generated id stream into text pieces without
+splitting UTF-8 characters.
+
+Control tokens are every added token of a `tokenizer.json` (special or not:
+Qwen marks `<tool_call>` non-special, and it must still never come out of
+caller text) and every special token of a tiktoken vocabulary.
+
+Refuses: hand-written BPE; a tiktoken vocabulary without a split pattern.
+Called by: chat formats (`bind`), the engine wrapper and the adapters.
+"""
+
+from __future__ import annotations
+
+import base64
+import codecs
+import json
+import os
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    import tiktoken
+    import tokenizers
+
+__all__ = ["IncrementalDecoder", "Tokenizer", "split_long_text"]
+
+MAX_CHUNK_CHARS = 400_000
+"""K3's encoder hands the BPE at most this many characters at a time (§1.2.5)."""
+MAX_RUN_CHARS = 25_000
+"""Longest run of same-class (whitespace / non-whitespace) characters handed to the BPE at once."""
+
+
+class _SegmentLike(Protocol):
+    text: str
+    markup: bool
+
+
+def split_long_text(text: str) -> Iterator[str]:
+    """Cut text into the pieces K3's encoder hands to its BPE (PROTOCOLS §1.2.5).
+
+    Chunks of at most 400 000 characters; inside a chunk, a run of more than
+    25 000 consecutive whitespace (or non-whitespace) characters is cut so no
+    piece holds more than 25 000 of them. Empty pieces are skipped.
+
+    Args:
+        text: Any text.
+
+    Yields:
+        Consecutive non-empty pieces whose concatenation is `text`.
+    """
+    for start in range(0, len(text), MAX_CHUNK_CHARS):
+        chunk = text[start : start + MAX_CHUNK_CHARS]
+        piece_start = 0
+        run = 0
+        run_space = chunk[0].isspace() if chunk else False
+        for i, ch in enumerate(chunk):
+            space = ch.isspace()
+            if space != run_space:
+                run_space = space
+                run = 1
+                continue
+            run += 1
+            if run > MAX_RUN_CHARS:
+                if i > piece_start:
+                    yield chunk[piece_start:i]
+                piece_start = i
+                run = 1
+        if piece_start < len(chunk):
+            yield chunk[piece_start:]
+
+
+class _Backend(Protocol):
+    def content(self, text: str) -> list[int]: ...
+    def markup(self, text: str) -> list[int]: ...
+    def decode(self, ids: Sequence[int]) -> str: ...
+    def token_bytes(self, token_id: int) -> bytes | None: ...
+    def lookup(self, token: str) -> int | None: ...
+    def size(self) -> int: ...
+
+
+class _HFBackend:
+    """`tokenizers` backend: a markup tokenizer and a content copy that never matches control tokens."""
+
+    def __init__(self, spec: dict[str, Any], extra_special: Mapping[str, int]) -> None:
+        from tokenizers import AddedToken
+        from tokenizers import Tokenizer as HFTokenizer
+
+        self.markup_tok: tokenizers.Tokenizer = HFTokenizer.from_str(json.dumps(spec))
+        missing = [AddedToken(t, special=True, normalized=False) for t in extra_special if self.markup_tok.token_to_id(t) is None]
+        if missing:
+            self.markup_tok.add_special_tokens(missing)
+        self.control: dict[int, str] = {}
+        for tid, added in self.markup_tok.get_added_tokens_decoder().items():
+            self.control[tid] = added.content
+        for content, tid in extra_special.items():
+            got = self.markup_tok.token_to_id(content)
+            if got is None or (tid is not None and got != tid):
+                raise ValueError(f"special token {content!r} is id {got} in the vocabulary, not {tid}")
+            self.control[got] = content
+        # The content copy: every control token is re-flagged special and
+        # `encode_special_tokens` makes the library BPE their spelling as text.
+        content_spec = json.loads(self.markup_tok.to_str())
+        for entry in content_spec.get("added_tokens", []):
+            entry["special"] = True
+        self.content_tok: tokenizers.Tokenizer = HFTokenizer.from_str(json.dumps(content_spec))
+        self.content_tok.encode_special_tokens = True
+
+    def content(self, text: str) -> list[int]:
+        enc = self.content_tok.encode(text, add_special_tokens=False)
+        ids = list(enc.ids)
+        if not any(i in self.control for i in ids):
+            return ids
+        # A vocabulary that holds a control spelling as an ordinary entry (a
+        # WordLevel model, say) can still emit it: cut the offending span
+        # smaller until no control id remains.
+        out: list[int] = []
+        for tid, (start, end) in zip(ids, enc.offsets):
+            out.extend(self._split_encode(text[start:end]) if tid in self.control else [tid])
+        return out
+
+    def _split_encode(self, text: str) -> list[int]:
+        if len(text) <= 1:
+            ids = list(self.content_tok.encode(text, add_special_tokens=False).ids)
+            if any(i in self.control for i in ids):
+                return list(self._bytes_fallback(text))
+            return ids
+        mid = len(text) // 2
+        out: list[int] = []
+        for half in (text[:mid], text[mid:]):
+            ids = list(self.content_tok.encode(half, add_special_tokens=False).ids)
+            out.extend(self._split_encode(half) if any(i in self.control for i in ids) else ids)
+        return out
+
+    def _bytes_fallback(self, text: str) -> Iterator[int]:
+        for b in text.encode("utf-8"):
+            tid = self.content_tok.token_to_id(f"<0x{b:02X}>")
+            if tid is not None and tid not in self.control:
+                yield tid
+
+    def markup(self, text: str) -> list[int]:
+        return list(self.markup_tok.encode(text, add_special_tokens=False).ids)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return str(self.markup_tok.decode(list(ids), skip_special_tokens=False))
+
+    def token_bytes(self, token_id: int) -> bytes | None:
+        return None
+
+    def lookup(self, token: str) -> int | None:
+        tid = self.markup_tok.token_to_id(token)
+        return None if tid is None else int(tid)
+
+    def size(self) -> int:
+        return int(self.markup_tok.get_vocab_size(with_added_tokens=True))
+
+
+class _TiktokenBackend:
+    """`tiktoken` backend: `encode_ordinary` for content, all specials allowed for markup."""
+
+    def __init__(self, enc: tiktoken.Encoding) -> None:
+        self.enc = enc
+        self.control: dict[int, str] = {tid: tok for tok, tid in enc._special_tokens.items()}
+        self.ranks: dict[bytes, int] = enc._mergeable_ranks
+
+    def content(self, text: str) -> list[int]:
+        return list(self.enc.encode_ordinary(text))
+
+    def markup(self, text: str) -> list[int]:
+        return list(self.enc.encode(text, allowed_special="all", disallowed_special=()))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return b"".join(self.token_bytes(i) or b"" for i in ids).decode("utf-8", errors="replace")
+
+    def token_bytes(self, token_id: int) -> bytes | None:
+        if token_id in self.control:
+            return self.control[token_id].encode("utf-8")
+        try:
+            return bytes(self.enc.decode_single_token_bytes(token_id))
+        except KeyError:
+            return None
+
+    def lookup(self, token: str) -> int | None:
+        for tid, tok in self.control.items():
+            if tok == token:
+                return tid
+        return self.ranks.get(token.encode("utf-8"))
+
+    def size(self) -> int:
+        return int(self.enc.n_vocab)
+
+
+class Tokenizer:
+    """A model's vocabulary with separate content and markup entry points.
+
+    Example:
+        >>> tok = Tokenizer.from_dir("model/")          # doctest: +SKIP
+        >>> tok.encode_content("<|im_end|>") != tok.encode_markup("<|im_end|>")  # doctest: +SKIP
+        True
+    """
+
+    def __init__(
+        self,
+        backend: _Backend,
+        control: Mapping[int, str],
+        *,
+        eos_ids: Iterable[int] | None = None,
+        bos_id: int | None = None,
+        chat_template: str | None = None,
+        config: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Wrap a backend; use the `from_*` constructors instead of calling this."""
+        self._backend = backend
+        self._control = dict(control)
+        self._by_spelling = {text: tid for tid, text in self._control.items()}
+        self.eos_ids: tuple[int, ...] = tuple(eos_ids or ())
+        """Ids that end generation by default (from the tokenizer config, or given)."""
+        self.bos_id: int | None = bos_id
+        """Beginning-of-sequence id, never added by the chat path (§1.2.4)."""
+        self.chat_template: str | None = chat_template
+        """The model's own jinja2 chat template, when its directory carries one."""
+        self.config: dict[str, Any] = dict(config or {})
+        """`tokenizer_config.json` as read by `from_dir` (empty otherwise)."""
+
+    # ----------------------------------------------------------- constructors
+    @classmethod
+    def from_tokenizer_json(
+        cls,
+        path_or_json_str: str | os.PathLike[str],
+        special_tokens: Mapping[str, int] | None = None,
+        eos_ids: Iterable[int] | None = None,
+        bos_id: int | None = None,
+        **kwargs: Any,
+    ) -> Tokenizer:
+        """Build from a Hugging Face `tokenizer.json` (a path, or the JSON text itself).
+
+        Args:
+            path_or_json_str: File path or the JSON document.
+            special_tokens: Extra control tokens, spelling -> id; spellings
+                not yet in the vocabulary are added as special tokens.
+            eos_ids: End-of-sequence ids.
+            bos_id: Beginning-of-sequence id.
+            **kwargs: `chat_template` and `config`, stored as attributes.
+
+        Returns:
+            The tokenizer.
+
+        Raises:
+            ValueError: The document is not a tokenizer, or a special token's
+                id disagrees with the vocabulary.
+        """
+        text = str(path_or_json_str)
+        if not text.lstrip().startswith("{"):
+            text = Path(text).read_text(encoding="utf-8")
+        try:
+            spec = json.loads(text)
+        except ValueError as exc:
+            raise ValueError(f"tokenizer.json is not JSON: {exc}") from None
+        extra = {k: int(v) for k, v in (special_tokens or {}).items()}
+        backend = _HFBackend(spec, extra)
+        return cls(backend, backend.control, eos_ids=eos_ids, bos_id=bos_id, **kwargs)
+
+    @classmethod
+    def from_tiktoken(
+        cls,
+        rank_file_path: str | os.PathLike[str],
+        pattern: str,
+        special_tokens: Mapping[str, int],
+        eos_ids: Iterable[int] | None = None,
+        bos_id: int | None = None,
+        **kwargs: Any,
+    ) -> Tokenizer:
+        """Build from a tiktoken rank file (`base64-token rank` per line).
+
+        Args:
+            rank_file_path: The `tiktoken.model` file.
+            pattern: The pre-tokenizer split regex (model specific; required).
+            special_tokens: Control tokens, spelling -> id.
+            eos_ids: End-of-sequence ids.
+            bos_id: Beginning-of-sequence id.
+            **kwargs: `chat_template` and `config`, stored as attributes.
+
+        Returns:
+            The tokenizer.
+
+        Raises:
+            ValueError: A malformed rank file.
+        """
+        ranks: dict[bytes, int] = {}
+        for n, line in enumerate(Path(rank_file_path).read_text(encoding="ascii").splitlines(), 1):
+            if not line.strip():
+                continue
+            parts = line.split()
+            if len(parts) != 2:
+                raise ValueError(f"{rank_file_path}:{n}: expected '<base64> <rank>'")
+            ranks[base64.b64decode(parts[0])] = int(parts[1])
+        return cls.from_tiktoken_ranks(ranks, pattern, special_tokens, eos_ids=eos_ids, bos_id=bos_id, **kwargs)
+
+    @classmethod
+    def from_tiktoken_ranks(
+        cls,
+        ranks: Mapping[bytes, int],
+        pattern: str,
+        special_tokens: Mapping[str, int],
+        eos_ids: Iterable[int] | None = None,
+        bos_id: int | None = None,
+        name: str = "warp",
+        **kwargs: Any,
+    ) -> Tokenizer:
+        """Build from an in-memory rank table (see `from_tiktoken`)."""
+        import tiktoken
+
+        enc = tiktoken.Encoding(name, pat_str=pattern, mergeable_ranks=dict(ranks), special_tokens=dict(special_tokens))
+        return cls.from_tiktoken_encoding(enc, eos_ids=eos_ids, bos_id=bos_id, **kwargs)
+
+    @classmethod
+    def from_tiktoken_encoding(
+        cls,
+        encoding: tiktoken.Encoding,
+        eos_ids: Iterable[int] | None = None,
+        bos_id: int | None = None,
+        **kwargs: Any,
+    ) -> Tokenizer:
+        """Wrap an existing `tiktoken.Encoding`; its special tokens are the control tokens."""
+        backend = _TiktokenBackend(encoding)
+        return cls(backend, backend.control, eos_ids=eos_ids, bos_id=bos_id, **kwargs)
+
+    @classmethod
+    def from_dir(cls, directory: str | os.PathLike[str], pattern: str | None = None) -> Tokenizer:
+        """Load the tokenizer a model directory carries.
+
+        Reads `tokenizer.json`, or `tiktoken.model` plus the special tokens of
+        `tokenizer_config.json` (`added_tokens_decoder`). EOS/BOS come from
+        `tokenizer_config.json` (`eos_token`, `bos_token`) and
+        `generation_config.json` (`eos_token_id`); the chat template from
+        `tokenizer_config.json` or `chat_template.jinja`.
+
+        Args:
+            directory: The model directory.
+            pattern: tiktoken split regex; else `pat_str` of the config.
+
+        Returns:
+            The tokenizer.
+
+        Raises:
+            FileNotFoundError: Neither vocabulary file exists.
+            ValueError: A tiktoken vocabulary without a split pattern.
+        """
+        root = Path(directory)
+        config = _read_json(root / "tokenizer_config.json")
+        template = _chat_template_of(root, config)
+        specials: dict[str, int] = {}
+        for tid, entry in (config.get("added_tokens_decoder") or {}).items():
+            content = entry.get("content") if isinstance(entry, dict) else None
+            if isinstance(content, str):
+                specials[content] = int(tid)
+        if (root / "tokenizer.json").is_file():
+            tok = cls.from_tokenizer_json(root / "tokenizer.json", chat_template=template, config=config)
+        elif (root / "tiktoken.model").is_file():
+            pat = pattern or config.get("pat_str")
+            if not isinstance(pat, str) or not pat:
+                raise ValueError(f"{root}/tiktoken.model needs a split pattern: pass pattern= or set 'pat_str' in tokenizer_config.json")
+            tok = cls.from_tiktoken(root / "tiktoken.model", pat, specials, chat_template=template, config=config)
+        else:
+            raise FileNotFoundError(f"{root} has neither tokenizer.json nor tiktoken.model")
+        eos: list[int] = []
+        gen = _read_json(root / "generation_config.json").get("eos_token_id")
+        for value in gen if isinstance(gen, list) else [gen]:
+            if isinstance(value, int) and value not in eos:
+                eos.append(value)
+        for key in ("eos_token", "bos_token"):
+            spelling = config.get(key)
+            spelling = spelling.get("content") if isinstance(spelling, dict) else spelling
+            tid = tok.token_to_id(spelling) if isinstance(spelling, str) else None
+            if tid is None:
+                continue
+            if key == "bos_token":
+                tok.bos_id = tid
+            elif tid not in eos:
+                eos.append(tid)
+        tok.eos_ids = tuple(eos)
+        return tok
+
+    # ----------------------------------------------------------- encoding
+    def encode_content(self, text: str) -> list[int]:
+        """Encode caller text; never yields a control-token id, whatever the text spells."""
+        out: list[int] = []
+        for piece in split_long_text(text):
+            out.extend(self._backend.content(piece))
+        return out
+
+    def encode_markup(self, text: str) -> list[int]:
+        """Encode template markup; control-token spellings become their ids."""
+        out: list[int] = []
+        for piece in split_long_text(text):
+            out.extend(self._backend.markup(piece))
+        return out
+
+    def encode_segments(self, segments: Iterable[_SegmentLike]) -> list[int]:
+        """Encode a rendered prompt one segment at a time (PROTOCOLS §1.2).
+
+        No merging of neighbours, empty segments contribute nothing, no BOS.
+
+        Args:
+            segments: `Segment`s (anything with `text` and `markup`).
+
+        Returns:
+            The concatenated ids.
+        """
+        out: list[int] = []
+        for seg in segments:
+            if seg.text:
+                out.extend(self.encode_markup(seg.text) if seg.markup else self.encode_content(seg.text))
+        return out
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Decode ids to text; control tokens appear as their spelling."""
+        return self._backend.decode(list(ids))
+
+    # ----------------------------------------------------------- vocabulary
+    def id_to_piece(self, token_id: int) -> str:
+        """Text of one token alone (a control token's spelling; U+FFFD for a partial character)."""
+        return self.decode([token_id])
+
+    def token_to_id(self, token: str) -> int | None:
+        """Id of a vocabulary entry spelled exactly `token` (control tokens by spelling), else None."""
+        if token in self._by_spelling:
+            return self._by_spelling[token]
+        return self._backend.lookup(token)
+
+    def marker_id(self, marker: str) -> int | None:
+        """Id of `marker` if it markup-encodes to exactly one control token, else None."""
+        ids = self.encode_markup(marker)
+        return ids[0] if len(ids) == 1 and ids[0] in self._control else None
+
+    def markup_count(self, marker: str) -> int:
+        """How many ids `marker` markup-encodes to (for error messages)."""
+        return len(self.encode_markup(marker))
+
+    @property
+    def control_ids(self) -> frozenset[int]:
+        """Ids that only `encode_markup` can produce."""
+        return frozenset(self._control)
+
+    @property
+    def control_tokens(self) -> dict[str, int]:
+        """Control-token spelling -> id."""
+        return dict(self._by_spelling)
+
+    def is_control(self, token_id: int) -> bool:
+        """Whether `token_id` is a control token."""
+        return token_id in self._control
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of ids, control tokens included."""
+        return self._backend.size()
+
+    def incremental_decoder(self) -> IncrementalDecoder:
+        """A fresh decoder for one generated id stream."""
+        return IncrementalDecoder(self)
+
+    def _token_bytes(self, token_id: int) -> bytes | None:
+        return self._backend.token_bytes(token_id)
+
+
+class IncrementalDecoder:
+    """Turn generated ids into text pieces, holding incomplete UTF-8 until it completes.
+
+    Concatenating every `feed` result and the final `flush` equals
+    `tokenizer.decode(all_ids)` (up to a leading-space strip some decoders
+    apply to a sequence's first token).
+    """
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        """Start an empty stream over `tokenizer`."""
+        self._tok = tokenizer
+        self._bytes_mode = isinstance(tokenizer._backend, _TiktokenBackend)
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._ids: list[int] = []
+        self._prefix = 0
+        self._read = 0
+
+    def feed(self, token_id: int) -> str:
+        """Add one id; return the text it completes ('' while a character is still partial)."""
+        if self._bytes_mode:
+            data = self._tok._token_bytes(token_id) or b""
+            return str(self._utf8.decode(data))
+        self._ids.append(token_id)
+        before = self._tok.decode(self._ids[self._prefix : self._read])
+        after = self._tok.decode(self._ids[self._prefix :])
+        if len(after) > len(before) and not after.endswith("\ufffd"):
+            self._prefix, self._read = self._read, len(self._ids)
+            return after[len(before) :]
+        return ""
+
+    def flush(self) -> str:
+        """Return whatever is held back (invalid bytes become U+FFFD)."""
+        if self._bytes_mode:
+            return str(self._utf8.decode(b"", final=True))
+        before = self._tok.decode(self._ids[self._prefix : self._read])
+        after = self._tok.decode(self._ids[self._prefix :])
+        self._prefix = self._read = len(self._ids)
+        return after[len(before) :] if after.startswith(before) else after
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    value = json.loads(path.read_text(encoding="utf-8"))
+    return value if isinstance(value, dict) else {}
+
+
+def _chat_template_of(root: Path, config: Mapping[str, Any]) -> str | None:
+    template = config.get("chat_template")
+    if isinstance(template, list):
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("default") or next(iter(named.values()), None)
+    if isinstance(template, str) and template:
+        return template
+    jinja = root / "chat_template.jinja"
+    return jinja.read_text(encoding="utf-8") if jinja.is_file() else None
