@@ -22,7 +22,6 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from warp_providers import _engine
 from warp_providers.errors import (
     ContextOverflowError,
     ModelFormatError,
@@ -139,6 +138,8 @@ def plan_memory(
     Raises:
         MemoryBudgetError: an explicit budget is below the floor (the message names both).
     """
+    from warp_providers import _engine
+
     return _engine.plan_memory(_container(path), _options(budget, threads, ctx, options))
 
 
@@ -210,6 +211,7 @@ class Engine:
         self._ids: list[int] = []  # the tokens held in the engine's context
         self._lock = threading.RLock()
         self._info = ctx.info()
+        self._info["name"] = Path(path).name.removesuffix(".warp")
         self.vocab_size: int = self._info["vocab_size"]
         self.last_result: GenerationResult | None = None
 
@@ -237,6 +239,8 @@ class Engine:
             ModelNotFoundError, ModelFormatError, UnsupportedModelError,
             MemoryBudgetError, EngineIOError.
         """
+        from warp_providers import _engine
+
         where = _container(path)
         opts = _options(budget, threads, ctx, options)
         tokenizer = Tokenizer.from_dir(where)
@@ -311,6 +315,20 @@ class Engine:
     def info(self) -> dict[str, Any]:
         """Model and engine facts (model type, sizes, kernel set, resolved memory plan)."""
         return dict(self._info)
+
+    def chat_metadata(self) -> dict[str, str | None]:
+        """The container's chat format name and chat template text (either may be None)."""
+        import json
+
+        manifest = json.loads((Path(self.path) / "manifest.json").read_text())
+        chat = manifest.get("chat") or {}
+        template = None
+        if chat.get("template"):
+            f = Path(self.path) / str(chat["template"])
+            template = f.read_text() if f.is_file() else None
+        if template is None:
+            template = getattr(self.tokenizer, "chat_template", None)
+        return {"format": chat.get("format"), "template": template}
 
     def stats(self) -> dict[str, Any]:
         """Cumulative engine counters since open (expert hits/misses, bytes read...)."""

@@ -257,6 +257,7 @@ typedef struct wpi_model {
     float *sh_w;                 /* [C] shared expert gate */
     float *la_probs;             /* [n_experts] lookahead router */
     int32_t *la_ids;             /* [top_k] */
+    float *la_w;                 /* [top_k] */
     char *err;                   /* detail of the last error */
     size_t err_cap;
 } wpi_model;

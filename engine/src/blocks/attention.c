@@ -1,0 +1,162 @@
+/*
+ * attention.c -- grouped-query attention over the f32 KV cache, with RoPE.
+ *
+ * One block: h = x + o(attn(rmsnorm(x))) over a chunk of tokens. q/k/v are projected in
+ * one parallel matmul, k and v straight into the cache rows at the chunk's positions;
+ * then biases, q/k norm ("head" or "full"), clip_qkv, and RoPE (HF rotate_half on the
+ * first rope_dim dims, cos and sin scaled by rope_attn_factor). Each (token, head) is
+ * one task: causal softmax in blocks of keys with a running maximum, so no buffer grows
+ * with the context, and thread count never changes a result.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "internal.h"
+
+#define KEY_BLOCK 256
+
+void wpi_rope_prepare(wpi_model *m, uint32_t n, uint32_t pos)
+{
+    const uint32_t half = m->hp->rope_dim / 2;
+    const float f = m->hp->rope_attn_factor;
+    for (uint32_t t = 0; t < n; t++) {
+        for (uint32_t i = 0; i < half; i++) {
+            /* The angle is rounded to f32 as PyTorch computes it (position * inv_freq). */
+            float a = (float)(pos + t) * m->rope_freqs[i];
+            m->rope_cos[t * half + i] = (float)cos((double)a) * f;
+            m->rope_sin[t * half + i] = (float)sin((double)a) * f;
+        }
+    }
+}
+
+void wpi_rope_apply(float *v, uint32_t n_heads, uint32_t head_dim, uint32_t rope_dim,
+                    const float *cos_, const float *sin_)
+{
+    const uint32_t half = rope_dim / 2;
+    for (uint32_t h = 0; h < n_heads; h++) {
+        float *x = v + (size_t)h * head_dim;
+        for (uint32_t i = 0; i < half; i++) {
+            float a = x[i], b = x[i + half];
+            x[i] = a * cos_[i] - b * sin_[i];
+            x[i + half] = b * cos_[i] + a * sin_[i];
+        }
+    }
+}
+
+static void clamp(float *v, size_t n, float lim)
+{
+    for (size_t i = 0; i < n; i++) v[i] = v[i] > lim ? lim : (v[i] < -lim ? -lim : v[i]);
+}
+
+static void add(float *y, const float *b, size_t n)
+{
+    for (size_t i = 0; i < n; i++) y[i] += b[i];
+}
+
+typedef struct attn_ctx {
+    const wpi_model *m;
+    const float *kc, *vc;   /* this layer's cache, row 0 */
+    uint32_t n_heads, pos;
+} attn_ctx;
+
+/* Output of one (token, head): softmax(q k^T * scale) v over positions 0..pos+t. */
+static void attn_task(void *arg, uint32_t task)
+{
+    const attn_ctx *a = arg;
+    const wpi_model *m = a->m;
+    const wpi_hparams *hp = m->hp;
+    const uint32_t hd = hp->head_dim, t = task / a->n_heads, h = task % a->n_heads;
+    const size_t qd = (size_t)hp->n_heads * hd, kvd = (size_t)hp->n_kv_heads * hd;
+    const size_t kvh = h / (hp->n_heads / hp->n_kv_heads);
+    const float *q = m->q + t * qd + (size_t)h * hd;
+    const float *kc = a->kc + kvh * hd, *vc = a->vc + kvh * hd;
+    float *out = m->att + t * qd + (size_t)h * hd;
+    const uint32_t npos = a->pos + t + 1;
+    const float scale = hp->attn_scale;
+    float s[KEY_BLOCK];
+    float mx = -INFINITY, sum = 0;
+    memset(out, 0, hd * sizeof(float));
+    for (uint32_t j0 = 0; j0 < npos; j0 += KEY_BLOCK) {
+        uint32_t nb = npos - j0 < KEY_BLOCK ? npos - j0 : KEY_BLOCK;
+        float bmax = -INFINITY;
+        for (uint32_t j = 0; j < nb; j++) {
+            s[j] = m->k->dot_f32(q, kc + (j0 + j) * kvd, hd) * scale;
+            if (s[j] > bmax) bmax = s[j];
+        }
+        if (bmax > mx) {
+            if (mx != -INFINITY) {
+                float r = expf(mx - bmax);
+                sum *= r;
+                for (uint32_t i = 0; i < hd; i++) out[i] *= r;
+            }
+            mx = bmax;
+        }
+        for (uint32_t j = 0; j < nb; j++) {
+            float p = expf(s[j] - mx);
+            sum += p;
+            m->k->axpy_f32(p, vc + (j0 + j) * kvd, out, hd);
+        }
+    }
+    const float inv = 1.0f / sum;
+    for (uint32_t i = 0; i < hd; i++) out[i] *= inv;
+}
+
+void wpi_attention_block(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
+{
+    const wpi_hparams *hp = m->hp;
+    const wpi_layer *L = &m->layers[l];
+    const size_t H = hp->hidden_size, hd = hp->head_dim;
+    const size_t qd = (size_t)hp->n_heads * hd, kvd = (size_t)hp->n_kv_heads * hd;
+    const size_t layer_rows = (size_t)l * m->ctx;
+    float *kc = m->kcache + (layer_rows + pos) * kvd;
+    float *vc = m->vcache + (layer_rows + pos) * kvd;
+    const uint32_t half = hp->rope_dim / 2;
+
+    for (uint32_t t = 0; t < n; t++)
+        wpi_rmsnorm(m->xn + t * H, m->x + t * H, L->attn_norm, H, hp->rms_norm_eps);
+    wpi_mm qkv[3] = {{&L->wq, m->q, qd}, {&L->wk, kc, kvd}, {&L->wv, vc, kvd}};
+    wpi_matmul(m, qkv, 3, m->xn, H, n);
+
+    for (uint32_t t = 0; t < n; t++) {
+        float *q = m->q + t * qd, *k = kc + t * kvd, *v = vc + t * kvd;
+        if (L->bq) add(q, L->bq, qd);
+        if (L->bk) add(k, L->bk, kvd);
+        if (L->bv) add(v, L->bv, kvd);
+        if (hp->qk_norm == WPI_QK_HEAD) {
+            for (uint32_t h = 0; h < hp->n_heads; h++)
+                wpi_rmsnorm(q + h * hd, q + h * hd, L->q_norm, hd, hp->rms_norm_eps);
+            for (uint32_t h = 0; h < hp->n_kv_heads; h++)
+                wpi_rmsnorm(k + h * hd, k + h * hd, L->k_norm, hd, hp->rms_norm_eps);
+        } else if (hp->qk_norm == WPI_QK_FULL) {
+            wpi_rmsnorm(q, q, L->q_norm, qd, hp->rms_norm_eps);
+            wpi_rmsnorm(k, k, L->k_norm, kvd, hp->rms_norm_eps);
+        }
+        if (hp->clip_qkv > 0) {
+            clamp(q, qd, hp->clip_qkv);
+            clamp(k, kvd, hp->clip_qkv);
+            clamp(v, kvd, hp->clip_qkv);
+        }
+        if (half) {
+            const float *c = m->rope_cos + t * half, *s = m->rope_sin + t * half;
+            wpi_rope_apply(q, hp->n_heads, hd, hp->rope_dim, c, s);
+            wpi_rope_apply(k, hp->n_kv_heads, hd, hp->rope_dim, c, s);
+        }
+    }
+
+    attn_ctx a = {m, m->kcache + layer_rows * kvd, m->vcache + layer_rows * kvd,
+                  hp->n_heads, pos};
+    uint32_t tasks = n * hp->n_heads;
+    uint64_t work = (uint64_t)tasks * (pos + n) * hd * 2;
+    if (work < (1u << 15)) {
+        for (uint32_t i = 0; i < tasks; i++) attn_task(&a, i);
+    } else {
+        wpi_parallel_for(m->pool, tasks, attn_task, &a);
+    }
+
+    wpi_mm o = {&L->wo, m->xn, H};
+    wpi_matmul(m, &o, 1, m->att, qd, n);
+    for (uint32_t t = 0; t < n; t++) {
+        if (L->bo) add(m->xn + t * H, L->bo, H);
+        add(m->x + t * H, m->xn + t * H, H);
+    }
+}

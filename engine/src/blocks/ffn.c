@@ -1,0 +1,72 @@
+/*
+ * ffn.c -- the SwiGLU feed-forward, down(silu(gate x) * up x), for dense layers, routed
+ * experts and shared experts alike.
+ *
+ * gate and up run in one parallel section over blocks of their rows, each task also
+ * applying silu(g) * u to its rows, so a SwiGLU costs two dispatches: gate/up and down.
+ */
+#include <math.h>
+
+#include "internal.h"
+
+#define ROW_BLOCK 16
+
+typedef struct gu_ctx {
+    const wpi_model *m;
+    wpi_matmul_fn fg, fu;
+    const wpi_wmat *gate, *up;
+    const float *x;
+    size_t ldx;
+    uint32_t n_tok, blk;
+} gu_ctx;
+
+static void gu_task(void *arg, uint32_t task)
+{
+    const gu_ctx *c = arg;
+    const size_t I = c->gate->rows;
+    size_t r0 = (size_t)task * c->blk, r1 = r0 + c->blk < I ? r0 + c->blk : I;
+    float *g = c->m->ff_g, *u = c->m->ff_u;
+    c->fg(c->gate->data, c->gate->cols, r0, r1, c->x, c->ldx, c->n_tok, g, I);
+    c->fu(c->up->data, c->up->cols, r0, r1, c->x, c->ldx, c->n_tok, u, I);
+    for (uint32_t t = 0; t < c->n_tok; t++)
+        for (size_t r = r0; r < r1; r++) {
+            float a = g[t * I + r];
+            g[t * I + r] = a / (1.0f + expf(-a)) * u[t * I + r];
+        }
+}
+
+void wpi_swiglu(wpi_model *m, const wpi_wmat *gate, const wpi_wmat *up,
+                const wpi_wmat *down, const float *x, size_t ldx, uint32_t n_tok,
+                float *out, size_t ldo)
+{
+    gu_ctx c = {m, wpi_kernels_matmul(m->k, gate->dtype), wpi_kernels_matmul(m->k, up->dtype),
+                gate, up, x, ldx, n_tok, 0};
+    const uint32_t I = gate->rows;
+    const uint32_t nt = wpi_pool_threads(m->pool);
+    uint64_t work = 2ull * I * gate->cols * n_tok;
+    if (nt <= 1 || work < (1u << 16)) {
+        c.blk = I;
+        gu_task(&c, 0);
+    } else {
+        uint32_t target = nt * 4;
+        uint32_t blk = (I + target - 1) / target;
+        c.blk = (blk + ROW_BLOCK - 1) / ROW_BLOCK * ROW_BLOCK;
+        wpi_parallel_for(m->pool, (I + c.blk - 1) / c.blk, gu_task, &c);
+    }
+    wpi_mm d = {down, out, ldo};
+    wpi_matmul(m, &d, 1, m->ff_g, I, n_tok);
+}
+
+void wpi_ffn_block(wpi_model *m, uint32_t l, uint32_t n)
+{
+    const wpi_layer *L = &m->layers[l];
+    const size_t H = m->hp->hidden_size;
+    for (uint32_t t = 0; t < n; t++)
+        wpi_rmsnorm(m->xn + t * H, m->x + t * H, L->ffn_norm, H, m->hp->rms_norm_eps);
+    wpi_swiglu(m, &L->ffn_gate, &L->ffn_up, &L->ffn_down, m->xn, H, n, m->moe_out, H);
+    for (uint32_t t = 0; t < n; t++) {
+        float *x = m->x + t * H;
+        const float *y = m->moe_out + t * H;
+        for (size_t i = 0; i < H; i++) x[i] += y[i];
+    }
+}

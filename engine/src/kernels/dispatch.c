@@ -1,0 +1,92 @@
+/*
+ * dispatch.c -- picks a kernel set from the CPU's flags.
+ *
+ * The flags are read once (the only process-wide state of the kernels, and it is
+ * idempotent: two threads racing to fill it compute the same value). The SIMD tables
+ * exist only in x86-64 builds; elsewhere only the reference set is offered.
+ */
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "wp.h"
+#include "kernels/kernels.h"
+
+#if defined(__x86_64__)
+#define WPI_HAVE_X86 1
+#else
+#define WPI_HAVE_X86 0
+#endif
+
+/* Bit mask of (1 << wp_isa) for the sets this CPU can run. */
+static uint32_t detect(void)
+{
+    uint32_t mask = 1u << WP_ISA_SCALAR;
+#if WPI_HAVE_X86
+    __builtin_cpu_init();
+    int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+               __builtin_cpu_supports("f16c");
+    if (avx2)
+        mask |= 1u << WP_ISA_AVX2;
+    /* The AVX-512 file also uses AVX2/FMA/F16C instructions (masks, f16 loads). */
+    if (avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl"))
+        mask |= 1u << WP_ISA_AVX512;
+#endif
+    return mask;
+}
+
+uint32_t wp_isa_supported(void)
+{
+    static _Atomic uint32_t cached; /* 0 = not yet read; never 0 once read */
+    uint32_t m = atomic_load_explicit(&cached, memory_order_relaxed);
+    if (m == 0) {
+        m = detect();
+        atomic_store_explicit(&cached, m, memory_order_relaxed);
+    }
+    return m;
+}
+
+static const wpi_kernels *table(int isa)
+{
+    switch (isa) {
+    case WP_ISA_SCALAR:
+        return &wpi_kernels_ref;
+#if WPI_HAVE_X86
+    case WP_ISA_AVX2:
+        return &wpi_kernels_avx2;
+    case WP_ISA_AVX512:
+        return &wpi_kernels_avx512;
+#endif
+    default:
+        return NULL;
+    }
+}
+
+const wpi_kernels *wpi_kernels_get(int isa)
+{
+    uint32_t mask = wp_isa_supported();
+    if (isa == WP_ISA_AUTO) {
+        for (int i = WP_ISA_AVX512; i > WP_ISA_AUTO; i--)
+            if (mask & (1u << i))
+                return table(i);
+        return &wpi_kernels_ref;
+    }
+    if (isa < WP_ISA_SCALAR || isa > WP_ISA_AVX512 || !(mask & (1u << isa)))
+        return NULL;
+    return table(isa);
+}
+
+wpi_matmul_fn wpi_kernels_matmul(const wpi_kernels *k, int dtype)
+{
+    if (!k)
+        return NULL;
+    switch (dtype) {
+    case WPI_F32: return k->matmul_f32;
+    case WPI_F16: return k->matmul_f16;
+    case WPI_BF16: return k->matmul_bf16;
+    case WPI_Q8_0: return k->matmul_q8_0;
+    case WPI_Q4_0: return k->matmul_q4_0;
+    case WPI_Q4_1: return k->matmul_q4_1;
+    default: return NULL;
+    }
+}

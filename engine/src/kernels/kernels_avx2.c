@@ -1,0 +1,443 @@
+/*
+ * kernels_avx2.c -- AVX2 + FMA + F16C variants of the matmul, dot and axpy kernels.
+ *
+ * Compiled with plain flags: the target pragma below enables the instruction sets for
+ * this file only, and dispatch.c calls into it only when the CPU has them.
+ *
+ * Two matmul paths, both with float32 activations (weights are never requantized, nor
+ * are activations):
+ *   n_tok == 1 (decode): per row, each 32-weight block is widened to float in registers
+ *     (int8/nibbles -> int32 -> float), dotted with x, scaled by the block's d and added
+ *     to one of two accumulators (even and odd blocks).
+ *   n_tok >= 2 (prefill): a tile of up to TILE_ROWS rows is dequantized CHUNK columns
+ *     at a time into a stack buffer, then every token is applied to it, four tokens at
+ *     a time, so each weight is decoded once per call.
+ * Each row's arithmetic is the same whatever row range it sits in, so splitting rows
+ * across threads never changes a result.
+ */
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "kernels/kernels.h"
+
+#if defined(__x86_64__)
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#else
+#pragma GCC target("avx2,fma,f16c")
+#endif
+
+#include <immintrin.h>
+
+#define CHUNK 256    /* columns dequantized at a time: 1 KiB of floats per row */
+#define TILE_ROWS 8  /* rows sharing one pass over the tokens' x chunk */
+
+/* ---- helpers --------------------------------------------------------------------- */
+
+static inline float hsum(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* Lanes [0, n) set, n in 0..8. */
+static inline __m256i tail_mask(size_t n)
+{
+    static const int32_t m[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
+    return _mm256_loadu_si256((const __m256i *)(m + 8 - n));
+}
+
+static inline float load_f16(const uint8_t *p)
+{
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+/* 8 halves (f16 or bf16) at p as floats; n < 8 reads only n of them, the rest are 0. */
+static inline __m256 load8_f16(const uint16_t *p, size_t n)
+{
+    if (n >= 8)
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+    uint16_t tmp[8] = {0};
+    memcpy(tmp, p, n * 2);
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)tmp));
+}
+
+static inline __m256 load8_bf16(const uint16_t *p, size_t n)
+{
+    __m128i h;
+    if (n >= 8) {
+        h = _mm_loadu_si128((const __m128i *)p);
+    } else {
+        uint16_t tmp[8] = {0};
+        memcpy(tmp, p, n * 2);
+        h = _mm_loadu_si128((const __m128i *)tmp);
+    }
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+/* The 32 signed int8 weights of a q8_0 block as four float vectors. */
+static inline void widen_q8(const uint8_t *q, __m256 w[4])
+{
+    w[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q)));
+    w[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + 8))));
+    w[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + 16))));
+    w[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + 24))));
+}
+
+/* The 32 nibbles of a q4 block (16 bytes, low nibbles = weights 0..15) minus bias. */
+static inline void widen_q4(const uint8_t *q, int bias, __m256 w[4])
+{
+    const __m128i m4 = _mm_set1_epi8(15), b = _mm_set1_epi8((char)bias);
+    __m128i raw = _mm_loadu_si128((const __m128i *)q);
+    __m128i lo = _mm_sub_epi8(_mm_and_si128(raw, m4), b);
+    __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(raw, 4), m4), b);
+    w[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
+    w[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(lo, lo)));
+    w[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
+    w[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(hi, hi)));
+}
+
+/* sum over the block of w[k] * x[8k..8k+8), as a vector. */
+static inline __m256 block_dot(const __m256 w[4], const float *x)
+{
+    __m256 s01 = _mm256_mul_ps(w[0], _mm256_loadu_ps(x));
+    __m256 s23 = _mm256_mul_ps(w[2], _mm256_loadu_ps(x + 16));
+    s01 = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(x + 8), s01);
+    s23 = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(x + 24), s23);
+    return _mm256_add_ps(s01, s23);
+}
+
+/* ---- dot, axpy ------------------------------------------------------------------- */
+
+static float dot_f32_avx2(const float *a, const float *b, size_t n)
+{
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+        s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16), s2);
+        s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), s3);
+    }
+    for (; i + 8 <= n; i += 8)
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    if (i < n) {
+        __m256i m = tail_mask(n - i);
+        s1 = _mm256_fmadd_ps(_mm256_maskload_ps(a + i, m), _mm256_maskload_ps(b + i, m), s1);
+    }
+    return hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+}
+
+static void axpy_f32_avx2(float a, const float *x, float *y, size_t n)
+{
+    __m256 va = _mm256_set1_ps(a);
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256 y0 = _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i));
+        __m256 y1 = _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i + 8), _mm256_loadu_ps(y + i + 8));
+        _mm256_storeu_ps(y + i, y0);
+        _mm256_storeu_ps(y + i + 8, y1);
+    }
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    if (i < n) {
+        __m256i m = tail_mask(n - i);
+        __m256 v = _mm256_fmadd_ps(va, _mm256_maskload_ps(x + i, m), _mm256_maskload_ps(y + i, m));
+        _mm256_maskstore_ps(y + i, m, v);
+    }
+}
+
+/* ---- n_tok == 1: one row against one x, straight from the stored weights --------- */
+
+static float row_f16(const uint16_t *w, const float *x, size_t n)
+{
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        s0 = _mm256_fmadd_ps(load8_f16(w + i, 8), _mm256_loadu_ps(x + i), s0);
+        s1 = _mm256_fmadd_ps(load8_f16(w + i + 8, 8), _mm256_loadu_ps(x + i + 8), s1);
+        s2 = _mm256_fmadd_ps(load8_f16(w + i + 16, 8), _mm256_loadu_ps(x + i + 16), s2);
+        s3 = _mm256_fmadd_ps(load8_f16(w + i + 24, 8), _mm256_loadu_ps(x + i + 24), s3);
+    }
+    for (; i + 8 <= n; i += 8)
+        s0 = _mm256_fmadd_ps(load8_f16(w + i, 8), _mm256_loadu_ps(x + i), s0);
+    if (i < n)
+        s1 = _mm256_fmadd_ps(load8_f16(w + i, n - i), _mm256_maskload_ps(x + i, tail_mask(n - i)), s1);
+    return hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+}
+
+static float row_bf16(const uint16_t *w, const float *x, size_t n)
+{
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        s0 = _mm256_fmadd_ps(load8_bf16(w + i, 8), _mm256_loadu_ps(x + i), s0);
+        s1 = _mm256_fmadd_ps(load8_bf16(w + i + 8, 8), _mm256_loadu_ps(x + i + 8), s1);
+        s2 = _mm256_fmadd_ps(load8_bf16(w + i + 16, 8), _mm256_loadu_ps(x + i + 16), s2);
+        s3 = _mm256_fmadd_ps(load8_bf16(w + i + 24, 8), _mm256_loadu_ps(x + i + 24), s3);
+    }
+    for (; i + 8 <= n; i += 8)
+        s0 = _mm256_fmadd_ps(load8_bf16(w + i, 8), _mm256_loadu_ps(x + i), s0);
+    if (i < n)
+        s1 = _mm256_fmadd_ps(load8_bf16(w + i, n - i), _mm256_maskload_ps(x + i, tail_mask(n - i)), s1);
+    return hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+}
+
+/* acc + one block's d * sum(w*x), for q8_0 and q4_0. */
+static inline __m256 block_q8_0(const uint8_t *blk, const float *x, __m256 acc)
+{
+    __m256 w[4];
+    widen_q8(blk + 2, w);
+    return _mm256_fmadd_ps(_mm256_set1_ps(load_f16(blk)), block_dot(w, x), acc);
+}
+
+static inline __m256 block_q4_0(const uint8_t *blk, const float *x, __m256 acc)
+{
+    __m256 w[4];
+    widen_q4(blk + 2, 8, w);
+    return _mm256_fmadd_ps(_mm256_set1_ps(load_f16(blk)), block_dot(w, x), acc);
+}
+
+/* q4_1 weights are d*q + m, so a block adds d*sum(q*x) + m*sum(x). */
+static inline __m256 block_q4_1(const uint8_t *blk, const float *x, __m256 acc)
+{
+    __m256 w[4];
+    widen_q4(blk + 4, 0, w);
+    __m256 sx = _mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(x), _mm256_loadu_ps(x + 8)),
+                              _mm256_add_ps(_mm256_loadu_ps(x + 16), _mm256_loadu_ps(x + 24)));
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(load_f16(blk + 2)), sx, acc);
+    return _mm256_fmadd_ps(_mm256_set1_ps(load_f16(blk)), block_dot(w, x), acc);
+}
+
+/* Even blocks into one accumulator, odd into another: two independent add chains. */
+#define ROW_QUANT(name, block_fn, bytes)                                                 \
+    static float name(const uint8_t *row, const float *x, size_t nb)                     \
+    {                                                                                    \
+        __m256 e = _mm256_setzero_ps(), o = e;                                           \
+        size_t b = 0;                                                                    \
+        for (; b + 2 <= nb; b += 2) {                                                    \
+            e = block_fn(row + b * (bytes), x + b * 32, e);                              \
+            o = block_fn(row + (b + 1) * (bytes), x + (b + 1) * 32, o);                  \
+        }                                                                                \
+        if (b < nb)                                                                      \
+            e = block_fn(row + b * (bytes), x + b * 32, e);                              \
+        return hsum(_mm256_add_ps(e, o));                                                \
+    }
+
+ROW_QUANT(row_q8_0, block_q8_0, 34)
+ROW_QUANT(row_q4_0, block_q4_0, 18)
+ROW_QUANT(row_q4_1, block_q4_1, 20)
+
+static void matvec(int dtype, const void *w, size_t cols, size_t r0, size_t r1,
+                   const float *x, float *y)
+{
+    size_t rb = wpi_row_bytes(dtype, cols);
+    for (size_t r = r0; r < r1; r++) {
+        const uint8_t *row = (const uint8_t *)w + r * rb;
+        switch (dtype) {
+        case WPI_F32: y[r] = dot_f32_avx2((const float *)row, x, cols); break;
+        case WPI_F16: y[r] = row_f16((const uint16_t *)row, x, cols); break;
+        case WPI_BF16: y[r] = row_bf16((const uint16_t *)row, x, cols); break;
+        case WPI_Q8_0: y[r] = row_q8_0(row, x, cols / 32); break;
+        case WPI_Q4_0: y[r] = row_q4_0(row, x, cols / 32); break;
+        case WPI_Q4_1: y[r] = row_q4_1(row, x, cols / 32); break;
+        default: break;
+        }
+    }
+}
+
+/* ---- n_tok >= 2: dequantize a chunk once, apply it to every token ----------------- */
+
+/* Columns [c, c + n) of a row as floats into out (n <= CHUNK; quantized: c, n % 32 == 0). */
+static void dequant_chunk(int dtype, const uint8_t *row, size_t c, size_t n, float *out)
+{
+    switch (dtype) {
+    case WPI_F16:
+    case WPI_BF16: {
+        const uint16_t *h = (const uint16_t *)row + c;
+        for (size_t i = 0; i < n; i += 8) {
+            size_t k = n - i < 8 ? n - i : 8;
+            __m256 v = dtype == WPI_F16 ? load8_f16(h + i, k) : load8_bf16(h + i, k);
+            _mm256_store_ps(out + i, v); /* out has room for a whole last vector */
+        }
+        return;
+    }
+    case WPI_Q8_0:
+    case WPI_Q4_0:
+    case WPI_Q4_1:
+        for (size_t i = 0; i < n; i += 32) {
+            size_t b = (c + i) / 32;
+            __m256 w[4];
+            __m256 d, m = _mm256_setzero_ps();
+            if (dtype == WPI_Q8_0) {
+                widen_q8(row + b * 34 + 2, w);
+                d = _mm256_set1_ps(load_f16(row + b * 34));
+            } else if (dtype == WPI_Q4_0) {
+                widen_q4(row + b * 18 + 2, 8, w);
+                d = _mm256_set1_ps(load_f16(row + b * 18));
+            } else {
+                widen_q4(row + b * 20 + 4, 0, w);
+                d = _mm256_set1_ps(load_f16(row + b * 20));
+                m = _mm256_set1_ps(load_f16(row + b * 20 + 2));
+            }
+            _mm256_store_ps(out + i, _mm256_fmadd_ps(d, w[0], m));
+            _mm256_store_ps(out + i + 8, _mm256_fmadd_ps(d, w[1], m));
+            _mm256_store_ps(out + i + 16, _mm256_fmadd_ps(d, w[2], m));
+            _mm256_store_ps(out + i + 24, _mm256_fmadd_ps(d, w[3], m));
+        }
+        return;
+    default:
+        return;
+    }
+}
+
+/*
+ * The micro-kernels: sums of w[0..n) * x_t[0..n) for 4 tokens or 1. Both accumulate a
+ * (row, token) pair identically: vectors at even multiples of 8 into one accumulator,
+ * odd into another, the masked tail into the odd one, so a token's result does not
+ * depend on which kernel ran it.
+ */
+static void dot4(const float *w, const float *x, size_t ldx, size_t n, float out[4])
+{
+    const float *x0 = x, *x1 = x + ldx, *x2 = x + 2 * ldx, *x3 = x + 3 * ldx;
+    __m256 e0 = _mm256_setzero_ps(), e1 = e0, e2 = e0, e3 = e0;
+    __m256 o0 = e0, o1 = e0, o2 = e0, o3 = e0;
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256 we = _mm256_loadu_ps(w + i), wo = _mm256_loadu_ps(w + i + 8);
+        e0 = _mm256_fmadd_ps(we, _mm256_loadu_ps(x0 + i), e0);
+        e1 = _mm256_fmadd_ps(we, _mm256_loadu_ps(x1 + i), e1);
+        e2 = _mm256_fmadd_ps(we, _mm256_loadu_ps(x2 + i), e2);
+        e3 = _mm256_fmadd_ps(we, _mm256_loadu_ps(x3 + i), e3);
+        o0 = _mm256_fmadd_ps(wo, _mm256_loadu_ps(x0 + i + 8), o0);
+        o1 = _mm256_fmadd_ps(wo, _mm256_loadu_ps(x1 + i + 8), o1);
+        o2 = _mm256_fmadd_ps(wo, _mm256_loadu_ps(x2 + i + 8), o2);
+        o3 = _mm256_fmadd_ps(wo, _mm256_loadu_ps(x3 + i + 8), o3);
+    }
+    if (i + 8 <= n) {
+        __m256 we = _mm256_loadu_ps(w + i);
+        e0 = _mm256_fmadd_ps(we, _mm256_loadu_ps(x0 + i), e0);
+        e1 = _mm256_fmadd_ps(we, _mm256_loadu_ps(x1 + i), e1);
+        e2 = _mm256_fmadd_ps(we, _mm256_loadu_ps(x2 + i), e2);
+        e3 = _mm256_fmadd_ps(we, _mm256_loadu_ps(x3 + i), e3);
+        i += 8;
+    }
+    if (i < n) {
+        __m256i m = tail_mask(n - i);
+        __m256 wt = _mm256_maskload_ps(w + i, m);
+        o0 = _mm256_fmadd_ps(wt, _mm256_maskload_ps(x0 + i, m), o0);
+        o1 = _mm256_fmadd_ps(wt, _mm256_maskload_ps(x1 + i, m), o1);
+        o2 = _mm256_fmadd_ps(wt, _mm256_maskload_ps(x2 + i, m), o2);
+        o3 = _mm256_fmadd_ps(wt, _mm256_maskload_ps(x3 + i, m), o3);
+    }
+    out[0] = hsum(_mm256_add_ps(e0, o0));
+    out[1] = hsum(_mm256_add_ps(e1, o1));
+    out[2] = hsum(_mm256_add_ps(e2, o2));
+    out[3] = hsum(_mm256_add_ps(e3, o3));
+}
+
+static float dot1(const float *w, const float *x, size_t n)
+{
+    __m256 e = _mm256_setzero_ps(), o = e;
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        e = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i), e);
+        o = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 8), _mm256_loadu_ps(x + i + 8), o);
+    }
+    if (i + 8 <= n) {
+        e = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i), e);
+        i += 8;
+    }
+    if (i < n) {
+        __m256i m = tail_mask(n - i);
+        o = _mm256_fmadd_ps(_mm256_maskload_ps(w + i, m), _mm256_maskload_ps(x + i, m), o);
+    }
+    return hsum(_mm256_add_ps(e, o));
+}
+
+static void matmul_tiled(int dtype, const void *w, size_t cols, size_t r0, size_t r1,
+                         const float *x, size_t ldx, size_t n_tok, float *y, size_t ldy)
+{
+    _Alignas(32) float buf[TILE_ROWS][CHUNK];
+    size_t rb = wpi_row_bytes(dtype, cols);
+    for (size_t rt = r0; rt < r1; rt += TILE_ROWS) {
+        size_t nr = r1 - rt < TILE_ROWS ? r1 - rt : TILE_ROWS;
+        for (size_t t = 0; t < n_tok; t++)
+            for (size_t i = 0; i < nr; i++)
+                y[t * ldy + rt + i] = 0.0f;
+        for (size_t c = 0; c < cols; c += CHUNK) {
+            size_t nc = cols - c < CHUNK ? cols - c : CHUNK;
+            const float *wr[TILE_ROWS];
+            for (size_t i = 0; i < nr; i++) {
+                const uint8_t *row = (const uint8_t *)w + (rt + i) * rb;
+                if (dtype == WPI_F32) {
+                    wr[i] = (const float *)row + c;
+                } else {
+                    dequant_chunk(dtype, row, c, nc, buf[i]);
+                    wr[i] = buf[i];
+                }
+            }
+            size_t t = 0;
+            for (; t + 4 <= n_tok; t += 4) {
+                for (size_t i = 0; i < nr; i++) {
+                    float s[4];
+                    dot4(wr[i], x + t * ldx + c, ldx, nc, s);
+                    for (int k = 0; k < 4; k++)
+                        y[(t + k) * ldy + rt + i] += s[k];
+                }
+            }
+            for (; t < n_tok; t++)
+                for (size_t i = 0; i < nr; i++)
+                    y[t * ldy + rt + i] += dot1(wr[i], x + t * ldx + c, nc);
+        }
+    }
+}
+
+static void matmul_any(int dtype, const void *w, size_t cols, size_t r0, size_t r1,
+                       const float *x, size_t ldx, size_t n_tok, float *y, size_t ldy)
+{
+    if (wpi_row_bytes(dtype, cols) == 0 && cols != 0)
+        return;
+    if (n_tok == 1)
+        matvec(dtype, w, cols, r0, r1, x, y);
+    else
+        matmul_tiled(dtype, w, cols, r0, r1, x, ldx, n_tok, y, ldy);
+}
+
+#define AVX2_MATMUL(name, dtype)                                                         \
+    static void name(const void *w, size_t cols, size_t r0, size_t r1, const float *x,  \
+                     size_t ldx, size_t n_tok, float *y, size_t ldy)                      \
+    {                                                                                    \
+        matmul_any(dtype, w, cols, r0, r1, x, ldx, n_tok, y, ldy);                      \
+    }
+
+AVX2_MATMUL(matmul_f32_avx2, WPI_F32)
+AVX2_MATMUL(matmul_f16_avx2, WPI_F16)
+AVX2_MATMUL(matmul_bf16_avx2, WPI_BF16)
+AVX2_MATMUL(matmul_q8_0_avx2, WPI_Q8_0)
+AVX2_MATMUL(matmul_q4_0_avx2, WPI_Q4_0)
+AVX2_MATMUL(matmul_q4_1_avx2, WPI_Q4_1)
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#endif
+
+const wpi_kernels wpi_kernels_avx2 = {
+    .name = "avx2",
+    .matmul_f32 = matmul_f32_avx2,
+    .matmul_f16 = matmul_f16_avx2,
+    .matmul_bf16 = matmul_bf16_avx2,
+    .matmul_q8_0 = matmul_q8_0_avx2,
+    .matmul_q4_0 = matmul_q4_0_avx2,
+    .matmul_q4_1 = matmul_q4_1_avx2,
+    .dot_f32 = dot_f32_avx2,
+    .axpy_f32 = axpy_f32_avx2,
+};
+
+#endif /* __x86_64__ */
