@@ -48,6 +48,17 @@ CHATML_TEMPLATE = (
 )
 
 
+def tokenizer_json() -> str:
+    """tokenizer.json text of the byte-level test vocabulary (265 ids)."""
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
+    hf = HFTokenizer(models.BPE(vocab=vocab, merges=[]))
+    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    hf.decoder = decoders.ByteLevel()
+    hf.add_special_tokens(MARKERS)
+    return hf.to_str()
+
+
 def make_tokenizer() -> Tokenizer:
     """A byte-level tokenizer (one id per byte) with the chat markers as control tokens."""
     alphabet = pre_tokenizers.ByteLevel.alphabet()

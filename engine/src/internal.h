@@ -46,6 +46,10 @@ void wpi_free(wpi_mem *m, void *p, size_t bytes);
 
 double wpi_now(void); /* monotonic seconds */
 
+/* Tests only: 0 forces the portable CRC32C table, 1 restores the automatic choice.
+ * Returns 1 when the SSE4.2 instruction is in use afterwards. */
+int wpi_crc32c_use_hw(int allow);
+
 /* ---- container.c --------------------------------------------------------------- */
 
 enum { WPI_QK_NONE = 0, WPI_QK_HEAD = 1, WPI_QK_FULL = 2 };
@@ -169,6 +173,45 @@ void wpi_experts_stats_reset(wpi_experts *x);
 wp_status wpi_experts_hotlist_save(const wpi_experts *x, const char *path, char *err, size_t cap);
 
 void wpi_experts_close(wpi_experts *x, wpi_mem *m);
+
+/* reader.c: the bank files (O_DIRECT after a probe read, else buffered + FADV_RANDOM),
+ * record validation and the reader threads. cache.c is its only user. */
+typedef struct wpi_reader wpi_reader;
+
+/* Called on a reader thread when a queued read ends: st is WP_OK or WP_E_IO with a
+ * detail such as "layer 3 expert 17: payload checksum mismatch". */
+typedef void (*wpi_read_done_fn)(void *user, uint32_t tag, wp_status st, const char *detail);
+
+/* Opens every bank of c and starts cfg->reader_threads threads (0 = 1, at most 8).
+ * queue_cap bounds the jobs waiting in each of the two queues. Errors: WP_E_IO, WP_E_ARG,
+ * WP_E_OOM. */
+wp_status wpi_reader_open(const wpi_container *c, const wp_cfg *cfg, uint32_t queue_cap,
+                          wpi_read_done_fn done, void *user, wpi_reader **out,
+                          char *err, size_t cap);
+/* Queues one aligned read of record `expert` of c->banks[bank] into buf (WPI_BUF_ALIGN-
+ * aligned, at least record_bytes long); done(user, tag, ...) is called when it ends.
+ * Demand reads are served before speculative ones, each queue in FIFO order.
+ * Returns WP_E_ARG when that queue is full (never blocks). */
+wp_status wpi_reader_submit(wpi_reader *r, uint32_t bank, uint32_t expert, void *buf,
+                            uint32_t tag, int demand);
+/* Reads and validates one record on the calling thread. */
+wp_status wpi_reader_read(wpi_reader *r, uint32_t bank, uint32_t expert, void *buf,
+                          char *err, size_t cap);
+/* 1 when every bank bypasses the page cache. */
+int wpi_reader_direct_io(const wpi_reader *r);
+/* Stops the threads after the reads in progress; queued reads are dropped. */
+void wpi_reader_close(wpi_reader *r);
+
+/* Validates record `expert` of bank b held in rec[0..record_bytes): the header always
+ * (magic, version, layer, expert, dtype, n_tensors, payload size, offsets, header CRC),
+ * the payload CRC when verify. WP_E_IO naming layer and expert on any mismatch. */
+wp_status wpi_record_check(const wpi_bank *b, uint32_t expert, const void *rec, int verify,
+                           char *err, size_t cap);
+
+/* Slots an expert cache of cache_bytes holds: cache_bytes / max_record_bytes, at most
+ * one per record of the container, at least 2 * top_k (0 without expert banks).
+ * wpi_plan and wpi_experts_open both use it, so the plan states what open allocates. */
+uint32_t wpi_cache_slots(const wpi_container *c, uint64_t cache_bytes);
 
 /* plan.c: the memory plan (see wp_plan), also used by wp_open to resolve the budget. */
 wp_status wpi_plan(const wpi_container *c, const wp_cfg *cfg, wp_plan *out,

@@ -131,6 +131,8 @@ class KimiReader(ToolReader):
         if marker == SECTION_BEGIN:
             self.state = "section"
         elif marker == CALL_BEGIN:
+            if self.current is not None:
+                self.host._seal(self.current)
             self.header, self.current, self.state = "", None, "header"
         elif marker == ARGUMENT_BEGIN:
             if self.state == "header":

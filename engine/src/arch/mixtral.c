@@ -1,0 +1,30 @@
+/*
+ * mixtral.c -- MixtralForCausalLM.
+ *   Llama attention; every layer is MoE: softmax over all experts, top-k, weights
+ *   renormalized to sum 1 (the converter sets norm_topk_prob).
+ */
+#include "internal.h"
+
+static wp_status check(const wpi_container *c, char *err, size_t cap)
+{
+    const wpi_hparams *hp = &c->hp;
+    if (hp->qk_norm != WPI_QK_NONE)
+        return wpi_fail(err, cap, WP_E_FORMAT, "mixtral: qk_norm must be \"none\"");
+    if (!hp->norm_topk_prob)
+        return wpi_fail(err, cap, WP_E_FORMAT, "mixtral: norm_topk_prob must be true");
+    if (hp->shared_expert_intermediate_size != 0)
+        return wpi_fail(err, cap, WP_E_FORMAT, "mixtral: has no shared expert");
+    return wpi_check_decoder(c, err, cap);
+}
+
+static wp_status layer_forward(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
+{
+    wpi_attention_block(m, l, n, pos);
+    if (!m->layers[l].is_moe) {
+        wpi_ffn_block(m, l, n);
+        return WP_OK;
+    }
+    return wpi_moe_block(m, l, n);
+}
+
+const wpi_arch wpi_arch_mixtral = {"mixtral", check, layer_forward};

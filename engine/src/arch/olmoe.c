@@ -1,0 +1,28 @@
+/*
+ * olmoe.c -- OlmoeForCausalLM.
+ *   Llama layout; q and k get one RMSNorm over all heads (qk_norm "full") right after
+ *   projection, then q, k, v are clamped to +-clip_qkv when set, then RoPE; every layer
+ *   is MoE with softmax top-k, renormalized only when norm_topk_prob.
+ */
+#include "internal.h"
+
+static wp_status check(const wpi_container *c, char *err, size_t cap)
+{
+    if (c->hp.qk_norm != WPI_QK_FULL)
+        return wpi_fail(err, cap, WP_E_FORMAT, "olmoe: qk_norm must be \"full\"");
+    if (c->hp.shared_expert_intermediate_size != 0)
+        return wpi_fail(err, cap, WP_E_FORMAT, "olmoe: has no shared expert");
+    return wpi_check_decoder(c, err, cap);
+}
+
+static wp_status layer_forward(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
+{
+    wpi_attention_block(m, l, n, pos);
+    if (!m->layers[l].is_moe) {
+        wpi_ffn_block(m, l, n);
+        return WP_OK;
+    }
+    return wpi_moe_block(m, l, n);
+}
+
+const wpi_arch wpi_arch_olmoe = {"olmoe", check, layer_forward};

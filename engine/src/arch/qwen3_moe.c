@@ -1,0 +1,28 @@
+/*
+ * qwen3_moe.c -- Qwen3MoeForCausalLM.
+ *   Llama layout; q and k get an RMSNorm per head (qk_norm "head") before RoPE; MoE
+ *   layers (per layer_kinds) route softmax top-k, renormalized when norm_topk_prob;
+ *   the other layers are dense SwiGLU.
+ */
+#include "internal.h"
+
+static wp_status check(const wpi_container *c, char *err, size_t cap)
+{
+    if (c->hp.qk_norm != WPI_QK_HEAD)
+        return wpi_fail(err, cap, WP_E_FORMAT, "qwen3_moe: qk_norm must be \"head\"");
+    if (c->hp.shared_expert_intermediate_size != 0)
+        return wpi_fail(err, cap, WP_E_FORMAT, "qwen3_moe: has no shared expert");
+    return wpi_check_decoder(c, err, cap);
+}
+
+static wp_status layer_forward(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
+{
+    wpi_attention_block(m, l, n, pos);
+    if (!m->layers[l].is_moe) {
+        wpi_ffn_block(m, l, n);
+        return WP_OK;
+    }
+    return wpi_moe_block(m, l, n);
+}
+
+const wpi_arch wpi_arch_qwen3_moe = {"qwen3_moe", check, layer_forward};

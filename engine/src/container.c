@@ -1,0 +1,881 @@
+/*
+ * container.c -- reads a warp container's manifest.json and trunk (docs/FORMAT.md).
+ *
+ * The manifest is untrusted: every dimension is bounded, every size is derived from
+ * dtype and shape and compared with the stated one, every offset is checked against the
+ * size of the file that holds it (overflow-safe), and every error names the key, tensor
+ * or file at fault. This file checks what every architecture shares (core tensors,
+ * hparams, expert banks); the tensors an architecture needs beyond those are checked by
+ * its arch/ code. Expert records are read by experts/reader.c, not here.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "internal.h"
+#include "json.h"
+
+#define MANIFEST "manifest.json"
+#define MAX_NAME 255                 /* tensor and file names */
+#define MAX_TENSORS (1u << 20)
+#define MAX_VOCAB (1u << 24)
+#define MAX_HIDDEN (1u << 17)
+#define MAX_HEADS (1u << 12)
+#define MAX_HEAD_DIM (1u << 12)
+#define MAX_FFN (1u << 20)
+#define MAX_EXPERTS (1u << 16)
+#define MAX_POSITIONS (1u << 30)
+#define MAX_RECORD ((uint64_t)1 << 40)
+
+typedef struct ectx {
+    char *err;
+    size_t cap;
+} ectx;
+
+static const struct {
+    const char *name;
+    int id;
+} dtypes[] = {
+    {"f32", WPI_F32}, {"f16", WPI_F16}, {"bf16", WPI_BF16},
+    {"q8_0", WPI_Q8_0}, {"q4_0", WPI_Q4_0}, {"q4_1", WPI_Q4_1},
+};
+
+static const char *dtype_name(int id)
+{
+    for (size_t k = 0; k < sizeof(dtypes) / sizeof(dtypes[0]); k++)
+        if (dtypes[k].id == id)
+            return dtypes[k].name;
+    return "unknown";
+}
+
+/* ---- typed lookups: each names "where.key" in its error ------------------------- */
+
+static wp_status need(ectx *e, const wpi_json *obj, const char *where, const char *key,
+                      wpi_json_type type, const wpi_json **out)
+{
+    const wpi_json *v = wpi_json_get(obj, key);
+    if (!v)
+        return wpi_fail(e->err, e->cap, WP_E_FORMAT, MANIFEST ": %s.%s: required key is missing",
+                        where, key);
+    if (v->type != type) {
+        wpi_json probe = {.type = type};
+        return wpi_fail(e->err, e->cap, WP_E_FORMAT, MANIFEST ": %s.%s: expected %s, got %s",
+                        where, key, wpi_json_type_name(&probe), wpi_json_type_name(v));
+    }
+    *out = v;
+    return WP_OK;
+}
+
+static wp_status int_value(ectx *e, const wpi_json *v, const char *where, const char *key,
+                           int64_t lo, int64_t hi, int64_t *out)
+{
+    int64_t x;
+    if (!wpi_json_int(v, &x))
+        return wpi_fail(e->err, e->cap, WP_E_FORMAT, MANIFEST ": %s%s%s: expected an integer, got %s",
+                        where, key[0] ? "." : "", key,
+                        v && v->type == WPI_JSON_NUMBER ? "a non-integer number"
+                                                        : wpi_json_type_name(v));
+    if (x < lo || x > hi)
+        return wpi_fail(e->err, e->cap, WP_E_FORMAT,
+                        MANIFEST ": %s%s%s: %lld is out of range [%lld, %lld]", where,
+                        key[0] ? "." : "", key, (long long)x, (long long)lo, (long long)hi);
+    *out = x;
+    return WP_OK;
+}
+
+static wp_status get_int(ectx *e, const wpi_json *obj, const char *where, const char *key,
+                         int64_t lo, int64_t hi, int64_t *out)
+{
+    const wpi_json *v = wpi_json_get(obj, key);
+    if (!v)
+        return wpi_fail(e->err, e->cap, WP_E_FORMAT, MANIFEST ": %s.%s: required key is missing",
+                        where, key);
+    return int_value(e, v, where, key, lo, hi, out);
+}
+
+static wp_status get_u32(ectx *e, const wpi_json *obj, const char *where, const char *key,
+                         uint32_t lo, uint32_t hi, uint32_t *out)
+{
+    int64_t x;
+    wp_status st = get_int(e, obj, where, key, lo, hi, &x);
+    if (st == WP_OK)
+        *out = (uint32_t)x;
+    return st;
+}
+
+static wp_status get_u64(ectx *e, const wpi_json *obj, const char *where, const char *key,
+                         uint64_t *out)
+{
+    int64_t x;
+    wp_status st = get_int(e, obj, where, key, 0, INT64_MAX, &x);
+    if (st == WP_OK)
+        *out = (uint64_t)x;
+    return st;
+}
+
+/* A float in (0, FLT_MAX] (or [0, FLT_MAX] when allow_zero). */
+static wp_status get_pos_float(ectx *e, const wpi_json *obj, const char *where,
+                               const char *key, int allow_zero, double max, float *out)
+{
+    const wpi_json *v;
+    wp_status st = need(e, obj, where, key, WPI_JSON_NUMBER, &v);
+    if (st != WP_OK)
+        return st;
+    double d = v->number;
+    float f = (float)d;
+    if (!(d <= max) || !(d >= 0) || (!allow_zero && !(f > 0)))
+        return wpi_fail(e->err, e->cap, WP_E_FORMAT, MANIFEST ": %s.%s: %g is out of range",
+                        where, key, d);
+    *out = f;
+    return WP_OK;
+}
+
+static wp_status get_bool(ectx *e, const wpi_json *obj, const char *where, const char *key,
+                          int32_t *out)
+{
+    const wpi_json *v;
+    wp_status st = need(e, obj, where, key, WPI_JSON_BOOL, &v);
+    if (st == WP_OK)
+        *out = v->boolean;
+    return st;
+}
+
+/* A plain file name inside the container directory. */
+static wp_status get_file_name(ectx *e, const wpi_json *obj, const char *where,
+                               const char *key, const char **out)
+{
+    const wpi_json *v;
+    wp_status st = need(e, obj, where, key, WPI_JSON_STRING, &v);
+    if (st != WP_OK)
+        return st;
+    const char *s = v->str;
+    if (!s[0] || v->len > MAX_NAME || strchr(s, '/') || !strcmp(s, ".") || !strcmp(s, ".."))
+        return wpi_fail(e->err, e->cap, WP_E_FORMAT,
+                        MANIFEST ": %s.%s: '%.64s' is not a file name inside the container",
+                        where, key, s);
+    *out = s;
+    return WP_OK;
+}
+
+static wp_status get_dtype(ectx *e, const wpi_json *obj, const char *where, int32_t *out)
+{
+    const wpi_json *v;
+    wp_status st = need(e, obj, where, "dtype", WPI_JSON_STRING, &v);
+    if (st != WP_OK)
+        return st;
+    for (size_t k = 0; k < sizeof(dtypes) / sizeof(dtypes[0]); k++) {
+        if (!strcmp(v->str, dtypes[k].name)) {
+            *out = dtypes[k].id;
+            return WP_OK;
+        }
+    }
+    return wpi_fail(e->err, e->cap, WP_E_UNSUPPORTED,
+                    MANIFEST ": %s.dtype: '%.32s' is not a supported dtype "
+                    "(f32, f16, bf16, q8_0, q4_0, q4_1)", where, v->str);
+}
+
+/* shape [n] or [rows, cols]: rows/length at s[0], cols at s[1] (1 for a vector). */
+static wp_status get_shape(ectx *e, const wpi_json *obj, const char *where, uint32_t *n_dims,
+                           uint64_t s[2])
+{
+    const wpi_json *v;
+    wp_status st = need(e, obj, where, "shape", WPI_JSON_ARRAY, &v);
+    if (st != WP_OK)
+        return st;
+    if (v->len != 1 && v->len != 2)
+        return wpi_fail(e->err, e->cap, WP_E_FORMAT,
+                        MANIFEST ": %s.shape: %zu dimensions, expected 1 or 2", where, v->len);
+    for (size_t k = 0; k < v->len; k++) {
+        int64_t x;
+        st = int_value(e, &v->items[k], where, k ? "shape[1]" : "shape[0]", 1, UINT32_MAX, &x);
+        if (st != WP_OK)
+            return st;
+        s[k] = (uint64_t)x;
+    }
+    if (v->len == 1)
+        s[1] = 1;
+    *n_dims = (uint32_t)v->len;
+    return WP_OK;
+}
+
+/* Bytes implied by dtype and shape; 0 (with err set) when the shape cannot hold dtype. */
+static wp_status shape_bytes(ectx *e, const char *where, int32_t dtype, uint32_t n_dims,
+                             const uint64_t s[2], uint64_t *out)
+{
+    uint64_t cols = n_dims == 2 ? s[1] : s[0];
+    uint64_t rows = n_dims == 2 ? s[0] : 1;
+    size_t rb = wpi_row_bytes(dtype, (size_t)cols);
+    uint64_t b;
+    if (rb == 0)
+        return wpi_fail(e->err, e->cap, WP_E_FORMAT,
+                        MANIFEST ": %s: %llu columns cannot be stored as %s (blocks of 32)",
+                        where, (unsigned long long)cols, dtype_name(dtype));
+    if (__builtin_mul_overflow((uint64_t)rb, rows, &b))
+        return wpi_fail(e->err, e->cap, WP_E_FORMAT, MANIFEST ": %s: size overflows", where);
+    *out = b;
+    return WP_OK;
+}
+
+/* ---- files -------------------------------------------------------------------------- */
+
+static char *join(const char *dir, const char *name)
+{
+    size_t a = strlen(dir), b = strlen(name);
+    char *p = malloc(a + b + 2);
+    if (!p)
+        return NULL;
+    memcpy(p, dir, a);
+    p[a] = '/';
+    memcpy(p + a + 1, name, b + 1);
+    return p;
+}
+
+static wp_status file_size(ectx *e, const char *path, const char *what, uint64_t *out)
+{
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return wpi_fail(e->err, e->cap, WP_E_IO, "%s: cannot open '%s': %s", what, path,
+                        strerror(errno));
+    if (!S_ISREG(st.st_mode))
+        return wpi_fail(e->err, e->cap, WP_E_IO, "%s: '%s' is not a regular file", what, path);
+    *out = (uint64_t)st.st_size;
+    return WP_OK;
+}
+
+static wp_status read_manifest(ectx *e, const char *path, char **out, size_t *out_len)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return wpi_fail(e->err, e->cap, WP_E_IO, "cannot open '%s': %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return wpi_fail(e->err, e->cap, WP_E_IO, "'%s' is not a readable file", path);
+    }
+    if ((uint64_t)st.st_size > WPI_JSON_MAX_BYTES) {
+        close(fd);
+        return wpi_fail(e->err, e->cap, WP_E_FORMAT, MANIFEST ": %lld bytes exceeds the limit of %zu",
+                        (long long)st.st_size, WPI_JSON_MAX_BYTES);
+    }
+    size_t n = (size_t)st.st_size;
+    char *buf = malloc(n + 1);
+    if (!buf) {
+        close(fd);
+        return wpi_fail(e->err, e->cap, WP_E_OOM, MANIFEST ": out of memory");
+    }
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = read(fd, buf + got, n - got);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0) {
+            free(buf);
+            close(fd);
+            return wpi_fail(e->err, e->cap, WP_E_IO, "'%s': read failed", path);
+        }
+        got += (size_t)r;
+    }
+    close(fd);
+    buf[n] = '\0';
+    *out = buf;
+    *out_len = n;
+    return WP_OK;
+}
+
+/* ---- hparams ----------------------------------------------------------------------- */
+
+static wp_status parse_hparams(ectx *e, const wpi_json *h, wpi_hparams *hp)
+{
+    const char *w = "hparams";
+    wp_status st;
+#define U32(key, field, lo, hi)                                   \
+    if ((st = get_u32(e, h, w, key, lo, hi, &hp->field)) != WP_OK) \
+        return st;
+    U32("vocab_size", vocab_size, 1, MAX_VOCAB);
+    U32("hidden_size", hidden_size, 1, MAX_HIDDEN);
+    U32("n_layers", n_layers, 1, WPI_MAX_LAYERS);
+    U32("n_heads", n_heads, 1, MAX_HEADS);
+    U32("n_kv_heads", n_kv_heads, 1, hp->n_heads);
+    U32("head_dim", head_dim, 1, MAX_HEAD_DIM);
+    U32("intermediate_size", intermediate_size, 0, MAX_FFN);
+    U32("moe_intermediate_size", moe_intermediate_size, 0, MAX_FFN);
+    U32("n_experts", n_experts, 0, MAX_EXPERTS);
+    U32("top_k", top_k, hp->n_experts ? 1 : 0, hp->n_experts);
+    U32("shared_expert_intermediate_size", shared_expert_intermediate_size, 0, MAX_FFN);
+    U32("rope_dim", rope_dim, 0, hp->head_dim);
+    U32("max_position_embeddings", max_position_embeddings, 1, MAX_POSITIONS);
+#undef U32
+    if (hp->n_heads % hp->n_kv_heads)
+        return wpi_fail(e->err, e->cap, WP_E_FORMAT,
+                        MANIFEST ": hparams: n_heads %u is not a multiple of n_kv_heads %u",
+                        hp->n_heads, hp->n_kv_heads);
+    if (hp->rope_dim % 2)
+        return wpi_fail(e->err, e->cap, WP_E_FORMAT, MANIFEST ": hparams.rope_dim: %u is odd",
+                        hp->rope_dim);
+    if ((st = get_bool(e, h, w, "shared_expert_gate", &hp->shared_expert_gate)) != WP_OK ||
+        (st = get_bool(e, h, w, "norm_topk_prob", &hp->norm_topk_prob)) != WP_OK ||
+        (st = get_bool(e, h, w, "tie_word_embeddings", &hp->tie_word_embeddings)) != WP_OK)
+        return st;
+    if ((st = get_pos_float(e, h, w, "rms_norm_eps", 0, 0.5, &hp->rms_norm_eps)) != WP_OK ||
+        (st = get_pos_float(e, h, w, "rope_theta", 0, FLT_MAX, &hp->rope_theta)) != WP_OK ||
+        (st = get_pos_float(e, h, w, "rope_attn_factor", 0, 1e6, &hp->rope_attn_factor)) != WP_OK ||
+        (st = get_pos_float(e, h, w, "attn_scale", 0, 1e6, &hp->attn_scale)) != WP_OK)
+        return st;
+    hp->clip_qkv = 0;
+    if (wpi_json_get(h, "clip_qkv") &&
+        (st = get_pos_float(e, h, w, "clip_qkv", 1, FLT_MAX, &hp->clip_qkv)) != WP_OK)
+        return st;
+
+    const wpi_json *v;
+    if ((st = need(e, h, w, "qk_norm", WPI_JSON_STRING, &v)) != WP_OK)
+        return st;
+    if (!strcmp(v->str, "none"))
+        hp->qk_norm = WPI_QK_NONE;
+    else if (!strcmp(v->str, "head"))
+        hp->qk_norm = WPI_QK_HEAD;
+    else if (!strcmp(v->str, "full"))
+        hp->qk_norm = WPI_QK_FULL;
+    else
+        return wpi_fail(e->err, e->cap, WP_E_FORMAT,
+                        MANIFEST ": hparams.qk_norm: '%.32s' is not none, head or full", v->str);
+
+    if ((st = need(e, h, w, "layer_kinds", WPI_JSON_ARRAY, &v)) != WP_OK)
+        return st;
+    if (v->len != hp->n_layers)
+        return wpi_fail(e->err, e->cap, WP_E_FORMAT,
+                        MANIFEST ": hparams.layer_kinds: %zu entries, n_layers is %u", v->len,
+                        hp->n_layers);
+    uint32_t n_moe = 0, n_dense = 0;
+    for (uint32_t l = 0; l < hp->n_layers; l++) {
+        const char *k = wpi_json_str(&v->items[l]);
+        if (k && !strcmp(k, "moe")) {
+            hp->layer_is_moe[l] = 1;
+            n_moe++;
+        } else if (k && !strcmp(k, "dense")) {
+            hp->layer_is_moe[l] = 0;
+            n_dense++;
+        } else {
+            return wpi_fail(e->err, e->cap, WP_E_FORMAT,
+                            MANIFEST ": hparams.layer_kinds[%u]: expected \"dense\" or \"moe\"", l);
+        }
+    }
+    if (n_moe && (!hp->n_experts || !hp->moe_intermediate_size))
+        return wpi_fail(e->err, e->cap, WP_E_FORMAT,
+                        MANIFEST ": hparams: %u moe layers but n_experts %u and "
+                        "moe_intermediate_size %u", n_moe, hp->n_experts,
+                        hp->moe_intermediate_size);
+    if (n_dense && !hp->intermediate_size)
+        return wpi_fail(e->err, e->cap, WP_E_FORMAT,
+                        MANIFEST ": hparams: %u dense layers but intermediate_size is 0", n_dense);
+
+    v = wpi_json_get(h, "bos_token_id");
+    if (!v)
+        return wpi_fail(e->err, e->cap, WP_E_FORMAT,
+                        MANIFEST ": hparams.bos_token_id: required key is missing");
+    if (v->type == WPI_JSON_NULL) {
+        hp->bos_token_id = -1;
+    } else {
+        int64_t x;
+        if ((st = int_value(e, v, w, "bos_token_id", 0, (int64_t)hp->vocab_size - 1, &x)) != WP_OK)
+            return st;
+        hp->bos_token_id = (int32_t)x;
+    }
+    if ((st = need(e, h, w, "eos_token_ids", WPI_JSON_ARRAY, &v)) != WP_OK)
+        return st;
+    if (v->len > WPI_MAX_EOS)
+        return wpi_fail(e->err, e->cap, WP_E_FORMAT,
+                        MANIFEST ": hparams.eos_token_ids: %zu entries, at most %d", v->len,
+                        WPI_MAX_EOS);
+    hp->n_eos = (uint32_t)v->len;
+    for (size_t k = 0; k < v->len; k++) {
+        int64_t x;
+        if ((st = int_value(e, &v->items[k], w, "eos_token_ids[]", 0,
+                            (int64_t)hp->vocab_size - 1, &x)) != WP_OK)
+            return st;
+        hp->eos_token_ids[k] = (int32_t)x;
+    }
+    return WP_OK;
+}
+
+/* ---- trunk --------------------------------------------------------------------------- */
+
+static int cmp_tensor_name(const void *a, const void *b)
+{
+    return strcmp(((const wpi_tensor *)a)->name, ((const wpi_tensor *)b)->name);
+}
+
+static wp_status parse_trunk(ectx *e, const wpi_json *root, wpi_container *c)
+{
+    const wpi_json *trunk, *list;
+    const char *file;
+    wp_status st;
+    if ((st = need(e, root, "manifest", "trunk", WPI_JSON_OBJECT, &trunk)) != WP_OK ||
+        (st = get_file_name(e, trunk, "trunk", "file", &file)) != WP_OK ||
+        (st = need(e, trunk, "trunk", "tensors", WPI_JSON_ARRAY, &list)) != WP_OK)
+        return st;
+    uint64_t stated, size;
+    if ((st = get_u64(e, trunk, "trunk", "bytes", &stated)) != WP_OK)
+        return st;
+    c->trunk_path = join(c->dir, file);
+    if (!c->trunk_path)
+        return wpi_fail(e->err, e->cap, WP_E_OOM, MANIFEST ": out of memory");
+    if ((st = file_size(e, c->trunk_path, MANIFEST ": trunk.file", &size)) != WP_OK)
+        return st;
+    if (stated != size)
+        return wpi_fail(e->err, e->cap, WP_E_FORMAT,
+                        MANIFEST ": trunk.bytes %llu does not match the size %llu of %s",
+                        (unsigned long long)stated, (unsigned long long)size, file);
+    if (list->len == 0 || list->len > MAX_TENSORS)
+        return wpi_fail(e->err, e->cap, WP_E_FORMAT,
+                        MANIFEST ": trunk.tensors: %zu entries, expected 1 to %u", list->len,
+                        MAX_TENSORS);
+    c->tensors = calloc(list->len, sizeof(*c->tensors));
+    if (!c->tensors)
+        return wpi_fail(e->err, e->cap, WP_E_OOM, MANIFEST ": out of memory");
+    char where[MAX_NAME + 64];
+    for (size_t i = 0; i < list->len; i++) {
+        const wpi_json *t = &list->items[i];
+        wpi_tensor *x = &c->tensors[i];
+        const wpi_json *nm;
+        snprintf(where, sizeof(where), "trunk.tensors[%zu]", i);
+        if (t->type != WPI_JSON_OBJECT)
+            return wpi_fail(e->err, e->cap, WP_E_FORMAT, MANIFEST ": %s: expected object, got %s",
+                            where, wpi_json_type_name(t));
+        if ((st = need(e, t, where, "name", WPI_JSON_STRING, &nm)) != WP_OK)
+            return st;
+        if (!nm->len || nm->len > MAX_NAME)
+            return wpi_fail(e->err, e->cap, WP_E_FORMAT,
+                            MANIFEST ": %s.name: length %zu, expected 1 to %d", where, nm->len,
+                            MAX_NAME);
+        x->name = strdup(nm->str);
+        if (!x->name)
+            return wpi_fail(e->err, e->cap, WP_E_OOM, MANIFEST ": out of memory");
+        c->n_tensors = (uint32_t)i + 1;
+        snprintf(where, sizeof(where), "trunk tensor '%s'", x->name);
+        int64_t crc;
+        if ((st = get_dtype(e, t, where, &x->dtype)) != WP_OK ||
+            (st = get_shape(e, t, where, &x->n_dims, x->shape)) != WP_OK ||
+            (st = get_u64(e, t, where, "offset", &x->offset)) != WP_OK ||
+            (st = get_u64(e, t, where, "bytes", &x->bytes)) != WP_OK ||
+            (st = get_int(e, t, where, "crc32c", 0, UINT32_MAX, &crc)) != WP_OK)
+            return st;
+        x->crc32c = (uint32_t)crc;
+        uint64_t want;
+        if ((st = shape_bytes(e, where, x->dtype, x->n_dims, x->shape, &want)) != WP_OK)
+            return st;
+        if (x->bytes != want)
+            return wpi_fail(e->err, e->cap, WP_E_FORMAT,
+                            MANIFEST ": %s: bytes %llu, but %s of this shape is %llu bytes",
+                            where, (unsigned long long)x->bytes, dtype_name(x->dtype),
+                            (unsigned long long)want);
+        if (x->offset % 64)
+            return wpi_fail(e->err, e->cap, WP_E_FORMAT,
+                            MANIFEST ": %s: offset %llu is not 64-byte aligned", where,
+                            (unsigned long long)x->offset);
+        if (x->bytes > size || x->offset > size - x->bytes)
+            return wpi_fail(e->err, e->cap, WP_E_FORMAT,
+                            MANIFEST ": %s: offset+bytes exceeds %s size %llu", where, file,
+                            (unsigned long long)size);
+        c->trunk_bytes += x->bytes; /* <= n * size: cannot overflow */
+    }
+    qsort(c->tensors, c->n_tensors, sizeof(*c->tensors), cmp_tensor_name);
+    for (uint32_t i = 1; i < c->n_tensors; i++)
+        if (!strcmp(c->tensors[i - 1].name, c->tensors[i].name))
+            return wpi_fail(e->err, e->cap, WP_E_FORMAT,
+                            MANIFEST ": trunk tensor '%s' appears twice", c->tensors[i].name);
+    return WP_OK;
+}
+
+static wp_status need_core(ectx *e, const wpi_container *c, const char *name,
+                           uint32_t n_dims, uint64_t d0, uint64_t d1)
+{
+    const wpi_tensor *t = wpi_container_tensor(c, name);
+    if (!t)
+        return wpi_fail(e->err, e->cap, WP_E_FORMAT, MANIFEST ": trunk tensor '%s' is missing",
+                        name);
+    if (t->n_dims != n_dims || t->shape[0] != d0 || (n_dims == 2 && t->shape[1] != d1)) {
+        if (n_dims == 2)
+            return wpi_fail(e->err, e->cap, WP_E_FORMAT,
+                            MANIFEST ": trunk tensor '%s': shape does not match hparams "
+                            "(expected [%llu, %llu])", name, (unsigned long long)d0,
+                            (unsigned long long)d1);
+        return wpi_fail(e->err, e->cap, WP_E_FORMAT,
+                        MANIFEST ": trunk tensor '%s': shape does not match hparams "
+                        "(expected [%llu])", name, (unsigned long long)d0);
+    }
+    return WP_OK;
+}
+
+static wp_status check_core(ectx *e, const wpi_container *c)
+{
+    const wpi_hparams *hp = &c->hp;
+    wp_status st;
+    if ((st = need_core(e, c, "token_embd.weight", 2, hp->vocab_size, hp->hidden_size)) != WP_OK ||
+        (st = need_core(e, c, "output_norm.weight", 1, hp->hidden_size, 1)) != WP_OK)
+        return st;
+    if (!hp->tie_word_embeddings &&
+        (st = need_core(e, c, "output.weight", 2, hp->vocab_size, hp->hidden_size)) != WP_OK)
+        return st;
+    if (hp->rope_dim) {
+        if ((st = need_core(e, c, "rope_freqs", 1, hp->rope_dim / 2, 1)) != WP_OK)
+            return st;
+        if (wpi_container_tensor(c, "rope_freqs")->dtype != WPI_F32)
+            return wpi_fail(e->err, e->cap, WP_E_FORMAT,
+                            MANIFEST ": trunk tensor 'rope_freqs': dtype must be f32");
+    }
+    return WP_OK;
+}
+
+/* ---- expert banks ----------------------------------------------------------------- */
+
+static wp_status parse_bank(ectx *e, const wpi_json *b, size_t idx, wpi_container *c,
+                            wpi_bank *bk)
+{
+    const wpi_hparams *hp = &c->hp;
+    char where[96];
+    snprintf(where, sizeof(where), "experts[%zu]", idx);
+    if (b->type != WPI_JSON_OBJECT)
+        return wpi_fail(e->err, e->cap, WP_E_FORMAT, MANIFEST ": %s: expected object, got %s",
+                        where, wpi_json_type_name(b));
+    wp_status st;
+    const char *file;
+    const wpi_json *list;
+    if ((st = get_u32(e, b, where, "layer", 0, hp->n_layers - 1, &bk->layer)) != WP_OK)
+        return st;
+    if (!hp->layer_is_moe[bk->layer])
+        return wpi_fail(e->err, e->cap, WP_E_FORMAT,
+                        MANIFEST ": %s.layer: layer %u is dense in hparams.layer_kinds", where,
+                        bk->layer);
+    if (c->bank_of_layer[bk->layer] >= 0)
+        return wpi_fail(e->err, e->cap, WP_E_FORMAT,
+                        MANIFEST ": %s.layer: layer %u has two expert banks", where, bk->layer);
+    if ((st = get_file_name(e, b, where, "file", &file)) != WP_OK ||
+        (st = get_u32(e, b, where, "n_experts", hp->n_experts, hp->n_experts,
+                      &bk->n_experts)) != WP_OK ||
+        (st = get_u64(e, b, where, "record_bytes", &bk->record_bytes)) != WP_OK ||
+        (st = need(e, b, where, "tensors", WPI_JSON_ARRAY, &list)) != WP_OK)
+        return st;
+    if (bk->record_bytes == 0 || bk->record_bytes % WPI_DISK_ALIGN ||
+        bk->record_bytes > MAX_RECORD)
+        return wpi_fail(e->err, e->cap, WP_E_FORMAT,
+                        MANIFEST ": %s.record_bytes: %llu is not a positive multiple of %d "
+                        "(at most 2^40)", where, (unsigned long long)bk->record_bytes,
+                        WPI_DISK_ALIGN);
+    if (list->len != 3)
+        return wpi_fail(e->err, e->cap, WP_E_FORMAT,
+                        MANIFEST ": %s.tensors: %zu entries, expected gate, up, down", where,
+                        list->len);
+    static const char *const names[3] = {"gate", "up", "down"};
+    uint64_t *offs[3] = {&bk->gate_offset, &bk->up_offset, &bk->down_offset};
+    uint64_t next = WPI_RECORD_HEADER_BYTES;
+    bk->inter = hp->moe_intermediate_size;
+    bk->hidden = hp->hidden_size;
+    for (int k = 0; k < 3; k++) {
+        const wpi_json *t = &list->items[k], *nm;
+        char tw[160];
+        snprintf(tw, sizeof(tw), "%s.tensors[%d]", where, k);
+        if (t->type != WPI_JSON_OBJECT)
+            return wpi_fail(e->err, e->cap, WP_E_FORMAT, MANIFEST ": %s: expected object, got %s",
+                            tw, wpi_json_type_name(t));
+        if ((st = need(e, t, tw, "name", WPI_JSON_STRING, &nm)) != WP_OK)
+            return st;
+        if (strcmp(nm->str, names[k]))
+            return wpi_fail(e->err, e->cap, WP_E_FORMAT,
+                            MANIFEST ": %s.name: expected '%s' (gate, up, down in order)", tw,
+                            names[k]);
+        snprintf(tw, sizeof(tw), "%s (layer %u) tensor '%s'", where, bk->layer, names[k]);
+        int32_t dtype;
+        uint32_t nd;
+        uint64_t s[2], off, bytes, want;
+        if ((st = get_dtype(e, t, tw, &dtype)) != WP_OK ||
+            (st = get_shape(e, t, tw, &nd, s)) != WP_OK ||
+            (st = get_u64(e, t, tw, "offset", &off)) != WP_OK ||
+            (st = get_u64(e, t, tw, "bytes", &bytes)) != WP_OK)
+            return st;
+        if (k == 0)
+            bk->dtype = dtype;
+        else if (dtype != bk->dtype)
+            return wpi_fail(e->err, e->cap, WP_E_FORMAT,
+                            MANIFEST ": %s: dtype %s differs from gate's %s", tw,
+                            dtype_name(dtype), dtype_name(bk->dtype));
+        uint64_t r = k == 2 ? hp->hidden_size : hp->moe_intermediate_size;
+        uint64_t cl = k == 2 ? hp->moe_intermediate_size : hp->hidden_size;
+        if (nd != 2 || s[0] != r || s[1] != cl)
+            return wpi_fail(e->err, e->cap, WP_E_FORMAT,
+                            MANIFEST ": %s: shape does not match hparams (expected [%llu, %llu])",
+                            tw, (unsigned long long)r, (unsigned long long)cl);
+        if ((st = shape_bytes(e, tw, dtype, nd, s, &want)) != WP_OK)
+            return st;
+        if (bytes != want)
+            return wpi_fail(e->err, e->cap, WP_E_FORMAT,
+                            MANIFEST ": %s: bytes %llu, but %s of this shape is %llu bytes", tw,
+                            (unsigned long long)bytes, dtype_name(dtype),
+                            (unsigned long long)want);
+        if (off != next)
+            return wpi_fail(e->err, e->cap, WP_E_FORMAT,
+                            MANIFEST ": %s: offset %llu, expected %llu (gate at 64, then "
+                            "adjacent)", tw, (unsigned long long)off, (unsigned long long)next);
+        *offs[k] = off;
+        next = off + bytes; /* both bounded well below 2^63 */
+    }
+    if (next > bk->record_bytes)
+        return wpi_fail(e->err, e->cap, WP_E_FORMAT,
+                        MANIFEST ": %s: gate, up and down end at %llu, past record_bytes %llu",
+                        where, (unsigned long long)next, (unsigned long long)bk->record_bytes);
+    bk->payload_bytes = next - WPI_RECORD_HEADER_BYTES;
+    bk->path = join(c->dir, file);
+    if (!bk->path)
+        return wpi_fail(e->err, e->cap, WP_E_OOM, MANIFEST ": out of memory");
+    char what[160];
+    snprintf(what, sizeof(what), MANIFEST ": %s.file", where);
+    uint64_t size, want;
+    if ((st = file_size(e, bk->path, what, &size)) != WP_OK)
+        return st;
+    if (__builtin_mul_overflow((uint64_t)bk->n_experts, bk->record_bytes, &want) || size != want)
+        return wpi_fail(e->err, e->cap, WP_E_FORMAT,
+                        MANIFEST ": %s: %s is %llu bytes, expected n_experts %u x record_bytes "
+                        "%llu", where, file, (unsigned long long)size, bk->n_experts,
+                        (unsigned long long)bk->record_bytes);
+    return WP_OK;
+}
+
+static wp_status parse_banks(ectx *e, const wpi_json *root, wpi_container *c)
+{
+    const wpi_json *list;
+    wp_status st = need(e, root, "manifest", "experts", WPI_JSON_ARRAY, &list);
+    if (st != WP_OK)
+        return st;
+    uint32_t n_moe = 0;
+    for (uint32_t l = 0; l < c->hp.n_layers; l++)
+        n_moe += c->hp.layer_is_moe[l];
+    if (list->len != n_moe)
+        return wpi_fail(e->err, e->cap, WP_E_FORMAT,
+                        MANIFEST ": experts: %zu banks, hparams.layer_kinds has %u moe layers",
+                        list->len, n_moe);
+    if (n_moe) {
+        c->banks = calloc(n_moe, sizeof(*c->banks));
+        if (!c->banks)
+            return wpi_fail(e->err, e->cap, WP_E_OOM, MANIFEST ": out of memory");
+    }
+    for (uint32_t i = 0; i < n_moe; i++) {
+        wpi_bank *bk = &c->banks[i];
+        c->n_banks = i + 1; /* so that close frees a partly parsed bank */
+        if ((st = parse_bank(e, &list->items[i], i, c, bk)) != WP_OK)
+            return st;
+        c->bank_of_layer[bk->layer] = (int32_t)i;
+        c->experts_total_bytes += (uint64_t)bk->n_experts * bk->record_bytes;
+        if (bk->record_bytes > c->max_record_bytes)
+            c->max_record_bytes = bk->record_bytes;
+    }
+    return WP_OK;
+}
+
+/* ---- public -------------------------------------------------------------------------- */
+
+wp_status wpi_container_open(const char *dir, wpi_container **out, char *err, size_t cap)
+{
+    ectx e = {err, cap};
+    if (!dir || !out)
+        return wpi_fail(err, cap, WP_E_ARG, "container: NULL argument");
+    *out = NULL;
+    struct stat sd;
+    if (stat(dir, &sd) != 0)
+        return wpi_fail(err, cap, WP_E_IO, "cannot open container '%s': %s", dir, strerror(errno));
+    if (!S_ISDIR(sd.st_mode))
+        return wpi_fail(err, cap, WP_E_IO, "'%s' is not a container directory", dir);
+    wpi_container *c = calloc(1, sizeof(*c));
+    if (!c)
+        return wpi_fail(err, cap, WP_E_OOM, "container: out of memory");
+    for (int l = 0; l < WPI_MAX_LAYERS; l++)
+        c->bank_of_layer[l] = -1;
+    c->dir = strdup(dir);
+    char *mpath = c->dir ? join(dir, MANIFEST) : NULL;
+    char *text = NULL;
+    size_t len = 0;
+    wpi_json *root = NULL;
+    wp_status st;
+    if (!mpath) {
+        st = wpi_fail(err, cap, WP_E_OOM, "container: out of memory");
+        goto out;
+    }
+    if ((st = read_manifest(&e, mpath, &text, &len)) != WP_OK)
+        goto out;
+    char jerr[256];
+    st = wpi_json_parse(text, len, &root, jerr, sizeof(jerr));
+    if (st != WP_OK) {
+        wpi_fail(err, cap, st, MANIFEST ": invalid JSON: %s", jerr);
+        goto out;
+    }
+    if (root->type != WPI_JSON_OBJECT) {
+        st = wpi_fail(err, cap, WP_E_FORMAT, MANIFEST ": the document is not an object");
+        goto out;
+    }
+    const wpi_json *v;
+    if ((st = need(&e, root, "manifest", "format", WPI_JSON_STRING, &v)) != WP_OK)
+        goto out;
+    if (strcmp(v->str, "warp")) {
+        st = wpi_fail(err, cap, WP_E_FORMAT, MANIFEST ": format is '%.32s', expected 'warp'",
+                      v->str);
+        goto out;
+    }
+    if ((st = need(&e, root, "manifest", "format_version", WPI_JSON_NUMBER, &v)) != WP_OK)
+        goto out;
+    if (!v->is_int || v->integer != WP_FORMAT_VERSION) {
+        st = wpi_fail(err, cap, WP_E_FORMAT,
+                      MANIFEST ": format_version %g is not supported (this engine reads %d)",
+                      v->number, WP_FORMAT_VERSION);
+        goto out;
+    }
+    if ((st = need(&e, root, "manifest", "model_type", WPI_JSON_STRING, &v)) != WP_OK)
+        goto out;
+    if (!v->len || v->len >= sizeof(c->hp.model_type) ||
+        strspn(v->str, "abcdefghijklmnopqrstuvwxyz0123456789_") != v->len) {
+        st = wpi_fail(err, cap, WP_E_FORMAT,
+                      MANIFEST ": model_type '%.40s' is not a lower-case identifier of 1 to %zu "
+                      "characters", v->str, sizeof(c->hp.model_type) - 1);
+        goto out;
+    }
+    memcpy(c->hp.model_type, v->str, v->len + 1);
+    if ((st = need(&e, root, "manifest", "hparams", WPI_JSON_OBJECT, &v)) != WP_OK ||
+        (st = parse_hparams(&e, v, &c->hp)) != WP_OK ||
+        (st = parse_trunk(&e, root, c)) != WP_OK ||
+        (st = check_core(&e, c)) != WP_OK ||
+        (st = parse_banks(&e, root, c)) != WP_OK)
+        goto out;
+out:
+    wpi_json_free(root);
+    free(text);
+    free(mpath);
+    if (st != WP_OK) {
+        wpi_container_close(c, NULL);
+        return st;
+    }
+    *out = c;
+    return WP_OK;
+}
+
+static int cmp_offset(const void *a, const void *b)
+{
+    const wpi_tensor *x = *(const wpi_tensor *const *)a, *y = *(const wpi_tensor *const *)b;
+    return x->offset < y->offset ? -1 : x->offset > y->offset;
+}
+
+static void unload(wpi_container *c, wpi_mem *m)
+{
+    for (uint32_t i = 0; i < c->n_tensors; i++) {
+        if (c->tensors[i].data)
+            wpi_free(m, c->tensors[i].data, (size_t)c->tensors[i].bytes);
+        c->tensors[i].data = NULL;
+    }
+}
+
+wp_status wpi_container_load_trunk(wpi_container *c, wpi_mem *m, char *err, size_t cap)
+{
+    if (!c)
+        return wpi_fail(err, cap, WP_E_ARG, "container: NULL argument");
+    int fd = open(c->trunk_path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return wpi_fail(err, cap, WP_E_IO, "cannot open '%s': %s", c->trunk_path,
+                        strerror(errno));
+    /* Read in file order: one forward pass over the file, one tensor resident at a time
+     * beyond what is already loaded, never the whole file. */
+    wpi_tensor **order = malloc((size_t)c->n_tensors * sizeof(*order));
+    if (!order) {
+        close(fd);
+        return wpi_fail(err, cap, WP_E_OOM, "trunk: out of memory");
+    }
+    for (uint32_t i = 0; i < c->n_tensors; i++)
+        order[i] = &c->tensors[i];
+    qsort(order, c->n_tensors, sizeof(*order), cmp_offset);
+    wp_status st = WP_OK;
+    for (uint32_t i = 0; i < c->n_tensors && st == WP_OK; i++) {
+        wpi_tensor *t = order[i];
+        if (t->data)
+            continue;
+        if (t->bytes > SIZE_MAX) {
+            st = wpi_fail(err, cap, WP_E_OOM, "trunk tensor '%s': too large", t->name);
+            break;
+        }
+        uint8_t *d = wpi_alloc(m, 64, (size_t)t->bytes);
+        if (!d) {
+            st = wpi_fail(err, cap, WP_E_OOM, "trunk tensor '%s': cannot allocate %llu bytes",
+                          t->name, (unsigned long long)t->bytes);
+            break;
+        }
+        uint64_t got = 0;
+        while (got < t->bytes) {
+            size_t want = t->bytes - got > ((size_t)1 << 30) ? (size_t)1 << 30
+                                                             : (size_t)(t->bytes - got);
+            ssize_t r = pread(fd, d + got, want, (off_t)(t->offset + got));
+            if (r < 0 && errno == EINTR)
+                continue;
+            if (r <= 0) {
+                st = wpi_fail(err, cap, WP_E_IO, "trunk tensor '%s': %s at offset %llu", t->name,
+                              r < 0 ? strerror(errno) : "unexpected end of file",
+                              (unsigned long long)(t->offset + got));
+                break;
+            }
+            got += (uint64_t)r;
+        }
+        if (st == WP_OK) {
+            uint32_t crc = wpi_crc32c(0, d, (size_t)t->bytes);
+            if (crc != t->crc32c)
+                st = wpi_fail(err, cap, WP_E_FORMAT,
+                              "trunk tensor '%s': checksum mismatch (manifest 0x%08x, data "
+                              "0x%08x)", t->name, t->crc32c, crc);
+        }
+        if (st != WP_OK) {
+            wpi_free(m, d, (size_t)t->bytes);
+            break;
+        }
+        t->data = d;
+        /* The copy is resident now; the page-cache copy would only double the RAM the
+         * trunk occupies outside the budget. */
+        posix_fadvise(fd, (off_t)t->offset, (off_t)t->bytes, POSIX_FADV_DONTNEED);
+    }
+    free(order);
+    close(fd);
+    if (st != WP_OK)
+        unload(c, m);
+    return st;
+}
+
+const wpi_tensor *wpi_container_tensor(const wpi_container *c, const char *name)
+{
+    if (!c || !name || !c->tensors)
+        return NULL;
+    /* wpi_container_open sorts tensors by name; the scan covers containers built by
+     * hand in tests, whose order is whatever they chose. */
+    wpi_tensor key = {.name = (char *)name};
+    const wpi_tensor *t = bsearch(&key, c->tensors, c->n_tensors, sizeof(*t), cmp_tensor_name);
+    if (t)
+        return t;
+    for (uint32_t i = 0; i < c->n_tensors; i++)
+        if (c->tensors[i].name && !strcmp(c->tensors[i].name, name))
+            return &c->tensors[i];
+    return NULL;
+}
+
+void wpi_container_close(wpi_container *c, wpi_mem *m)
+{
+    if (!c)
+        return;
+    if (c->tensors) {
+        unload(c, m);
+        for (uint32_t i = 0; i < c->n_tensors; i++)
+            free(c->tensors[i].name);
+        free(c->tensors);
+    }
+    for (uint32_t i = 0; i < c->n_banks; i++)
+        free(c->banks[i].path);
+    free(c->banks);
+    free(c->trunk_path);
+    free(c->dir);
+    free(c);
+}

@@ -1,0 +1,288 @@
+/*
+ * core.c -- the context lifecycle behind wp.h: cfg defaults, open/close, eval, info,
+ * stats, status names and error detail.
+ *
+ * Open order: container (manifest) -> architecture -> arch check -> memory plan (the
+ * budget) -> trunk -> expert cache -> KV + scratch -> compute pool. Every failure undoes
+ * what was built and leaves a detail naming the file, tensor or value at fault.
+ * The forward pass itself lives in forward.c, blocks/ and arch/.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+#define STR2(x) #x
+#define STR(x) STR2(x)
+
+void wp_cfg_init(wp_cfg *cfg)
+{
+    if (!cfg) return;
+    memset(cfg, 0, sizeof *cfg);
+    cfg->cache_policy = WP_CACHE_LFRU;
+    cfg->direct_io = 1;
+    cfg->verify = 0;
+    cfg->lookahead = 1;
+    cfg->isa = WP_ISA_AUTO;
+}
+
+const char *wp_strerror(wp_status status)
+{
+    switch (status) {
+    case WP_OK: return "ok";
+    case WP_E_IO: return "I/O error";
+    case WP_E_FORMAT: return "malformed container or state file";
+    case WP_E_BUDGET: return "memory budget below the floor";
+    case WP_E_OOM: return "out of memory";
+    case WP_E_ARG: return "bad argument";
+    case WP_E_UNSUPPORTED: return "unsupported model or feature";
+    case WP_E_CANCELLED: return "cancelled";
+    case WP_E_CONTEXT_FULL: return "context full";
+    case WP_E_STATE: return "state file from another model or shape";
+    }
+    return "unknown status";
+}
+
+const char *wp_error_detail(const wp_ctx *ctx)
+{
+    return ctx ? ctx->err : "";
+}
+
+const char *wp_version(void)
+{
+    return STR(WP_VERSION_MAJOR) "." STR(WP_VERSION_MINOR) "." STR(WP_VERSION_PATCH);
+}
+
+int wp_version_number(void)
+{
+    return WP_VERSION_MAJOR * 10000 + WP_VERSION_MINOR * 100 + WP_VERSION_PATCH;
+}
+
+/* Sets ctx's detail and returns status. */
+static wp_status fail(wp_ctx *ctx, wp_status st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static wp_status fail(wp_ctx *ctx, wp_status st, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(ctx->err, sizeof ctx->err, fmt, ap);
+    va_end(ap);
+    return st;
+}
+
+static uint32_t resolved_chunk(const wp_cfg *cfg)
+{
+    return cfg->prefill_chunk ? cfg->prefill_chunk : 64;
+}
+
+void wp_close(wp_ctx *ctx)
+{
+    if (!ctx) return;
+    wpi_pool_close(ctx->pool);
+    if (ctx->experts) wpi_experts_close(ctx->experts, &ctx->mem);
+    if (ctx->scratch) wpi_free(&ctx->mem, ctx->scratch, ctx->scratch_bytes);
+    if (ctx->kv) wpi_free(&ctx->mem, ctx->kv, ctx->kv_bytes);
+    if (ctx->c) wpi_container_close(ctx->c, &ctx->mem);
+    free(ctx);
+}
+
+static wp_status open_ctx(wp_ctx *ctx, const char *path, const wp_cfg *cfg)
+{
+    char *err = ctx->err;
+    const size_t cap = sizeof ctx->err;
+    wp_status st = wpi_container_open(path, &ctx->c, err, cap);
+    if (st != WP_OK) return st;
+    const wpi_hparams *hp = &ctx->c->hp;
+    ctx->arch = wpi_arch_find(hp->model_type);
+    if (!ctx->arch)
+        return fail(ctx, WP_E_UNSUPPORTED, "model_type '%s' is not supported; supported: %s",
+                    hp->model_type, wpi_arch_names());
+    if ((st = ctx->arch->check(ctx->c, err, cap)) != WP_OK) return st;
+    const wpi_kernels *k = wpi_kernels_get(cfg->isa);
+    if (!k)
+        return fail(ctx, WP_E_UNSUPPORTED, "isa %d is not supported by this CPU", cfg->isa);
+    if ((st = wpi_plan(ctx->c, cfg, &ctx->plan, err, cap)) != WP_OK) return st;
+    if ((st = wpi_container_load_trunk(ctx->c, &ctx->mem, err, cap)) != WP_OK) return st;
+    if ((st = wpi_experts_open(ctx->c, cfg, ctx->plan.cache_bytes, &ctx->mem, &ctx->experts,
+                               err, cap)) != WP_OK)
+        return st;
+
+    const uint32_t n_ctx = ctx->plan.ctx_tokens, chunk = resolved_chunk(cfg);
+    if (n_ctx == 0) return fail(ctx, WP_E_ARG, "context length resolved to 0");
+    ctx->kv_bytes = wpi_kv_bytes(hp, n_ctx);
+    ctx->scratch_bytes = wpi_scratch_bytes(hp, chunk, n_ctx);
+    ctx->kv = wpi_alloc(&ctx->mem, WPI_BUF_ALIGN, ctx->kv_bytes);
+    if (!ctx->kv)
+        return fail(ctx, WP_E_OOM, "KV cache of %llu bytes",
+                    (unsigned long long)ctx->kv_bytes);
+    ctx->scratch = wpi_alloc(&ctx->mem, WPI_BUF_ALIGN, ctx->scratch_bytes);
+    if (!ctx->scratch)
+        return fail(ctx, WP_E_OOM, "scratch of %llu bytes",
+                    (unsigned long long)ctx->scratch_bytes);
+    if ((st = wpi_pool_open(cfg->n_threads, &ctx->pool)) != WP_OK)
+        return fail(ctx, st, "could not start %u compute threads", cfg->n_threads);
+
+    wpi_model *m = &ctx->mdl;
+    if ((st = wpi_model_init(m, ctx->c, ctx->kv, ctx->scratch, n_ctx, chunk)) != WP_OK)
+        return st;
+    m->k = k;
+    m->pool = ctx->pool;
+    m->experts = ctx->experts;
+    m->lookahead = cfg->lookahead != 0;
+    m->err = ctx->err;
+    m->err_cap = sizeof ctx->err;
+    return WP_OK;
+}
+
+wp_status wp_open(const char *path, const wp_cfg *cfg, wp_ctx **out, char *err, size_t err_cap)
+{
+    wp_cfg defaults;
+    if (out) *out = NULL;
+    if (!path || !out)
+        return wpi_fail(err, err_cap, WP_E_ARG, "path and out must not be NULL");
+    if (!cfg) {
+        wp_cfg_init(&defaults);
+        cfg = &defaults;
+    }
+    wp_ctx *ctx = calloc(1, sizeof *ctx);
+    if (!ctx) return wpi_fail(err, err_cap, WP_E_OOM, "context");
+    wp_status st = open_ctx(ctx, path, cfg);
+    if (st != WP_OK) {
+        if (err && err_cap) snprintf(err, err_cap, "%s", ctx->err);
+        wp_close(ctx);
+        return st;
+    }
+    ctx->err[0] = '\0';
+    if (err && err_cap) err[0] = '\0';
+    *out = ctx;
+    return WP_OK;
+}
+
+wp_status wp_get_info(const wp_ctx *ctx, wp_info *out)
+{
+    if (!ctx || !out) return WP_E_ARG;
+    const wpi_hparams *hp = &ctx->c->hp;
+    memset(out, 0, sizeof *out);
+    snprintf(out->model_type, sizeof out->model_type, "%s", hp->model_type);
+    snprintf(out->isa, sizeof out->isa, "%s", ctx->mdl.k->name);
+    out->vocab_size = hp->vocab_size;
+    out->hidden_size = hp->hidden_size;
+    out->n_layers = hp->n_layers;
+    out->n_heads = hp->n_heads;
+    out->n_kv_heads = hp->n_kv_heads;
+    out->head_dim = hp->head_dim;
+    out->n_experts = hp->n_experts;
+    out->top_k = hp->top_k;
+    out->n_moe_layers = ctx->c->n_banks;
+    out->ctx_tokens = ctx->mdl.ctx;
+    out->max_position_embeddings = hp->max_position_embeddings;
+    out->n_threads = wpi_pool_threads(ctx->pool);
+    uint64_t trunk = 0, experts = 0, active = 0;
+    for (uint32_t i = 0; i < ctx->c->n_tensors; i++)
+        trunk += ctx->c->tensors[i].shape[0] * ctx->c->tensors[i].shape[1];
+    for (uint32_t b = 0; b < ctx->c->n_banks; b++) {
+        const wpi_bank *bk = &ctx->c->banks[b];
+        uint64_t per = 3ull * bk->inter * bk->hidden;
+        experts += per * bk->n_experts;
+        active += per * (hp->top_k < bk->n_experts ? hp->top_k : bk->n_experts);
+    }
+    out->total_params = trunk + experts;
+    out->active_params = trunk + active;
+    out->plan = ctx->plan;
+    return WP_OK;
+}
+
+wp_status wp_eval(wp_ctx *ctx, const int32_t *tokens, uint32_t n, int all_logits,
+                  float *logits, size_t logits_cap)
+{
+    if (!ctx) return WP_E_ARG;
+    ctx->err[0] = '\0';
+    const wpi_hparams *hp = &ctx->c->hp;
+    if (n == 0) return fail(ctx, WP_E_ARG, "n must be at least 1");
+    if (!tokens) return fail(ctx, WP_E_ARG, "tokens is NULL");
+    if ((uint64_t)ctx->pos + n > ctx->mdl.ctx)
+        return fail(ctx, WP_E_CONTEXT_FULL, "position %u + %u tokens exceeds the context of %u",
+                    ctx->pos, n, ctx->mdl.ctx);
+    for (uint32_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || (uint32_t)tokens[i] >= hp->vocab_size)
+            return fail(ctx, WP_E_ARG, "token %u is %d, outside the vocabulary [0, %u)", i,
+                        tokens[i], hp->vocab_size);
+    size_t need = (size_t)(all_logits ? n : 1) * hp->vocab_size;
+    if (!logits && logits_cap != 0)
+        return fail(ctx, WP_E_ARG, "logits is NULL but logits_cap is %zu", logits_cap);
+    if (logits && logits_cap < need)
+        return fail(ctx, WP_E_ARG, "logits_cap %zu is short: %zu floats are needed",
+                    logits_cap, need);
+
+    double t0 = wpi_now();
+    const uint32_t chunk = ctx->mdl.chunk;
+    wp_status st = WP_OK;
+    for (uint32_t i = 0; i < n && st == WP_OK; i += chunk) {
+        uint32_t c = n - i < chunk ? n - i : chunk;
+        int last = i + c == n;
+        float *out = NULL;
+        if (logits && all_logits) out = logits + (size_t)i * hp->vocab_size;
+        else if (logits && last) out = logits;
+        st = wpi_model_forward(&ctx->mdl, ctx->arch, tokens + i, c, ctx->pos + i, out,
+                               all_logits);
+    }
+    ctx->eval_seconds += wpi_now() - t0;
+    if (st != WP_OK) return st; /* position unchanged; rows past it are garbage */
+    ctx->pos += n;
+    ctx->tokens += n;
+    return WP_OK;
+}
+
+uint32_t wp_position(const wp_ctx *ctx)
+{
+    return ctx ? ctx->pos : 0;
+}
+
+wp_status wp_state_reset(wp_ctx *ctx)
+{
+    if (!ctx) return WP_E_ARG;
+    ctx->err[0] = '\0';
+    ctx->pos = 0;
+    return WP_OK;
+}
+
+wp_status wp_state_truncate(wp_ctx *ctx, uint32_t pos)
+{
+    if (!ctx) return WP_E_ARG;
+    ctx->err[0] = '\0';
+    if (pos > ctx->pos)
+        return fail(ctx, WP_E_ARG, "truncate to %u beyond the position %u", pos, ctx->pos);
+    ctx->pos = pos;
+    return WP_OK;
+}
+
+wp_status wp_get_stats(const wp_ctx *ctx, wp_stats *out)
+{
+    if (!ctx || !out) return WP_E_ARG;
+    memset(out, 0, sizeof *out);
+    out->tokens = ctx->tokens;
+    out->eval_seconds = ctx->eval_seconds;
+    out->peak_bytes = ctx->mem.peak;
+    if (ctx->experts) wpi_experts_stats(ctx->experts, out);
+    return WP_OK;
+}
+
+void wp_stats_reset(wp_ctx *ctx)
+{
+    if (!ctx) return;
+    ctx->tokens = 0;
+    ctx->eval_seconds = 0;
+    ctx->mem.peak = ctx->mem.current;
+    if (ctx->experts) wpi_experts_stats_reset(ctx->experts);
+}
+
+wp_status wp_hotlist_save(wp_ctx *ctx, const char *path)
+{
+    if (!ctx) return WP_E_ARG;
+    ctx->err[0] = '\0';
+    if (!path) return fail(ctx, WP_E_ARG, "path is NULL");
+    if (!ctx->experts) return fail(ctx, WP_E_UNSUPPORTED, "the model has no experts");
+    return wpi_experts_hotlist_save(ctx->experts, path, ctx->err, sizeof ctx->err);
+}

