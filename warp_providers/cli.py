@@ -2,7 +2,7 @@
 
 Owns: argument parsing, progress bars, and turning every user error into one line on
 stderr and a non-zero exit code (never a traceback). Data goes to stdout, as JSON with
---json. Commands: convert, plan, info, run, chat, eval, tokenize, bench, demo.
+--json. Commands: convert, plan, info, run, chat, eval, tokenize, bench, serve, demo.
 """
 
 from __future__ import annotations
@@ -259,6 +259,19 @@ def cmd_bench(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(a: argparse.Namespace) -> int:
+    try:
+        from warp_openai.server import serve
+    except ImportError:
+        raise _UserError("warp serve needs the openai extra: pip install "
+                         "'warp-providers[openai]'") from None
+    if not (Path(a.model) / "manifest.json").is_file():
+        raise _UserError(f"{a.model} is not a warp container")
+    opts: dict[str, Any] = {"budget": a.budget, "threads": a.threads, "ctx": a.ctx}
+    serve(a.model, a.host, a.port, **{k: v for k, v in opts.items() if v is not None})
+    return 0
+
+
 def cmd_demo(a: argparse.Namespace) -> int:
     from warp_providers import demo
 
@@ -333,6 +346,15 @@ def build_parser() -> argparse.ArgumentParser:
     _engine_args(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_bench)
+
+    p = sub.add_parser("serve", help="OpenAI-compatible HTTP server over the same core")
+    p.add_argument("model")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--budget")
+    p.add_argument("--threads", type=int)
+    p.add_argument("--ctx", type=int)
+    p.set_defaults(fn=cmd_serve)
 
     p = sub.add_parser("demo", help="run the embedded default model (no download)")
     p.add_argument("--moe", action="store_true",

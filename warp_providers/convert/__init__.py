@@ -1,0 +1,136 @@
+"""Converter: an HF checkpoint directory or a .gguf file -> a warp container directory.
+
+Owns the public entry point :func:`convert` and :class:`ConvertError`. The importers
+(``hf.py``, ``gguf_src.py``) turn a source into a plan of lazy tensors and normalized
+hyperparameters; ``writer.py`` encodes and writes it atomically (``quant.py`` holds the
+encodings). Library code never prints: progress goes to an optional callback, which the
+CLI wraps in tqdm.
+
+Refuses: an existing ``out`` (unless ``resume`` finds the same conversion already
+complete there), unknown dtype names, and anything the importers cannot map, always as a
+``ConvertError`` naming the file, tensor or key at fault.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from .quant import ConvertError
+
+__all__ = ["DTYPES", "ConvertError", "convert"]
+
+#: dtype names accepted for ``experts``, ``trunk``, ``embedding`` and ``output``.
+DTYPES: tuple[str, ...] = ("q4_0", "q8_0", "f16", "bf16", "f32")
+
+
+def _check_choice(arg: str, value: str | None) -> None:
+    if value is not None and value not in DTYPES:
+        raise ConvertError(f"{arg}={value!r} is not one of {', '.join(DTYPES)}")
+
+
+def _stale_partials(out: Path) -> list[Path]:
+    if not out.parent.is_dir():
+        return []
+    prefix = out.name + ".partial-"
+    return sorted(p for p in out.parent.iterdir() if p.name.startswith(prefix) and p.is_dir())
+
+
+def _same_conversion(out: Path, quantization: dict[str, str], source: str) -> bool:
+    try:
+        m = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return (
+        isinstance(m, dict)
+        and m.get("format") == "warp"
+        and m.get("format_version") == 1
+        and m.get("quantization") == quantization
+        and isinstance(m.get("converter"), dict)
+        and m["converter"].get("source") == source
+    )
+
+
+def convert(
+    src: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    *,
+    experts: str = "q4_0",
+    trunk: str = "q8_0",
+    embedding: str | None = None,
+    output: str | None = None,
+    resume: bool = False,
+    progress: Callable[[int, int, str], None] | None = None,
+) -> Path:
+    """Convert an HF checkpoint directory or a ``.gguf`` file into a warp container.
+
+    Norms, routers, the shared-expert gate, biases and ``rope_freqs`` are always f32.
+    A matrix whose rows are not a multiple of 32 cannot be block-quantized and is stored
+    as f16 instead. From GGUF, tensors already in Q4_0/Q4_1/Q8_0 are copied unchanged
+    when a quantized dtype is requested (never re-quantized); K-quants become q8_0.
+
+    Args:
+        src: an HF checkpoint directory (config.json + safetensors + tokenizer) or a
+            ``.gguf`` file.
+        out: the container directory to create; it must not exist.
+        experts: dtype of the routed experts.
+        trunk: dtype of the other matrices (attention, dense FFN, shared expert).
+        embedding: dtype of ``token_embd``; default q8_0 when ``trunk`` is quantized,
+            else the same as ``trunk``.
+        output: dtype of the LM head; same default as ``embedding``.
+        resume: after an interrupted run: remove its leftover ``<out>.partial-*``
+            directories and convert again from the start; if ``out`` already holds a
+            complete container made from the same kind of source with the same
+            quantization, return it unchanged. Without ``resume`` an existing ``out`` is
+            an error. Conversion is deterministic, so a restart gives the same bytes.
+        progress: called as ``progress(done_bytes, total_bytes, label)`` after each
+            tensor or expert, in source bytes.
+
+    Returns:
+        The path of the container directory.
+
+    Raises:
+        ConvertError: a bad argument, an existing ``out``, or a source that cannot be
+            converted; the message names the file, tensor or key at fault.
+    """
+    for arg, value in (("experts", experts), ("trunk", trunk), ("embedding", embedding), ("output", output)):
+        _check_choice(arg, value)
+    from .writer import Quantization, write_container
+
+    edge = "q8_0" if trunk in ("q4_0", "q8_0") else trunk
+    q = Quantization(experts=experts, trunk=trunk, embedding=embedding or edge, output=output or edge)
+    src_p = Path(src)
+    out_p = Path(out)
+    if not src_p.exists():
+        raise ConvertError(f"{src_p}: no such file or directory")
+    source = "gguf" if src_p.is_file() else "hf"
+    if src_p.is_file() and src_p.suffix.lower() != ".gguf":
+        with open(src_p, "rb") as f:
+            if f.read(4) != b"GGUF":
+                raise ConvertError(f"{src_p}: not a .gguf file nor an HF checkpoint directory")
+    if resume:
+        for p in _stale_partials(out_p):
+            shutil.rmtree(p, ignore_errors=True)
+        if out_p.exists():
+            if _same_conversion(out_p, q.as_dict(), source):
+                return out_p
+            raise ConvertError(
+                f"{out_p}: exists and is not a complete container of this conversion; remove it first"
+            )
+    elif out_p.exists():
+        raise ConvertError(f"{out_p}: already exists (pass resume=True to reuse a finished conversion)")
+
+    plan: Any
+    if source == "gguf":
+        from .gguf_src import load_gguf
+
+        plan = load_gguf(src_p)
+    else:
+        from .hf import load_hf
+
+        plan = load_hf(src_p)
+    return write_container(plan, out_p, q, progress)

@@ -1,0 +1,159 @@
+"""The Python Engine over the binding: open, eval, state, plan, errors, stats."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tiny import tiny_moe
+from warp_providers import (
+    ContextOverflowError,
+    Engine,
+    MemoryBudgetError,
+    ModelFormatError,
+    ModelNotFoundError,
+    StateMismatchError,
+    UnsupportedModelError,
+    parse_size,
+    plan_memory,
+)
+
+PROMPT = [(7 * i + 3) % 200 + 10 for i in range(32)]
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> Path:
+    return tiny_moe(tmp_path_factory.mktemp("eng"))
+
+
+@pytest.fixture(scope="module")
+def other_model(tmp_path_factory) -> Path:
+    from warp_providers.synth import MoeShape
+
+    shape = MoeShape(hidden_size=64, num_hidden_layers=2, num_experts=8, num_experts_per_tok=2,
+                     moe_intermediate_size=32, num_attention_heads=4, num_key_value_heads=2,
+                     head_dim=16)
+    return tiny_moe(tmp_path_factory.mktemp("other"), shape=shape, seed=1)
+
+
+def test_info_and_eval_shapes(model):
+    with Engine.open(model, threads=1) as eng:
+        info = eng.info()
+        assert info["model_type"] == "qwen3_moe"
+        assert info["n_layers"] == 3 and info["n_experts"] == 16 and info["top_k"] == 4
+        assert info["isa"] in ("scalar", "avx2", "avx512")
+        last = eng.eval(PROMPT[:5])
+        assert last.shape == (eng.vocab_size,) and last.dtype == np.float32
+        assert np.isfinite(last).all()
+        assert eng.position == 5
+        all_ = eng.eval(PROMPT[5:9], all_logits=True)
+        assert all_.shape == (4, eng.vocab_size)
+
+
+def test_incremental_equals_batched(model):
+    with Engine.open(model, threads=2) as eng:
+        batched = eng.eval(PROMPT, all_logits=True)
+        eng.reset()
+        steps = np.stack([eng.eval([t]) for t in PROMPT])
+    assert np.abs(batched - steps).max() <= 1e-5
+
+
+def test_threads_do_not_change_results(model):
+    outs = []
+    for threads in (1, 2, 4):
+        with Engine.open(model, threads=threads) as eng:
+            outs.append(eng.eval(PROMPT, all_logits=True))
+    assert all(np.array_equal(outs[0], o) for o in outs[1:])
+
+
+def test_state_round_trip(model, tmp_path):
+    with Engine.open(model) as eng:
+        eng.eval(PROMPT[:20])
+        eng.save_state(tmp_path / "s.bin")
+        want = eng.eval(PROMPT[20:24], all_logits=True)
+        eng.reset()
+        eng.load_state(tmp_path / "s.bin")
+        assert eng.position == 20
+        got = eng.eval(PROMPT[20:24], all_logits=True)
+    assert np.array_equal(want, got)
+
+
+def test_state_of_another_model_is_refused(model, other_model, tmp_path):
+    with Engine.open(other_model) as eng:
+        eng.eval(PROMPT[:4])
+        eng.save_state(tmp_path / "o.bin")
+    with Engine.open(model) as eng:
+        with pytest.raises(StateMismatchError):
+            eng.load_state(tmp_path / "o.bin")
+        (tmp_path / "junk.bin").write_bytes(b"\x00garbage" * 10)
+        with pytest.raises((ModelFormatError, StateMismatchError)):
+            eng.load_state(tmp_path / "junk.bin")
+        assert eng.eval(PROMPT[:2]).shape == (eng.vocab_size,)  # still usable
+
+
+def test_context_overflow_and_bad_ids(model):
+    with Engine.open(model, ctx=16) as eng:
+        with pytest.raises(ContextOverflowError):
+            eng.eval(list(range(10, 30)))
+        assert eng.position == 0
+        with pytest.raises(ValueError):
+            eng.eval([eng.vocab_size])
+        with pytest.raises(ContextOverflowError):
+            eng.generate(list(range(10, 30)), max_tokens=4)
+
+
+def test_truncate_and_prompt_cache(model):
+    with Engine.open(model) as eng:
+        a = eng.generate(PROMPT, max_tokens=4, stop_ids=[])
+        b = eng.generate(PROMPT, max_tokens=4, stop_ids=[])
+        assert a.token_ids == b.token_ids
+        assert b.cached_tokens == len(PROMPT) - 1
+        eng.truncate(3)
+        assert eng.position == 3
+
+
+def test_plan_and_budget(model):
+    plan = plan_memory(model)
+    for key in ("trunk_bytes", "kv_bytes", "scratch_bytes", "min_cache_bytes", "floor_bytes",
+                "working_set_bytes", "recommended_bytes"):
+        assert plan[key] > 0, key
+    assert plan["floor_bytes"] == (plan["trunk_bytes"] + plan["kv_bytes"] +
+                                   plan["scratch_bytes"] + plan["min_cache_bytes"])
+    too_small = plan["floor_bytes"] - 1
+    with pytest.raises(MemoryBudgetError) as e:
+        Engine.open(model, budget=too_small)
+    assert str(plan["floor_bytes"]) in str(e.value) or "floor" in str(e.value)
+    with Engine.open(model, budget=plan["floor_bytes"]) as eng:
+        eng.eval(PROMPT)
+        assert eng.stats()["peak_bytes"] <= plan["floor_bytes"]
+
+
+def test_parse_size():
+    assert parse_size("6G") == 6 << 30
+    assert parse_size("512MiB") == 512 << 20
+    assert parse_size(1234) == 1234
+    for bad in ("six", "-1G", "0"):
+        with pytest.raises(ValueError):
+            parse_size(bad)
+
+
+def test_missing_and_unsupported(model, tmp_path):
+    with pytest.raises(ModelNotFoundError):
+        Engine.open(tmp_path / "nope.warp")
+    bad = tmp_path / "bad.warp"
+    shutil.copytree(model, bad)
+    m = json.loads((bad / "manifest.json").read_text())
+    m["model_type"] = "gpt_neo"
+    (bad / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(UnsupportedModelError) as e:
+        Engine.open(bad)
+    assert "qwen3_moe" in str(e.value) and "llama" in str(e.value)
+
+
+def test_unknown_option(model):
+    with pytest.raises(TypeError):
+        Engine.open(model, warp_speed=9)
