@@ -3,27 +3,41 @@
 Owns: choosing and binding the model's chat format (explicit name, container metadata,
 template fingerprint — never a silent fallback), rendering a request to segments and ids,
 driving `EngineLike.stream` and feeding each (token id, piece) to the format's reply
-parser, stop strings on the answer text, usage, and the async bridge (a worker thread;
-the event loop never blocks; closing the stream cancels the generation).
-Refuses: what the chat format cannot express (ChatFormatError with `param`).
+parser, stop strings on the answer text, usage, constrained decoding applied from the
+request (response_format json_object/json_schema, a forced tool call: `constrain.py`),
+the context check, and the async bridge (a worker thread that runs at most one chunk
+ahead; the event loop never blocks; closing the stream cancels the generation).
+Refuses: what the chat format cannot express (ChatFormatError with `param`), a prompt
+that leaves no room in the context (ContextOverflowError).
 Called by: langchain_warp, llama_index.llms.warp, warp_openai and the CLI.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from warp_providers import constrain
 from warp_providers.chat import registry
-from warp_providers.chat.base import ChatFormat, Delta, DeltaAccumulator
+from warp_providers.chat.base import (
+    ChatFormat,
+    ChatFormatError,
+    Delta,
+    DeltaAccumulator,
+    Prompt,
+    ReplyParser,
+    apply_named_tool_choice,
+)
 from warp_providers.engine import EngineLike
+from warp_providers.errors import ContextOverflowError
 from warp_providers.sampling import LogitsProcessor, SamplingParams
 from warp_providers.types import AssistantMessage, ChatRequest, Usage
 
-__all__ = ["ChatChunk", "ChatResult", "ChatSession"]
+__all__ = ["ChatChunk", "ChatResult", "ChatSession", "PreparedChat"]
 
 
 @dataclass
@@ -35,6 +49,7 @@ class ChatResult:
         usage: prompt and completion token counts.
         stats: engine counters and timings of this reply (expert hits, bytes, tok/s).
         model: the model name reported to clients.
+
     """
 
     message: AssistantMessage
@@ -80,6 +95,7 @@ class ChatSession:
 
         Raises:
             ChatFormatError: no format fits this model (the message lists the formats).
+
         """
         self.engine = engine
         meta_format, template = _format_hint(engine)
@@ -95,56 +111,130 @@ class ChatSession:
         """Ids that end a reply in this format."""
         return tuple(self.format.stop_ids)
 
-    def prompt_ids(self, request: ChatRequest | Mapping[str, Any] | list[dict[str, Any]]) -> list[int]:
+    def prompt_ids(
+        self, request: ChatRequest | Mapping[str, Any] | list[dict[str, Any]]
+    ) -> list[int]:
         """Renders a request (or a bare message list) and encodes it segment by segment."""
         if isinstance(request, list):
             request = {"messages": request}
         return self.format.encode(self.format.render(request))
 
-    def stream(
+    def prepare(
         self,
         request: ChatRequest | Mapping[str, Any] | list[dict[str, Any]],
+        *,
+        max_tokens: int | None = None,
+        constrain_output: bool = True,
+    ) -> PreparedChat:
+        """Renders, encodes and checks a request without touching the engine.
+
+        Every refusal happens here, so a server can answer it before streaming starts.
+
+        Args:
+            request: messages, tools, tool_choice, response_format, reasoning effort.
+            max_tokens: completion token limit (None = until the context is full); it is
+                clamped to the room the context leaves.
+            constrain_output: enforce response_format / a forced tool call with a grammar.
+
+        Raises:
+            ChatFormatError: the format cannot express the request, or a schema feature
+                cannot be enforced (`param` names the field).
+            ContextOverflowError: the prompt fills the context.
+
+        """
+        if isinstance(request, list):
+            request = {"messages": request}
+        prompt = self._render(request, constrain_output)
+        ids = self.format.encode(prompt)
+        ctx = int(self.engine.info().get("ctx_tokens", 0) or 0)
+        if ctx and len(ids) >= ctx:
+            raise ContextOverflowError(
+                f"prompt is {len(ids)} tokens, and this model's context is {ctx}"
+            )
+        room = self._room(len(ids))
+        limit = room if max_tokens is None else max(1, min(max_tokens, room))
+        processor = (
+            constrain.processor_for_request(self.format, prompt, request)
+            if constrain_output else None
+        )
+        return PreparedChat(prompt, ids, limit, processor)
+
+    def _render(self, request: Any, constrain_output: bool) -> Prompt:
+        try:
+            return self.format.render(request)
+        except ChatFormatError as exc:
+            if not constrain_output or exc.param not in ("tool_choice", "response_format"):
+                raise
+            rewritten = _without_forcing(request)
+            if rewritten is None:
+                raise
+            # The format cannot ask for it in the prompt; the grammar will enforce it.
+            prompt = self.format.render(rewritten)
+            if constrain.processor_for_request(self.format, prompt, request) is None:
+                raise
+            return prompt
+
+    def stream(
+        self,
+        request: ChatRequest | Mapping[str, Any] | list[dict[str, Any]] | PreparedChat,
         *,
         max_tokens: int | None = None,
         sampling: SamplingParams | None = None,
         stop: Sequence[str] = (),
         processors: Sequence[LogitsProcessor] = (),
         should_stop: Callable[[], bool] | None = None,
+        constrain_output: bool = True,
     ) -> Iterator[ChatChunk]:
         """Generates a reply, yielding deltas; the last chunk carries the `ChatResult`.
 
         Args:
-            request: messages, tools, tool_choice, response_format, reasoning effort.
+            request: messages, tools, tool_choice, response_format, reasoning effort; or
+                the result of `prepare` (then `max_tokens` and `constrain_output` were
+                given there).
             max_tokens: completion token limit (None = until the context is full).
             sampling: sampling knobs (default greedy).
             stop: strings that end the answer text (excluded from it).
-            processors: logit hooks (constrained decoding).
+            processors: logit hooks, applied after the request's own constraint.
             should_stop: polled before each token; True ends the reply early.
+            constrain_output: enforce response_format / a forced tool call (see `prepare`).
+
+        Raises:
+            ChatFormatError, ContextOverflowError: see `prepare` (at the first `next`).
+
         """
-        if isinstance(request, list):
-            request = {"messages": request}
-        prompt = self.format.render(request)
-        ids = self.format.encode(prompt)
-        parser = self.format.new_parser(prompt)
-        limit = max_tokens if max_tokens is not None else self._room(len(ids))
+        prep = request if isinstance(request, PreparedChat) else self.prepare(
+            request, max_tokens=max_tokens, constrain_output=constrain_output)
+        procs = ([prep.processor] if prep.processor is not None else []) + list(processors)
+        parser = self.format.new_parser(prep.prompt)
+        events = self.engine.stream(
+            prep.ids, max_tokens=prep.max_tokens, sampling=sampling, stop_ids=self.stop_ids,
+            processors=procs, should_stop=should_stop,
+        )
+        try:
+            yield from self._run(prep, parser, events, stop)
+        finally:
+            close = getattr(events, "close", None)
+            if close is not None:
+                close()
+
+    def _run(
+        self, prep: PreparedChat, parser: ReplyParser, events: Iterator[Any], stop: Sequence[str]
+    ) -> Iterator[ChatChunk]:
+        tokenizer = self.engine.tokenizer
         stopper = _StopStrings(list(stop))
         acc = DeltaAccumulator()
         n_tokens = 0
         stopped = False
-        events = self.engine.stream(
-            ids, max_tokens=max(1, limit), sampling=sampling, stop_ids=self.stop_ids,
-            processors=processors, should_stop=should_stop,
-        )
         for ev in events:
             n_tokens += 1
-            delta = parser.feed(ev.token_id, self.engine.tokenizer.id_to_piece(ev.token_id)
-                                if self.engine.tokenizer.is_control(ev.token_id) else ev.text)
+            control = tokenizer.is_control(ev.token_id)
+            piece = tokenizer.id_to_piece(ev.token_id) if control else ev.text
+            delta = parser.feed(ev.token_id, piece)
             delta, stopped = stopper.apply(delta)
             if not delta.empty:
                 acc.add(delta)
                 yield ChatChunk(delta, ev.token_id, ev.logprob)
             if stopped:
-                events.close()
                 break
         gen = getattr(self.engine, "last_result", None)
         tail = parser.flush() if not stopped else Delta()
@@ -157,12 +247,14 @@ class ChatSession:
             finish = {"length": "length", "cancelled": "stop"}.get(gen.finish_reason, "stop")
             n_tokens = len(gen.token_ids) + (1 if gen.finish_reason == "stop" else 0)
         final = parser.finish(hit_limit=finish == "length")
-        message = final if not stopped else acc.message("stop")
+        message = final
         if stopped:
             message = AssistantMessage(content=acc.content or None, reasoning=acc.reasoning or None,
-                                       tool_calls=message.tool_calls, finish_reason="stop")
-        usage = Usage(prompt_tokens=len(ids), completion_tokens=n_tokens,
-                      total_tokens=len(ids) + n_tokens)
+                                       tool_calls=final.tool_calls,
+                                       finish_reason="tool_calls" if final.tool_calls else "stop")
+        n_prompt = len(prep.ids)
+        usage = Usage(prompt_tokens=n_prompt, completion_tokens=n_tokens,
+                      total_tokens=n_prompt + n_tokens)
         stats = dict(gen.stats) if gen is not None else {}
         yield ChatChunk(Delta(), result=ChatResult(message, usage, stats, self.model_name))
 
@@ -175,24 +267,40 @@ class ChatSession:
         return result
 
     async def astream(self, request: Any, **kwargs: Any) -> AsyncIterator[ChatChunk]:
-        """`stream` on a worker thread; closing or cancelling this iterator stops it."""
+        """`stream` on a worker thread; closing or cancelling this iterator stops it.
+
+        The worker runs at most one chunk ahead of the consumer, so a consumer that stops
+        early stops the engine within a token or two.
+        """
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Any] = asyncio.Queue()
         cancel = threading.Event()
+        credit = threading.Semaphore(0)
         user_stop = kwargs.pop("should_stop", None)
 
         def should_stop() -> bool:
             return cancel.is_set() or bool(user_stop and user_stop())
 
+        def put(item: Any) -> None:
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+            except RuntimeError:  # the loop is closed: nobody is listening any more
+                cancel.set()
+
         def work() -> None:
             try:
-                for chunk in self.stream(request, should_stop=should_stop, **kwargs):
-                    loop.call_soon_threadsafe(queue.put_nowait, chunk)
-                    if cancel.is_set():
-                        break
-                loop.call_soon_threadsafe(queue.put_nowait, _END)
+                gen = self.stream(request, should_stop=should_stop, **kwargs)
+                try:
+                    for chunk in gen:
+                        put(chunk)
+                        credit.acquire()
+                        if cancel.is_set():
+                            break
+                finally:
+                    gen.close()
+                put(_END)
             except BaseException as e:  # handed to the consumer, never swallowed
-                loop.call_soon_threadsafe(queue.put_nowait, _Failure(e))
+                put(_Failure(e))
 
         worker = threading.Thread(target=work, name="warp-chat", daemon=True)
         worker.start()
@@ -204,8 +312,10 @@ class ChatSession:
                 if isinstance(item, _Failure):
                     raise item.error
                 yield item
+                credit.release()
         finally:
             cancel.set()
+            credit.release()
 
     async def acomplete(self, request: Any, **kwargs: Any) -> ChatResult:
         """Async `complete`."""
@@ -234,6 +344,71 @@ class ChatSession:
     def _room(self, n_prompt: int) -> int:
         ctx = int(self.engine.info().get("ctx_tokens", 0) or 0)
         return max(1, ctx - n_prompt) if ctx else 4096
+
+
+@dataclass
+class PreparedChat:
+    """A request rendered and checked by `ChatSession.prepare`, ready to generate.
+
+    Attributes:
+        prompt: the rendered segments (and the channel they leave open).
+        ids: the prompt token ids.
+        max_tokens: the completion limit, clamped to the room left in the context.
+        processor: the request's output constraint, or None.
+
+    """
+
+    prompt: Prompt
+    ids: list[int]
+    max_tokens: int
+    processor: constrain.GrammarProcessor | None = None
+
+    @property
+    def prompt_tokens(self) -> int:
+        """Number of prompt tokens."""
+        return len(self.ids)
+
+
+def _without_forcing(request: Any) -> dict[str, Any] | None:
+    """The request with tool_choice/response_format turned into prompt notes (or None).
+
+    For formats whose prompt cannot express them; the grammar then enforces them.
+    """
+    if isinstance(request, ChatRequest):
+        req = request.model_dump(mode="python", exclude_unset=True, by_alias=True)
+    elif isinstance(request, Mapping):
+        req = dict(request)
+    else:
+        return None
+    messages = list(req.get("messages") or [])
+    notes: list[str] = []
+    choice = req.get("tool_choice")
+    if isinstance(choice, Mapping) or choice == "required":
+        messages, _ = apply_named_tool_choice(messages, choice)
+        named = messages[len(req.get("messages") or []):]
+        messages = messages[: len(req.get("messages") or [])]
+        notes += [m["content"] for m in named] or ["You must call a tool in your next message."]
+        req["tool_choice"] = "auto"
+    rf = req.get("response_format")
+    if isinstance(rf, Mapping) and rf.get("type") in ("json_object", "json_schema"):
+        note = "Answer with raw JSON only, without markdown code fences."
+        spec = rf.get("json_schema")
+        if isinstance(spec, Mapping) and isinstance(spec.get("schema"), Mapping):
+            note += " The JSON must match this schema: " + json.dumps(spec["schema"])
+        notes.append(note)
+        req.pop("response_format")
+    if not notes:
+        return None
+    text = "\n\n".join(notes)
+    first = messages[0] if messages else None
+    if isinstance(first, Mapping) and first.get("role") in ("system", "developer") and isinstance(
+        first.get("content"), str
+    ):
+        messages[0] = {**first, "content": f"{first['content']}\n\n{text}"}
+    else:
+        messages.insert(0, {"role": "system", "content": text})
+    req["messages"] = messages
+    return req
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Text <-> token ids through the `tokenizers` and `tiktoken` libraries, markup kept apart from content.
+"""Text <-> token ids through `tokenizers` / `tiktoken`, markup kept apart from content.
 
 Owns: `Tokenizer` with two entry points (PROTOCOLS §1.1): `encode_content`
 never yields a control-token id, whatever the text spells; `encode_markup`
@@ -38,8 +38,10 @@ MAX_RUN_CHARS = 25_000
 
 
 class _SegmentLike(Protocol):
-    text: str
-    markup: bool
+    @property
+    def text(self) -> str: ...
+    @property
+    def markup(self) -> bool: ...
 
 
 def split_long_text(text: str) -> Iterator[str]:
@@ -54,6 +56,7 @@ def split_long_text(text: str) -> Iterator[str]:
 
     Yields:
         Consecutive non-empty pieces whose concatenation is `text`.
+
     """
     for start in range(0, len(text), MAX_CHUNK_CHARS):
         chunk = text[start : start + MAX_CHUNK_CHARS]
@@ -86,14 +89,18 @@ class _Backend(Protocol):
 
 
 class _HFBackend:
-    """`tokenizers` backend: a markup tokenizer and a content copy that never matches control tokens."""
+    """`tokenizers` backend: a markup tokenizer plus a content copy that never matches them."""
 
     def __init__(self, spec: dict[str, Any], extra_special: Mapping[str, int]) -> None:
         from tokenizers import AddedToken
         from tokenizers import Tokenizer as HFTokenizer
 
         self.markup_tok: tokenizers.Tokenizer = HFTokenizer.from_str(json.dumps(spec))
-        missing = [AddedToken(t, special=True, normalized=False) for t in extra_special if self.markup_tok.token_to_id(t) is None]
+        missing = [
+            AddedToken(t, special=True, normalized=False)
+            for t in extra_special
+            if self.markup_tok.token_to_id(t) is None
+        ]
         if missing:
             self.markup_tok.add_special_tokens(missing)
         self.control: dict[int, str] = {}
@@ -102,7 +109,9 @@ class _HFBackend:
         for content, tid in extra_special.items():
             got = self.markup_tok.token_to_id(content)
             if got is None or (tid is not None and got != tid):
-                raise ValueError(f"special token {content!r} is id {got} in the vocabulary, not {tid}")
+                raise ValueError(
+                    f"special token {content!r} is id {got} in the vocabulary, not {tid}"
+                )
             self.control[got] = content
         # The content copy: every control token is re-flagged special and
         # `encode_special_tokens` makes the library BPE their spelling as text.
@@ -203,6 +212,7 @@ class Tokenizer:
         >>> tok = Tokenizer.from_dir("model/")          # doctest: +SKIP
         >>> tok.encode_content("<|im_end|>") != tok.encode_markup("<|im_end|>")  # doctest: +SKIP
         True
+
     """
 
     def __init__(
@@ -254,6 +264,7 @@ class Tokenizer:
         Raises:
             ValueError: The document is not a tokenizer, or a special token's
                 id disagrees with the vocabulary.
+
         """
         text = str(path_or_json_str)
         if not text.lstrip().startswith("{"):
@@ -291,6 +302,7 @@ class Tokenizer:
 
         Raises:
             ValueError: A malformed rank file.
+
         """
         ranks: dict[bytes, int] = {}
         for n, line in enumerate(Path(rank_file_path).read_text(encoding="ascii").splitlines(), 1):
@@ -300,7 +312,9 @@ class Tokenizer:
             if len(parts) != 2:
                 raise ValueError(f"{rank_file_path}:{n}: expected '<base64> <rank>'")
             ranks[base64.b64decode(parts[0])] = int(parts[1])
-        return cls.from_tiktoken_ranks(ranks, pattern, special_tokens, eos_ids=eos_ids, bos_id=bos_id, **kwargs)
+        return cls.from_tiktoken_ranks(
+            ranks, pattern, special_tokens, eos_ids=eos_ids, bos_id=bos_id, **kwargs
+        )
 
     @classmethod
     def from_tiktoken_ranks(
@@ -316,7 +330,9 @@ class Tokenizer:
         """Build from an in-memory rank table (see `from_tiktoken`)."""
         import tiktoken
 
-        enc = tiktoken.Encoding(name, pat_str=pattern, mergeable_ranks=dict(ranks), special_tokens=dict(special_tokens))
+        enc = tiktoken.Encoding(
+            name, pat_str=pattern, mergeable_ranks=dict(ranks), special_tokens=dict(special_tokens)
+        )
         return cls.from_tiktoken_encoding(enc, eos_ids=eos_ids, bos_id=bos_id, **kwargs)
 
     @classmethod
@@ -351,6 +367,7 @@ class Tokenizer:
         Raises:
             FileNotFoundError: Neither vocabulary file exists.
             ValueError: A tiktoken vocabulary without a split pattern.
+
         """
         root = Path(directory)
         config = _read_json(root / "tokenizer_config.json")
@@ -361,12 +378,19 @@ class Tokenizer:
             if isinstance(content, str):
                 specials[content] = int(tid)
         if (root / "tokenizer.json").is_file():
-            tok = cls.from_tokenizer_json(root / "tokenizer.json", chat_template=template, config=config)
+            tok = cls.from_tokenizer_json(
+                root / "tokenizer.json", chat_template=template, config=config
+            )
         elif (root / "tiktoken.model").is_file():
             pat = pattern or config.get("pat_str")
             if not isinstance(pat, str) or not pat:
-                raise ValueError(f"{root}/tiktoken.model needs a split pattern: pass pattern= or set 'pat_str' in tokenizer_config.json")
-            tok = cls.from_tiktoken(root / "tiktoken.model", pat, specials, chat_template=template, config=config)
+                raise ValueError(
+                    f"{root}/tiktoken.model needs a split pattern: pass pattern= or set "
+                    f"'pat_str' in tokenizer_config.json"
+                )
+            tok = cls.from_tiktoken(
+                root / "tiktoken.model", pat, specials, chat_template=template, config=config
+            )
         else:
             raise FileNotFoundError(f"{root} has neither tokenizer.json nor tiktoken.model")
         eos: list[int] = []
@@ -412,11 +436,14 @@ class Tokenizer:
 
         Returns:
             The concatenated ids.
+
         """
         out: list[int] = []
         for seg in segments:
             if seg.text:
-                out.extend(self.encode_markup(seg.text) if seg.markup else self.encode_content(seg.text))
+                out.extend(
+                    self.encode_markup(seg.text) if seg.markup else self.encode_content(seg.text)
+                )
         return out
 
     def decode(self, ids: Sequence[int]) -> str:
@@ -429,7 +456,7 @@ class Tokenizer:
         return self.decode([token_id])
 
     def token_to_id(self, token: str) -> int | None:
-        """Id of a vocabulary entry spelled exactly `token` (control tokens by spelling), else None."""
+        """Return the id of the entry spelled exactly `token` (control tokens too), else None."""
         if token in self._by_spelling:
             return self._by_spelling[token]
         return self._backend.lookup(token)
@@ -463,7 +490,7 @@ class Tokenizer:
         return self._backend.size()
 
     def incremental_decoder(self) -> IncrementalDecoder:
-        """A fresh decoder for one generated id stream."""
+        """Return a fresh decoder for one generated id stream."""
         return IncrementalDecoder(self)
 
     def _token_bytes(self, token_id: int) -> bytes | None:

@@ -55,7 +55,9 @@ class TextPart(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    type: str = Field(default="text", min_length=1, description="Part type, e.g. `text` or `input_text`.")
+    type: str = Field(
+        default="text", min_length=1, description="Part type, e.g. `text` or `input_text`."
+    )
     text: str = Field(description="The text of the part.")
 
 
@@ -65,7 +67,9 @@ class ImageUrl(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     url: str = Field(min_length=1, description="A base64 `data:` URL or a local path.")
-    detail: str | None = Field(default=None, description="OpenAI's detail hint; ignored by every format.")
+    detail: str | None = Field(
+        default=None, description="OpenAI's detail hint; ignored by every format."
+    )
 
 
 class ImagePart(BaseModel):
@@ -101,11 +105,13 @@ class FunctionCall(BaseModel):
 
 
 class MessageToolCall(BaseModel):
-    """A tool call made by an earlier assistant turn (OpenAI shape; a flat `{name, arguments}` is accepted)."""
+    """A tool call of an earlier assistant turn (OpenAI shape; a flat call is accepted)."""
 
     model_config = ConfigDict(extra="allow")
 
-    id: str | None = Field(default=None, description="The call id results refer to via `tool_call_id`.")
+    id: str | None = Field(
+        default=None, description="The call id results refer to via `tool_call_id`."
+    )
     type: str = Field(default="function", description="Always `function`.")
     function: FunctionCall = Field(description="Name and arguments of the call.")
 
@@ -130,8 +136,12 @@ class FunctionDefinition(BaseModel):
 
     name: str = Field(min_length=1, description="Function name the model calls it by.")
     description: str | None = Field(default=None, description="What the function does.")
-    parameters: dict[str, Any] | None = Field(default=None, description="JSON Schema of the arguments object.")
-    strict: bool | None = Field(default=None, description="OpenAI strict-schema flag (not enforced).")
+    parameters: dict[str, Any] | None = Field(
+        default=None, description="JSON Schema of the arguments object."
+    )
+    strict: bool | None = Field(
+        default=None, description="OpenAI strict-schema flag (not enforced)."
+    )
 
 
 class ToolDefinition(BaseModel):
@@ -161,12 +171,24 @@ class Message(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     role: Role = Field(description="Who speaks.")
-    content: str | list[ContentPart] | None = Field(default=None, description="Text, parts, or null.")
-    name: str | None = Field(default=None, description="Optional speaker name (or tool name on results).")
-    tool_calls: list[MessageToolCall] | None = Field(default=None, description="Assistant tool calls.")
-    tool_call_id: str | None = Field(default=None, description="On tool results: the call answered.")
-    reasoning_content: str | None = Field(default=None, description="Assistant reasoning in history.")
-    tools: list[ToolDefinition] | None = Field(default=None, description="Lazy tool declaration (system).")
+    content: str | list[ContentPart] | None = Field(
+        default=None, description="Text, parts, or null."
+    )
+    name: str | None = Field(
+        default=None, description="Optional speaker name (or tool name on results)."
+    )
+    tool_calls: list[MessageToolCall] | None = Field(
+        default=None, description="Assistant tool calls."
+    )
+    tool_call_id: str | None = Field(
+        default=None, description="On tool results: the call answered."
+    )
+    reasoning_content: str | None = Field(
+        default=None, description="Assistant reasoning in history."
+    )
+    tools: list[ToolDefinition] | None = Field(
+        default=None, description="Lazy tool declaration (system)."
+    )
 
     @model_validator(mode="after")
     def _calls_only_on_assistant(self) -> Message:
@@ -201,7 +223,9 @@ class JsonSchemaSpec(BaseModel):
 
     name: str | None = Field(default=None, description="Schema name.")
     description: str | None = Field(default=None, description="Schema description.")
-    schema_: dict[str, Any] | None = Field(default=None, alias="schema", description="The JSON Schema.")
+    schema_: dict[str, Any] | None = Field(
+        default=None, alias="schema", description="The JSON Schema."
+    )
     strict: bool | None = Field(default=None, description="OpenAI strict flag (not enforced).")
 
 
@@ -210,8 +234,12 @@ class ResponseFormat(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    type: Literal["text", "json_object", "json_schema"] = Field(description="Kind of response format.")
-    json_schema: JsonSchemaSpec | None = Field(default=None, description="Schema for `json_schema`.")
+    type: Literal["text", "json_object", "json_schema"] = Field(
+        description="Kind of response format."
+    )
+    json_schema: JsonSchemaSpec | None = Field(
+        default=None, description="Schema for `json_schema`."
+    )
 
 
 class ChatRequest(BaseModel):
@@ -225,10 +253,18 @@ class ChatRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     messages: list[Message] = Field(min_length=1, description="The conversation, oldest first.")
-    tools: list[ToolDefinition] | None = Field(default=None, description="Functions the model may call.")
-    tool_choice: ToolChoice | None = Field(default=None, description="Whether/which tool must be called.")
-    response_format: ResponseFormat | None = Field(default=None, description="Requested answer shape.")
-    reasoning_effort: str | None = Field(default=None, description="Reasoning level, e.g. `low`, `high`, `none`.")
+    tools: list[ToolDefinition] | None = Field(
+        default=None, description="Functions the model may call."
+    )
+    tool_choice: ToolChoice | None = Field(
+        default=None, description="Whether/which tool must be called."
+    )
+    response_format: ResponseFormat | None = Field(
+        default=None, description="Requested answer shape."
+    )
+    reasoning_effort: str | None = Field(
+        default=None, description="Reasoning level, e.g. `low`, `high`, `none`."
+    )
     thinking: bool | None = Field(default=None, description="Turn the reasoning channel on or off.")
 
 
@@ -244,9 +280,16 @@ class ToolCall(BaseModel):
     index: int = Field(ge=0, description="0-based position in the reply's call list.")
     id: str = Field(description="Call id (the model's own, else `call_<n>`).")
     name: str = Field(description="Function name ('' when the model gave none).")
-    arguments: str = Field(description="Arguments as a JSON object string (or the raw text when malformed).")
-    malformed: bool = Field(default=False, description="True when `arguments` is not a JSON object.")
-    raw: str | None = Field(default=None, description="Undecodable call text, when the call itself was malformed.")
+    arguments: str = Field(
+        description="Arguments as a JSON object string (or the raw text when malformed)."
+    )
+    malformed: bool = Field(
+        default=False,
+        description="True when `arguments` is not a JSON object, or the call was undecodable.",
+    )
+    raw: str | None = Field(
+        default=None, description="Undecodable call text, when the call itself was malformed."
+    )
 
     def parsed_arguments(self) -> dict[str, Any] | None:
         """Return the arguments as a dict, or None when they are not a JSON object."""
@@ -263,7 +306,9 @@ class AssistantMessage(BaseModel):
     role: Literal["assistant"] = Field(default="assistant", description="Always `assistant`.")
     content: str | None = Field(default=None, description="Answer text, None when empty.")
     reasoning: str | None = Field(default=None, description="Reasoning text, None when empty.")
-    tool_calls: list[ToolCall] = Field(default_factory=list, description="Parsed tool calls, in order.")
+    tool_calls: list[ToolCall] = Field(
+        default_factory=list, description="Parsed tool calls, in order."
+    )
     finish_reason: Literal["stop", "length", "tool_calls"] | None = Field(
         default=None, description="Why generation ended (`tool_calls` wins over the others)."
     )
@@ -273,7 +318,9 @@ class Usage(BaseModel):
     """Token accounting of one request."""
 
     prompt_tokens: int = Field(ge=0, description="Tokens in the prompt.")
-    completion_tokens: int = Field(ge=0, description="Tokens the engine generated (markers included).")
+    completion_tokens: int = Field(
+        ge=0, description="Tokens the engine generated (markers included)."
+    )
     total_tokens: int = Field(ge=0, description="prompt_tokens + completion_tokens.")
 
     @model_validator(mode="after")

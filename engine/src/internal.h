@@ -208,9 +208,14 @@ void wpi_reader_close(wpi_reader *r);
 wp_status wpi_record_check(const wpi_bank *b, uint32_t expert, const void *rec, int verify,
                            char *err, size_t cap);
 
-/* Slots an expert cache of cache_bytes holds: cache_bytes / max_record_bytes, at most
- * one per record of the container, at least 2 * top_k (0 without expert banks).
- * wpi_plan and wpi_experts_open both use it, so the plan states what open allocates. */
+/* cache.c: sizing shared with plan.c, so the plan states what open allocates.
+ * Bookkeeping bytes (slot table, map, pin list, usage counts, hotlist preload list) of a
+ * cache of `slots` slots; 0 when slots is 0. */
+uint64_t wpi_cache_meta_bytes(const wpi_container *c, uint32_t slots);
+/* Slots a cache of cache_bytes holds: (cache_bytes - bookkeeping of the largest possible
+ * cache) / max_record_bytes, at most one per record, at least 2 * top_k (0 without
+ * banks). Records and bookkeeping together stay within cache_bytes whenever cache_bytes
+ * is at least the plan's min_cache_bytes. */
 uint32_t wpi_cache_slots(const wpi_container *c, uint64_t cache_bytes);
 
 /* plan.c: the memory plan (see wp_plan), also used by wp_open to resolve the budget. */

@@ -6,7 +6,8 @@
  * workers spin on it for a short while (WPI_SPIN_SECONDS) before sleeping on a condition
  * variable, and the caller runs tasks too. Tasks are claimed with a compare-and-swap on
  * one 64-bit word holding (generation << 32 | next task), so a straggler from an old job
- * can never claim a task of the next one.
+ * can never claim a task of the next one, and the task count is read from the slot of
+ * the claim's own generation (two slots alternate).
  */
 #include <pthread.h>
 #include <sched.h>
@@ -31,9 +32,13 @@ struct wpi_pool {
     _Atomic uint32_t done;              /* tasks finished in this generation */
     _Atomic uint32_t sleepers;
     _Atomic int stop;
-    _Atomic uint32_t n_tasks;
-    wpi_task_fn fn;
-    void *arg;
+    /* The job of generation g is jobs[g & 1]: while generation g + 1 is being published,
+     * a straggler of g still reads g's task count, so it can never claim past its end. */
+    struct {
+        _Atomic uint32_t n_tasks;
+        wpi_task_fn fn;
+        void *arg;
+    } jobs[2];
     pthread_mutex_t mu;
     pthread_cond_t cv;
 };
@@ -104,13 +109,13 @@ static void run_tasks(wpi_pool *p, uint32_t g)
         uint64_t c = atomic_load_explicit(&p->claim, memory_order_acquire);
         if ((uint32_t)(c >> 32) != g) return;
         uint32_t i = (uint32_t)c;
-        if (i >= atomic_load_explicit(&p->n_tasks, memory_order_relaxed)) return;
+        if (i >= atomic_load_explicit(&p->jobs[g & 1].n_tasks, memory_order_relaxed)) return;
         if (!atomic_compare_exchange_weak_explicit(&p->claim, &c, c + 1,
                                                    memory_order_acq_rel,
                                                    memory_order_relaxed))
             continue;
-        /* The job cannot change before this task is counted done. */
-        p->fn(p->arg, i);
+        /* Generation g cannot end, nor its slot be reused, before this task is done. */
+        p->jobs[g & 1].fn(p->jobs[g & 1].arg, i);
         atomic_fetch_add_explicit(&p->done, 1, memory_order_release);
     }
 }
@@ -118,7 +123,7 @@ static void run_tasks(wpi_pool *p, uint32_t g)
 static void *worker(void *arg)
 {
     wpi_pool *p = arg;
-    uint32_t seen = atomic_load(&p->gen);
+    uint32_t seen = 0; /* the generation at pool creation: a late start still joins job 1 */
     for (;;) {
         uint32_t g;
         double t0 = 0;
@@ -209,9 +214,9 @@ void wpi_parallel_for(wpi_pool *p, uint32_t n_tasks, wpi_task_fn fn, void *arg)
         return;
     }
     uint32_t g = atomic_load_explicit(&p->gen, memory_order_relaxed) + 1;
-    p->fn = fn;
-    p->arg = arg;
-    atomic_store_explicit(&p->n_tasks, n_tasks, memory_order_relaxed);
+    p->jobs[g & 1].fn = fn;
+    p->jobs[g & 1].arg = arg;
+    atomic_store_explicit(&p->jobs[g & 1].n_tasks, n_tasks, memory_order_relaxed);
     atomic_store_explicit(&p->done, 0, memory_order_relaxed);
     atomic_store_explicit(&p->claim, (uint64_t)g << 32, memory_order_release);
     atomic_store(&p->gen, g); /* seq_cst: pairs with the sleepers check below */
@@ -221,5 +226,11 @@ void wpi_parallel_for(wpi_pool *p, uint32_t n_tasks, wpi_task_fn fn, void *arg)
         pthread_mutex_unlock(&p->mu);
     }
     run_tasks(p, g);
-    while (atomic_load_explicit(&p->done, memory_order_acquire) < n_tasks) cpu_relax();
+    /* A worker still runs a task. Yield now and then: on an oversubscribed machine it
+     * may be waiting for this very core. */
+    for (uint32_t spins = 1; atomic_load_explicit(&p->done, memory_order_acquire) < n_tasks;
+         spins++) {
+        cpu_relax();
+        if ((spins & 4095) == 0) sched_yield();
+    }
 }

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import abc
 import json
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Union
@@ -65,6 +64,7 @@ class ChatFormatError(ValueError):
         param: The request field at fault (`messages[2].tool_calls[0].id`), or None.
         code: A machine-readable code (`unsupported_chat_format`), or None.
         type: OpenAI error type; always `invalid_request_error`.
+
     """
 
     type: str = "invalid_request_error"
@@ -89,12 +89,12 @@ class Segment:
 
 
 def M(text: str) -> Segment:  # noqa: N802 - the spec's notation
-    """A markup segment (`M"..."` in PROTOCOLS.md)."""
+    """Make a markup segment (`M"..."` in PROTOCOLS.md)."""
     return Segment(text, True)
 
 
 def T(text: str) -> Segment:  # noqa: N802 - the spec's notation
-    """A plain segment (`T"..."` in PROTOCOLS.md)."""
+    """Make a plain segment (`T"..."` in PROTOCOLS.md)."""
     return Segment(text, False)
 
 
@@ -116,6 +116,7 @@ class Prompt(list[Segment]):
             reasoning_open: The generation prompt left the reasoning channel open.
             tools: The request's tool entries (parsers type arguments by them).
             thinking: The resolved thinking flag.
+
         """
         super().__init__(segments)
         self.reasoning_open = reasoning_open
@@ -193,7 +194,7 @@ class Delta:
 
 
 class DeltaAccumulator:
-    """Fold a stream of `Delta`s back into an `AssistantMessage` (what streaming clients rebuild)."""
+    """Fold a stream of `Delta`s back into an `AssistantMessage`, as a streaming client does."""
 
     def __init__(self) -> None:
         """Start empty."""
@@ -207,16 +208,27 @@ class DeltaAccumulator:
         self.content += delta.content
         for ev in delta.tool_calls:
             if isinstance(ev, ToolCallStart):
-                self.calls[ev.index] = {"id": ev.id, "name": ev.name, "arguments": "", "malformed": False}
+                self.calls[ev.index] = {
+                    "id": ev.id,
+                    "name": ev.name,
+                    "arguments": "",
+                    "malformed": False,
+                }
             elif isinstance(ev, ToolCallArguments):
                 self.calls[ev.index]["arguments"] += ev.fragment
             else:
                 self.calls[ev.index]["malformed"] = ev.malformed
 
     def message(self, finish_reason: str | None = None) -> AssistantMessage:
-        """The message the deltas so far describe."""
+        """Return the message the deltas so far describe."""
         calls = [
-            ToolCall(index=i, id=c["id"], name=c["name"], arguments=c["arguments"], malformed=c["malformed"])
+            ToolCall(
+                index=i,
+                id=c["id"],
+                name=c["name"],
+                arguments=c["arguments"],
+                malformed=c["malformed"],
+            )
             for i, c in sorted(self.calls.items())
         ]
         return AssistantMessage(
@@ -274,6 +286,7 @@ class ReplyParser(abc.ABC):
 
         Returns:
             What the token added.
+
         """
         if not self._finished and not self._flushed:
             self._on_token(token_id, piece)
@@ -289,7 +302,7 @@ class ReplyParser(abc.ABC):
         return self._take()
 
     def finish(self, *, hit_limit: bool = False) -> AssistantMessage:
-        """The whole reply (calls `flush` first if needed).
+        """Return the whole reply (calls `flush` first if needed).
 
         Args:
             hit_limit: Generation stopped at the token limit.
@@ -298,13 +311,23 @@ class ReplyParser(abc.ABC):
             The message; `finish_reason` is `tool_calls` if any call was
             parsed, else `length` if the limit was hit before the turn ended,
             else `stop`.
+
         """
         self.flush()
         calls = [
-            ToolCall(index=c.index, id=c.id, name=c.name, arguments=c.arguments, malformed=c.malformed, raw=c.raw)
+            ToolCall(
+                index=c.index,
+                id=c.id,
+                name=c.name,
+                arguments=c.arguments,
+                malformed=c.malformed,
+                raw=c.raw,
+            )
             for c in self._calls
         ]
-        reason = "tool_calls" if calls else ("length" if hit_limit and not self._finished else "stop")
+        reason = (
+            "tool_calls" if calls else ("length" if hit_limit and not self._finished else "stop")
+        )
         return AssistantMessage(
             content="".join(self._content) or None,
             reasoning="".join(self._reasoning) or None,
@@ -350,15 +373,19 @@ class ReplyParser(abc.ABC):
             self._events.append(ToolCallArguments(call.index, fragment))
 
     def _seal(self, call: _Call) -> None:
-        """The call can no longer change: emit its remaining arguments and its end."""
+        """Emit a call's remaining arguments and its end; it can no longer change."""
         if call.ended:
             return
         self._announce(call)
-        rest = call.arguments[len(call.streamed) :] if call.arguments.startswith(call.streamed) else call.arguments
+        rest = (
+            call.arguments[len(call.streamed) :]
+            if call.arguments.startswith(call.streamed)
+            else call.arguments
+        )
         if rest:
             self._events.append(ToolCallArguments(call.index, rest))
             call.streamed += rest
-        call.malformed = not _is_json_object(call.arguments)
+        call.malformed = call.malformed or not _is_json_object(call.arguments)
         call.ended = True
         self._events.append(ToolCallEnd(call.index, call.malformed))
 
@@ -404,14 +431,17 @@ class ChatFormat(abc.ABC):
         Raises:
             ChatFormatError: A marker is not one control token (the message
                 names it and how many ids it encodes to).
+
         """
         ids: dict[str, int] = {}
         for marker in self.required_markers():
             tid = tokenizer.marker_id(marker)
             if tid is None:
                 raise ChatFormatError(
-                    f"the {self.name} chat format needs {marker} as one control token, but this vocabulary "
-                    f"encodes it to {tokenizer.markup_count(marker)} id(s): the tokenizer and the chat format disagree",
+                    f"the {self.name} chat format needs {marker} as one control token, but "
+                    f"this vocabulary "
+                    f"encodes it to {tokenizer.markup_count(marker)} id(s): the tokenizer and "
+                    f"the chat format disagree",
                     param="model",
                     code="unsupported_chat_format",
                 )
@@ -422,19 +452,23 @@ class ChatFormat(abc.ABC):
         return self
 
     def _on_bind(self, tokenizer: Tokenizer) -> None:
-        """Hook for formats that probe the vocabulary further."""
+        """Probe the vocabulary further (hook for formats)."""
 
     @property
     def tokenizer(self) -> Tokenizer:
         """The bound tokenizer."""
         if self._tokenizer is None:
-            raise RuntimeError(f"chat format {self.name!r} is not bound to a tokenizer; call bind() first")
+            raise RuntimeError(
+                f"chat format {self.name!r} is not bound to a tokenizer; call bind() first"
+            )
         return self._tokenizer
 
     def marker_id(self, marker: str) -> int:
         """Control-token id of a marker checked at `bind`."""
         if self._tokenizer is None:
-            raise RuntimeError(f"chat format {self.name!r} is not bound to a tokenizer; call bind() first")
+            raise RuntimeError(
+                f"chat format {self.name!r} is not bound to a tokenizer; call bind() first"
+            )
         return self._ids[marker]
 
     @property
@@ -468,11 +502,12 @@ class ChatFormat(abc.ABC):
 
         Raises:
             ChatFormatError: The format cannot express the request.
+
         """
 
     @abc.abstractmethod
     def new_parser(self, prompt: Prompt | None = None) -> ReplyParser:
-        """A parser for the reply to `prompt` (channel and tool schemas come from it)."""
+        """Return a parser for the reply to `prompt` (channel and tool schemas come from it)."""
 
     def encode(self, prompt: Iterable[Segment]) -> list[int]:
         """Token ids of a rendered prompt (per-segment, §1.2)."""
@@ -487,14 +522,18 @@ def request_dict(request: ChatRequest | Mapping[str, Any]) -> dict[str, Any]:
 
     Raises:
         ChatFormatError: The request does not validate (`param` = the field).
+
     """
     if not isinstance(request, ChatRequest):
         try:
             request = ChatRequest.model_validate(request)
         except ValidationError as exc:
-            err = exc.errors()[0]
+            # A union reports one error per branch; the deepest location is the useful one.
+            err = max(exc.errors(), key=lambda e: len(_loc_to_param(e.get("loc", ())) or ""))
             param = _loc_to_param(err.get("loc", ()))
-            raise ChatFormatError(f"{param or 'request'}: {err.get('msg', 'invalid')}", param=param) from None
+            raise ChatFormatError(
+                f"{param or 'request'}: {err.get('msg', 'invalid')}", param=param
+            ) from None
     out = request.model_dump(mode="python", exclude_unset=True, by_alias=True)
     for msg in out["messages"]:
         if msg.get("role") == "developer":
@@ -511,14 +550,21 @@ def _loc_to_param(loc: Sequence[Any]) -> str | None:
             continue
         text = str(item)
         after_index = pos > 0 and isinstance(items[pos - 1], int)
-        if "[" in text or "-" in text or text == "str" or (after_index and text in ("text", "image") and pos + 1 < len(items)):
+        if (
+            "[" in text
+            or "-" in text
+            or text == "str"
+            or (after_index and text in ("text", "image") and pos + 1 < len(items))
+        ):
             continue
         parts.append(("." if parts else "") + text)
     return "".join(parts) or None
 
 
-def apply_named_tool_choice(messages: list[dict[str, Any]], tool_choice: Any) -> tuple[list[dict[str, Any]], Any]:
-    """A named tool_choice becomes a trailing system message plus `required` (§7.7)."""
+def apply_named_tool_choice(
+    messages: list[dict[str, Any]], tool_choice: Any
+) -> tuple[list[dict[str, Any]], Any]:
+    """Turn a named tool_choice into a trailing system message plus `required` (§7.7)."""
     if isinstance(tool_choice, Mapping):
         fn = tool_choice.get("function")
         name = fn.get("name") if isinstance(fn, Mapping) else None
@@ -552,6 +598,7 @@ def resolve_reasoning(
 
     Raises:
         ChatFormatError: With param `thinking` or `reasoning_effort`.
+
     """
     if thinking is not None and not isinstance(thinking, bool):
         raise ChatFormatError("'thinking' must be a boolean", param="thinking")
@@ -564,20 +611,22 @@ def resolve_reasoning(
         return False, None
     if level not in accepted:
         template = unsupported_message or (
-            "reasoning_effort={v} is not supported by this model. Kimi K3 accepts ['high', 'low', 'max'], "
+            "reasoning_effort={v} is not supported by this model. Kimi K3 accepts ['high', "
+            "'low', 'max'], "
             "or ['minimal', 'none', 'off'] to answer without reasoning. "
             "(K3's own encoder documents 'medium' and then rejects it.)"
         )
         raise ChatFormatError(template.format(v=repr(effort)), param="reasoning_effort")
     if thinking is False:
         raise ChatFormatError(
-            "'thinking' is false but 'reasoning_effort' asks for reasoning \u2014 pick one", param="reasoning_effort"
+            "'thinking' is false but 'reasoning_effort' asks for reasoning \u2014 pick one",
+            param="reasoning_effort",
         )
     return True, level
 
 
 def function_of(call: Any) -> Any:
-    """The function object of a history tool call: its `function` member, else the call itself."""
+    """Return a history call's function object: its `function` member, else the call itself."""
     if isinstance(call, Mapping) and isinstance(call.get("function"), Mapping):
         return call["function"]
     return call
@@ -626,10 +675,3 @@ def _is_json_object(text: str) -> bool:
         return isinstance(json.loads(text), dict)
     except ValueError:
         return False
-
-
-def format_number(value: float | int) -> str:
-    """A number as `json.dumps` writes it (`7`, `2.5`, `1e+21`, `NaN`)."""
-    if isinstance(value, float) and math.isnan(value):
-        return "NaN"
-    return json.dumps(value)

@@ -24,7 +24,16 @@ from warp_providers.chat.base import ChatFormat, ChatFormatError
 if TYPE_CHECKING:
     from warp_providers.tokenizer import Tokenizer
 
-__all__ = ["ALIASES", "FINGERPRINTS", "FORMATS", "available", "create", "get", "register", "resolve"]
+__all__ = [
+    "ALIASES",
+    "FINGERPRINTS",
+    "FORMATS",
+    "available",
+    "create",
+    "get",
+    "register",
+    "resolve",
+]
 
 FORMATS: dict[str, str] = {
     "xtml": "warp_providers.chat.formats.xtml:XtmlFormat",
@@ -47,14 +56,22 @@ ALIASES: dict[str, str] = {
 
 FINGERPRINTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("xtml", ("<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>")),
-    ("kimi", ("<|im_assistant|>", "<|im_middle|>", "<|tool_calls_section_begin|>", "<|tool_call_begin|>")),
+    (
+        "kimi",
+        (
+            "<|im_assistant|>",
+            "<|im_middle|>",
+            "<|tool_calls_section_begin|>",
+            "<|tool_call_begin|>",
+        ),
+    ),
     ("glm", ("[gMASK]", "<|assistant|>", "<|observation|>", "<arg_key>", "<arg_value>")),
 )
 """Marker sets that identify a native format (all must be present)."""
 
 
 def available() -> list[str]:
-    """Registered format names, sorted."""
+    """Return the registered format names, sorted."""
     return sorted(FORMATS)
 
 
@@ -70,15 +87,18 @@ def _canonical(name: str) -> str:
 
 
 def get(name: str) -> type[ChatFormat]:
-    """The format class registered under `name` (or an alias).
+    """Return the format class registered under `name` (or an alias).
 
     Raises:
         ChatFormatError: Unknown name (the message lists the valid ones).
+
     """
     key = _canonical(name)
     if key not in FORMATS:
         raise ChatFormatError(
-            f"unknown chat format {name!r}; valid names are {available()}", param="chat_format", code="unsupported_chat_format"
+            f"unknown chat format {name!r}; valid names are {available()}",
+            param="chat_format",
+            code="unsupported_chat_format",
         )
     module, _, cls = FORMATS[key].partition(":")
     found = getattr(importlib.import_module(module), cls)
@@ -104,12 +124,15 @@ def create(
 
     Raises:
         ChatFormatError: Unknown name, or a source the format needs is missing or broken.
+
     """
     key = _canonical(name)
     cls = get(key)
     if key == "hf_template":
         if not chat_template:
-            raise ChatFormatError("the hf_template chat format needs the model's chat template", param="model")
+            raise ChatFormatError(
+                "the hf_template chat format needs the model's chat template", param="model"
+            )
         return cls(chat_template, **options)  # type: ignore[call-arg]
     if key in ("chatjson", "glm", "kimi"):
         return cls(chat_json, **options)  # type: ignore[call-arg]
@@ -141,6 +164,7 @@ def resolve(
     Raises:
         ChatFormatError: An explicit or metadata choice that does not fit, or
             nothing fits (the message lists valid names and each reason).
+
     """
     chosen = name or metadata_format
     if chosen:
@@ -149,7 +173,9 @@ def resolve(
 
     candidates: list[str] = []
     for fp_name, markers in FINGERPRINTS:
-        in_vocab = tokenizer is not None and all(tokenizer.marker_id(m) is not None for m in markers)
+        in_vocab = tokenizer is not None and all(
+            tokenizer.marker_id(m) is not None for m in markers
+        )
         in_template = bool(chat_template) and all(m in chat_template for m in markers)  # type: ignore[operator]
         if in_vocab or in_template:
             candidates.append(fp_name)
@@ -165,7 +191,11 @@ def resolve(
             return fmt.bind(tokenizer) if tokenizer is not None else fmt
         except ChatFormatError as exc:
             reasons.append(f"{candidate}: {exc.message}")
-    detail = "; ".join(reasons) if reasons else "no known markers in its vocabulary or template, no chat.json, no chat template"
+    detail = (
+        "; ".join(reasons)
+        if reasons
+        else "no known markers in its vocabulary or template, no chat.json, no chat template"
+    )
     raise ChatFormatError(
         f"cannot tell this model's chat format ({detail}); name one of {available()}",
         param="chat_format",

@@ -96,13 +96,21 @@ def convert(
     Raises:
         ConvertError: a bad argument, an existing ``out``, or a source that cannot be
             converted; the message names the file, tensor or key at fault.
+
     """
-    for arg, value in (("experts", experts), ("trunk", trunk), ("embedding", embedding), ("output", output)):
+    for arg, value in (
+        ("experts", experts),
+        ("trunk", trunk),
+        ("embedding", embedding),
+        ("output", output),
+    ):
         _check_choice(arg, value)
     from .writer import Quantization, write_container
 
     edge = "q8_0" if trunk in ("q4_0", "q8_0") else trunk
-    q = Quantization(experts=experts, trunk=trunk, embedding=embedding or edge, output=output or edge)
+    q = Quantization(
+        experts=experts, trunk=trunk, embedding=embedding or edge, output=output or edge
+    )
     src_p = Path(src)
     out_p = Path(out)
     if not src_p.exists():
@@ -119,10 +127,12 @@ def convert(
             if _same_conversion(out_p, q.as_dict(), source):
                 return out_p
             raise ConvertError(
-                f"{out_p}: exists and is not a complete container of this conversion; remove it first"
+                f"{out_p}: exists and is not a finished container of this conversion; remove it"
             )
     elif out_p.exists():
-        raise ConvertError(f"{out_p}: already exists (pass resume=True to reuse a finished conversion)")
+        raise ConvertError(
+            f"{out_p}: already exists (pass resume=True to reuse a finished conversion)"
+        )
 
     plan: Any
     if source == "gguf":

@@ -39,7 +39,13 @@ __all__ = [
     "rope_inv_freq",
 ]
 
-SUPPORTED_MODEL_TYPES: Final[tuple[str, ...]] = ("llama", "mixtral", "olmoe", "qwen2_moe", "qwen3_moe")
+SUPPORTED_MODEL_TYPES: Final[tuple[str, ...]] = (
+    "llama",
+    "mixtral",
+    "olmoe",
+    "qwen2_moe",
+    "qwen3_moe",
+)
 
 # --------------------------------------------------------------------------- rope
 
@@ -79,6 +85,7 @@ def rope_inv_freq(
 
     Raises:
         ConvertError: unknown type, odd or non-positive ``dim``, or a missing parameter.
+
     """
     if dim <= 0 or dim % 2:
         raise ConvertError(f"rope dimension must be a positive even number, got {dim}")
@@ -94,7 +101,9 @@ def rope_inv_freq(
         # length the stretch is exactly 1, so the stored table equals the default one.
         factor = _need(params, "factor", rope_type)
         seq = float(max_position_embeddings)
-        stretched = theta * ((factor * seq / max_position_embeddings) - (factor - 1)) ** (dim / (dim - 2))
+        stretched = theta * ((factor * seq / max_position_embeddings) - (factor - 1)) ** (
+            dim / (dim - 2)
+        )
         inv = _base(stretched, dim)
     elif rope_type == "llama3":
         factor = _need(params, "factor", rope_type)
@@ -109,7 +118,9 @@ def rope_inv_freq(
         inv = np.where(
             wavelen < high_wavelen,
             inv0,
-            np.where(wavelen > low_wavelen, inv0 / factor, (1 - smooth) * inv0 / factor + smooth * inv0),
+            np.where(
+                wavelen > low_wavelen, inv0 / factor, (1 - smooth) * inv0 / factor + smooth * inv0
+            ),
         )
     elif rope_type == "yarn":
         orig = float(params.get("original_max_position_embeddings") or max_position_embeddings)
@@ -141,11 +152,15 @@ def rope_inv_freq(
         inv0 = _base(theta, dim)
         inv = (inv0 / factor) * (1 - extrap) + inv0 * extrap
     else:
-        raise ConvertError(f"unsupported rope type {rope_type!r}; supported: {', '.join(ROPE_TYPES)}")
+        raise ConvertError(
+            f"unsupported rope type {rope_type!r}; supported: {', '.join(ROPE_TYPES)}"
+        )
     return np.asarray(inv, dtype=np.float32), float(attn)
 
 
-def rope_from_config(cfg: Mapping[str, Any], head_dim: int) -> tuple[str, float, int, dict[str, Any]]:
+def rope_from_config(
+    cfg: Mapping[str, Any], head_dim: int
+) -> tuple[str, float, int, dict[str, Any]]:
     """(rope_type, theta, rope_dim, params) from a config in either spelling.
 
     Reads transformers-5 ``rope_parameters`` and the older top-level ``rope_theta`` /
@@ -156,7 +171,9 @@ def rope_from_config(cfg: Mapping[str, Any], head_dim: int) -> tuple[str, float,
         rp = cfg.get("rope_scaling")
     params: dict[str, Any] = dict(rp) if isinstance(rp, Mapping) else {}
     if rp is not None and not isinstance(rp, Mapping):
-        raise ConvertError(f"config.json: rope_parameters must be an object, got {type(rp).__name__}")
+        raise ConvertError(
+            f"config.json: rope_parameters must be an object, got {type(rp).__name__}"
+        )
     if params and all(isinstance(v, Mapping) for v in params.values()):
         raise ConvertError("config.json: per-layer-type rope parameters are not supported")
     rope_type = str(params.get("rope_type") or params.get("type") or "default")
@@ -167,7 +184,10 @@ def rope_from_config(cfg: Mapping[str, Any], head_dim: int) -> tuple[str, float,
     if not 0.0 < prf <= 1.0:
         raise ConvertError(f"config.json: partial_rotary_factor must be in (0, 1], got {prf}")
     rope_dim = int(head_dim * prf)
-    if "original_max_position_embeddings" not in params and "original_max_position_embeddings" in cfg:
+    if (
+        "original_max_position_embeddings" not in params
+        and "original_max_position_embeddings" in cfg
+    ):
         params["original_max_position_embeddings"] = cfg["original_max_position_embeddings"]
     return rope_type, theta, rope_dim, params
 
@@ -244,11 +264,19 @@ def _read_st_header(path: Path) -> dict[str, _StEntry]:
             raise ConvertError(f"{path}: tensor {name!r} has a malformed header entry") from err
         if dtype not in _ST_DTYPES:
             raise ConvertError(
-                f"{path}: tensor {name!r} has dtype {dtype}; supported: {', '.join(sorted(_ST_DTYPES))}"
+                f"{path}: tensor {name!r} has dtype {dtype}; "
+                f"supported: {', '.join(sorted(_ST_DTYPES))}"
             )
         count = math.prod(shape)
-        if any(d < 0 for d in shape) or e < b or e - b != count * _ST_DTYPES[dtype][1] or data0 + e > size:
-            raise ConvertError(f"{path}: tensor {name!r} offsets {b}..{e} do not fit its shape or the file")
+        if (
+            any(d < 0 for d in shape)
+            or e < b
+            or e - b != count * _ST_DTYPES[dtype][1]
+            or data0 + e > size
+        ):
+            raise ConvertError(
+                f"{path}: tensor {name!r} offsets {b}..{e} do not fit its shape or the file"
+            )
         out[name] = _StEntry(path, dtype, shape, data0 + b, e - b)
     return out
 
@@ -277,7 +305,9 @@ class SafetensorsDir:
                 raise ConvertError(f"{index if wm else model_dir}: shard {fn!r} is missing")
             for name, ent in _read_st_header(p).items():
                 if name in self.entries:
-                    raise ConvertError(f"{p}: tensor {name!r} also in {self.entries[name].file.name}")
+                    raise ConvertError(
+                        f"{p}: tensor {name!r} also in {self.entries[name].file.name}"
+                    )
                 self.entries[name] = ent
         if wm is not None:
             for name, fn in wm.items():
@@ -287,7 +317,7 @@ class SafetensorsDir:
         self._maps: dict[Path, np.memmap] = {}
 
     def raw(self, name: str) -> np.ndarray:
-        """The tensor as stored (bf16 as uint16, fp8 as uint8), memory-mapped."""
+        """Return the tensor as stored (bf16 as uint16, fp8 as uint8), memory-mapped."""
         ent = self.entries[name]
         mm = self._maps.get(ent.file)
         if mm is None:
@@ -421,7 +451,9 @@ def _load_json(path: Path) -> dict[str, Any]:
     return obj
 
 
-def _int(cfg: Mapping[str, Any], key: str, *, default: int | None = None, where: str = "config.json") -> int:
+def _int(
+    cfg: Mapping[str, Any], key: str, *, default: int | None = None, where: str = "config.json"
+) -> int:
     v = cfg.get(key)
     if v is None:
         if default is None:
@@ -469,18 +501,25 @@ def _layer_kinds(cfg: Mapping[str, Any], n_layers: int, n_experts: int) -> list[
         raise ConvertError("config.json: mlp_only_layers must be a list of layer indices")
     first_dense = _int(cfg, "first_k_dense_replace", default=0)
     return [
-        "moe" if (i not in only and (i + 1) % step == 0 and i >= first_dense) else "dense" for i in range(n_layers)
+        "moe" if (i not in only and (i + 1) % step == 0 and i >= first_dense) else "dense"
+        for i in range(n_layers)
     ]
 
 
-_EXPERT_COUNT_KEYS: Final[tuple[str, ...]] = ("num_experts", "num_local_experts", "n_routed_experts")
+_EXPERT_COUNT_KEYS: Final[tuple[str, ...]] = (
+    "num_experts",
+    "num_local_experts",
+    "n_routed_experts",
+)
 
 
 def _n_experts(cfg: Mapping[str, Any]) -> int:
-    """The routed-expert count, whichever family spelling (or transformers version) wrote it."""
+    """Return the routed-expert count, whichever family spelling wrote it."""
     found = {k: _int(cfg, k) for k in _EXPERT_COUNT_KEYS if cfg.get(k) is not None}
     if not found:
-        raise ConvertError(f"config.json: missing the expert count ({' or '.join(_EXPERT_COUNT_KEYS)})")
+        raise ConvertError(
+            f"config.json: missing the expert count ({' or '.join(_EXPERT_COUNT_KEYS)})"
+        )
     if len(set(found.values())) > 1:
         raise ConvertError(f"config.json: expert counts disagree: {found}")
     n = next(iter(found.values()))
@@ -503,15 +542,21 @@ def _hparams(mt: str, cfg: Mapping[str, Any], gen: Mapping[str, Any]) -> dict[st
     n_layers = _int(cfg, "num_hidden_layers")
     n_heads = _int(cfg, "num_attention_heads")
     if hidden == 0 or n_layers == 0 or n_heads == 0:
-        raise ConvertError("config.json: hidden_size, num_hidden_layers and num_attention_heads must be > 0")
+        raise ConvertError(
+            "config.json: hidden_size, num_hidden_layers and num_attention_heads must be > 0"
+        )
     n_kv = _int(cfg, "num_key_value_heads", default=n_heads)
     if n_kv == 0 or n_heads % n_kv:
-        raise ConvertError(f"config.json: num_key_value_heads={n_kv} does not divide num_attention_heads={n_heads}")
+        raise ConvertError(
+            f"config.json: num_key_value_heads={n_kv} does not divide num_attention_heads={n_heads}"
+        )
     head_dim = _int(cfg, "head_dim", default=hidden // n_heads) or hidden // n_heads
     inter = _int(cfg, "intermediate_size", default=0)
     if mt == "llama":
         if _flag(cfg, "mlp_bias", False):
-            raise ConvertError("config.json: mlp_bias=true (FFN biases) is not supported by the container")
+            raise ConvertError(
+                "config.json: mlp_bias=true (FFN biases) is not supported by the container"
+            )
         n_experts, top_k, moe_inter, shared, norm_topk = 0, 0, 0, 0, False
     elif mt == "mixtral":
         n_experts = _n_experts(cfg)
@@ -544,8 +589,12 @@ def _hparams(mt: str, cfg: Mapping[str, Any], gen: Mapping[str, Any]) -> dict[st
     if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not eps > 0:
         raise ConvertError(f"config.json: rms_norm_eps must be a positive number, got {eps!r}")
     clip = cfg.get("clip_qkv") if mt == "olmoe" else None
-    if clip is not None and (not isinstance(clip, (int, float)) or isinstance(clip, bool) or clip < 0):
-        raise ConvertError(f"config.json: clip_qkv must be null or a non-negative number, got {clip!r}")
+    if clip is not None and (
+        not isinstance(clip, (int, float)) or isinstance(clip, bool) or clip < 0
+    ):
+        raise ConvertError(
+            f"config.json: clip_qkv must be null or a non-negative number, got {clip!r}"
+        )
     eos: list[int] = []
     for src, where in ((gen, "generation_config.json"), (cfg, "config.json")):
         for i in _ids(src.get("eos_token_id"), "eos_token_id", where):
@@ -555,7 +604,9 @@ def _hparams(mt: str, cfg: Mapping[str, Any], gen: Mapping[str, Any]) -> dict[st
     vocab = _int(cfg, "vocab_size")
     for i in eos + bos_l:
         if i >= vocab:
-            raise ConvertError(f"config.json: token id {i} (bos/eos) is outside the vocabulary of {vocab}")
+            raise ConvertError(
+                f"config.json: token id {i} (bos/eos) is outside the vocabulary of {vocab}"
+            )
     return {
         "vocab_size": vocab,
         "hidden_size": hidden,
@@ -631,7 +682,12 @@ def _required(hp: Mapping[str, Any], kind: str) -> list[str]:
 
 
 def _allowed(hp: Mapping[str, Any], kind: str) -> set[str]:
-    ok = set(_required(hp, kind)) | {"attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_output.bias"}
+    ok = set(_required(hp, kind)) | {
+        "attn_q.bias",
+        "attn_k.bias",
+        "attn_v.bias",
+        "attn_output.bias",
+    }
     return ok
 
 
@@ -667,7 +723,9 @@ class _Builder:
             self._block = _fp8_block(self.cfg)
         return self._block
 
-    def _scale(self, name: str, rows: int, cols: int, lead: tuple[int, ...] = ()) -> tuple[np.ndarray, str]:
+    def _scale(
+        self, name: str, rows: int, cols: int, lead: tuple[int, ...] = ()
+    ) -> tuple[np.ndarray, str]:
         sname = name + "_scale_inv"
         ent = self.st.entries.get(sname)
         if ent is None:
@@ -687,7 +745,9 @@ class _Builder:
     def tensor(self, name: str, cname: str, kind: str, want: tuple[int, ...]) -> SrcTensor:
         ent = self.st.entries[name]
         if ent.shape != want:
-            raise ConvertError(f"tensor {name!r}: shape {list(ent.shape)}, config implies {list(want)}")
+            raise ConvertError(
+                f"tensor {name!r}: shape {list(ent.shape)}, config implies {list(want)}"
+            )
         arr = self.st.raw(name)
         cols = want[-1]
         arr2 = arr.reshape(-1, cols)
@@ -706,7 +766,14 @@ class _Builder:
         return SrcTensor(cname, want, kind, rows, ent.nbytes, raw=raw, raw_dtype=raw_dtype)
 
     def expert_part(
-        self, name: str, e: int, n_experts: int, want: tuple[int, int], row0: int, part: str, layer: int
+        self,
+        name: str,
+        e: int,
+        n_experts: int,
+        want: tuple[int, int],
+        row0: int,
+        part: str,
+        layer: int,
     ) -> SrcTensor:
         """Part of expert ``e`` of a fused 3-D tensor: rows row0..row0+want[0] of slice e."""
         ent = self.st.entries[name]
@@ -745,7 +812,9 @@ def _fused_layout(ent: _StEntry, n_experts: int, rows: int, cols: int, name: str
 def _tokenizer_files(src: Path) -> tuple[list[tuple[str, bytes]], dict[str, Any], dict[str, Any]]:
     files: list[tuple[str, bytes]] = []
     tok = src / "tokenizer.json"
-    tiktoken_files = sorted(p for p in src.iterdir() if p.name == "tiktoken.model" or p.suffix == ".tiktoken")
+    tiktoken_files = sorted(
+        p for p in src.iterdir() if p.name == "tiktoken.model" or p.suffix == ".tiktoken"
+    )
     if tok.is_file():
         files.append(("tokenizer.json", tok.read_bytes()))
         tokenizer: dict[str, Any] = {"kind": "hf", "file": "tokenizer.json", "config": None}
@@ -753,7 +822,9 @@ def _tokenizer_files(src: Path) -> tuple[list[tuple[str, bytes]], dict[str, Any]
         files.append(("tiktoken.model", tiktoken_files[0].read_bytes()))
         tokenizer = {"kind": "tiktoken", "file": "tiktoken.model", "config": None}
     else:
-        raise ConvertError(f"{src}: no tokenizer.json or tiktoken rank file (tiktoken.model, *.tiktoken)")
+        raise ConvertError(
+            f"{src}: no tokenizer.json or tiktoken rank file (tiktoken.model, *.tiktoken)"
+        )
     tc_path = src / "tokenizer_config.json"
     template: str | None = None
     if tc_path.is_file():
@@ -785,6 +856,7 @@ def load_hf(src: Path) -> Plan:
 
     Raises:
         ConvertError: naming the file, key or tensor at fault.
+
     """
     cfg_path = src / "config.json"
     if not cfg_path.is_file():
@@ -793,7 +865,8 @@ def load_hf(src: Path) -> Plan:
     mt = cfg.get("model_type")
     if mt not in SUPPORTED_MODEL_TYPES:
         raise ConvertError(
-            f"{cfg_path}: model_type {mt!r} is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
+            f"{cfg_path}: model_type {mt!r} is not supported; "
+            f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
         )
     gen_path = src / "generation_config.json"
     gen = _load_json(gen_path) if gen_path.is_file() else {}
@@ -801,7 +874,7 @@ def load_hf(src: Path) -> Plan:
     rope_type, rope_params = hp.pop("_rope")
     st = SafetensorsDir(src)
     b = _Builder(st, cfg)
-    n_layers, n_experts = hp["n_layers"], hp["n_experts"]
+    n_layers = hp["n_layers"]
 
     top: dict[str, str] = {}
     layers: dict[int, dict[str, str]] = {i: {} for i in range(n_layers)}
@@ -822,10 +895,14 @@ def load_hf(src: Path) -> Plan:
         if rest in _LAYER:
             cname = _LAYER[rest][0]
             if cname in layers[i]:
-                raise ConvertError(f"tensors {layers[i][cname]!r} and {name!r} both map to blk.{i}.{cname}")
+                raise ConvertError(
+                    f"tensors {layers[i][cname]!r} and {name!r} both map to blk.{i}.{cname}"
+                )
             layers[i][cname] = name
         elif (em := _EXPERT_RE.fullmatch(rest)) is not None:
-            experts.setdefault(i, {}).setdefault(int(em.group(1)), {})[_EXPERT_PART[em.group(2)]] = name
+            experts.setdefault(i, {}).setdefault(int(em.group(1)), {})[
+                _EXPERT_PART[em.group(2)]
+            ] = name
         elif (fm := _FUSED_RE.fullmatch(rest)) is not None:
             fused.setdefault(i, {})[fm.group(1)] = name
         else:
@@ -835,7 +912,11 @@ def load_hf(src: Path) -> Plan:
         raise ConvertError(f"{src}: tensors not used by {mt}: {', '.join(unknown[:5])}{more}")
 
     h, vocab = hp["hidden_size"], hp["vocab_size"]
-    kinds_of = {"token_embd.weight": "embedding", "output_norm.weight": "f32", "output.weight": "output"}
+    kinds_of = {
+        "token_embd.weight": "embedding",
+        "output_norm.weight": "f32",
+        "output.weight": "output",
+    }
     trunk: list[SrcTensor] = []
     for cname in ("token_embd.weight", "output_norm.weight", "output.weight"):
         if cname == "output.weight" and hp["tie_word_embeddings"]:
@@ -846,8 +927,12 @@ def load_hf(src: Path) -> Plan:
         want = (h,) if cname == "output_norm.weight" else (vocab, h)
         trunk.append(b.tensor(top[cname], cname, kinds_of[cname], want))
     rope_dim = hp["rope_dim"]
-    inv, _ = rope_inv_freq(rope_type, hp["rope_theta"], rope_dim, rope_params, hp["max_position_embeddings"])
-    trunk.append(SrcTensor("rope_freqs", (rope_dim // 2,), "f32", lambda r0, r1, v=inv: v[None, :], 0))
+    inv, _ = rope_inv_freq(
+        rope_type, hp["rope_theta"], rope_dim, rope_params, hp["max_position_embeddings"]
+    )
+    trunk.append(
+        SrcTensor("rope_freqs", (rope_dim // 2,), "f32", lambda r0, r1, v=inv: v[None, :], 0)
+    )
 
     shapes = _expected_shapes(hp)
     expert_layers: list[ExpertLayerSrc] = []
@@ -857,10 +942,14 @@ def load_hf(src: Path) -> Plan:
         for cname in _required(hp, kind):
             if cname not in have:
                 hf = next(k for k, v in _LAYER.items() if v[0] == cname)
-                raise ConvertError(f"{src}: tensor 'model.layers.{i}.{hf}' is missing ({kind} layer)")
+                raise ConvertError(
+                    f"{src}: tensor 'model.layers.{i}.{hf}' is missing ({kind} layer)"
+                )
         extra = sorted(set(have) - _allowed(hp, kind))
         if extra:
-            raise ConvertError(f"{src}: tensor {have[extra[0]]!r} is not used by a {kind} layer of {mt}")
+            raise ConvertError(
+                f"{src}: tensor {have[extra[0]]!r} is not used by a {kind} layer of {mt}"
+            )
         if kind == "dense" and (i in experts or i in fused):
             raise ConvertError(f"{src}: layer {i} is dense by the config but has expert tensors")
         for cname in _LAYER_ORDER:
@@ -874,7 +963,9 @@ def load_hf(src: Path) -> Plan:
     for layer in expert_layers:
         for e in range(layer.n_experts):
             layer.expert(e)
-    unused_scales = sorted(n for n in st.entries if n.endswith("_scale_inv") and n not in b.used_scales)
+    unused_scales = sorted(
+        n for n in st.entries if n.endswith("_scale_inv") and n not in b.used_scales
+    )
     if unused_scales:
         raise ConvertError(f"{src}: scale tensor {unused_scales[0]!r} belongs to no fp8 weight")
 
@@ -912,7 +1003,9 @@ def _expert_layer(
                 if p not in parts:
                     raise ConvertError(f"{src}: layer {i} expert {e} has no {p} projection")
         if max(per) >= n_e:
-            raise ConvertError(f"{src}: layer {i} has expert {max(per)} but the config says {n_e} experts")
+            raise ConvertError(
+                f"{src}: layer {i} has expert {max(per)} but the config says {n_e} experts"
+            )
         names = per
 
         def expert(e: int) -> tuple[SrcTensor, SrcTensor, SrcTensor]:
@@ -934,7 +1027,9 @@ def _expert_layer(
         if "gate_up_proj" in fz:
             gu = fz["gate_up_proj"]
             if "gate_proj" in fz or "up_proj" in fz:
-                raise ConvertError(f"{src}: layer {i} has gate_up_proj and separate gate/up experts")
+                raise ConvertError(
+                    f"{src}: layer {i} has gate_up_proj and separate gate/up experts"
+                )
             _fused_layout(st.entries[gu], n_e, 2 * inter, h, gu)
             g_name, g_row0, u_name, u_row0 = gu, 0, gu, inter
         elif "gate_proj" in fz and "up_proj" in fz:
@@ -942,7 +1037,9 @@ def _expert_layer(
             _fused_layout(st.entries[g_name], n_e, inter, h, g_name)
             _fused_layout(st.entries[u_name], n_e, inter, h, u_name)
         else:
-            raise ConvertError(f"{src}: layer {i} fused experts lack gate_up_proj (or gate_proj + up_proj)")
+            raise ConvertError(
+                f"{src}: layer {i} fused experts lack gate_up_proj (or gate_proj + up_proj)"
+            )
 
         def expert(e: int) -> tuple[SrcTensor, SrcTensor, SrcTensor]:
             return (

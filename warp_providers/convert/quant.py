@@ -7,8 +7,8 @@ and Q8_0 go through the ``gguf`` package's reference quantizers, so the bytes ar
 identical to GGUF's. Work is done in row chunks so a large tensor never needs more
 than a bounded amount of scratch memory.
 
-Defines ``ConvertError``. Refuses: quantizing rows whose length is not a multiple of 32 (callers fall back to a
-float type), and any dtype name outside the table. Called by the HF and GGUF importers.
+Defines ``ConvertError``. Refuses: quantizing rows whose length is not a multiple of 32
+(callers fall back to a float type), and any dtype name outside the table. Called by the HF and GGUF importers.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from typing import Final
 import numpy as np
 from gguf import GGMLQuantizationType
 from gguf import quants as _gq
-
 
 __all__ = [
     "ConvertError",
@@ -34,6 +33,7 @@ __all__ = [
     "row_bytes",
     "tensor_bytes",
 ]
+
 
 class ConvertError(ValueError):
     """A conversion failed; the message names the file, tensor or key at fault.
@@ -91,6 +91,7 @@ def row_bytes(dtype: str, cols: int) -> int:
 
     Raises:
         ConvertError: unknown dtype, or a block type and ``cols % 32 != 0``.
+
     """
     _check_dtype(dtype)
     block, size = _BLOCK[dtype]
@@ -111,7 +112,9 @@ def f32_to_bf16(x: np.ndarray) -> np.ndarray:
     """Round float32 to bfloat16 (nearest even; NaN stays a quiet NaN), as uint16."""
     u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
     nan = (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
-    rounded = (u.astype(np.uint64) + (np.uint64(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1)))) >> np.uint64(16)
+    rounded = (
+        u.astype(np.uint64) + (np.uint64(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1)))
+    ) >> np.uint64(16)
     out = rounded.astype(np.uint16)
     if nan.any():
         out[nan] = ((u[nan] >> np.uint32(16)) | np.uint32(0x0040)).astype(np.uint16)
@@ -120,7 +123,9 @@ def f32_to_bf16(x: np.ndarray) -> np.ndarray:
 
 def bf16_to_f32(u16: np.ndarray) -> np.ndarray:
     """Widen raw bfloat16 (uint16 view) to float32, exactly."""
-    return (np.ascontiguousarray(u16).view(np.uint16).astype(np.uint32) << np.uint32(16)).view(np.float32)
+    return (np.ascontiguousarray(u16).view(np.uint16).astype(np.uint32) << np.uint32(16)).view(
+        np.float32
+    )
 
 
 def _encode_rows(rows: np.ndarray, dtype: str) -> np.ndarray:
@@ -141,6 +146,7 @@ def encode(x: np.ndarray, dtype: str) -> np.ndarray:
 
     Raises:
         ConvertError: unknown dtype or a row length the dtype cannot hold.
+
     """
     _check_dtype(dtype)
     x = np.asarray(x)
@@ -157,18 +163,27 @@ def encode(x: np.ndarray, dtype: str) -> np.ndarray:
     return out
 
 
-def decode(raw: np.ndarray | bytes | memoryview, dtype: str, shape: tuple[int, ...] | list[int]) -> np.ndarray:
+def decode(
+    raw: np.ndarray | bytes | memoryview, dtype: str, shape: tuple[int, ...] | list[int]
+) -> np.ndarray:
     """Decode ``dtype`` bytes of a tensor of ``shape`` to float32.
 
     Raises:
         ConvertError: unknown dtype or a byte count that does not match the shape.
+
     """
     _check_dtype(dtype)
     shape = tuple(int(d) for d in shape)
     need = tensor_bytes(dtype, shape)
-    buf = np.frombuffer(raw, dtype=np.uint8) if not isinstance(raw, np.ndarray) else raw.view(np.uint8).reshape(-1)
+    buf = (
+        np.frombuffer(raw, dtype=np.uint8)
+        if not isinstance(raw, np.ndarray)
+        else raw.view(np.uint8).reshape(-1)
+    )
     if buf.size != need:
-        raise ConvertError(f"{dtype} tensor of shape {list(shape)} needs {need} bytes, got {buf.size}")
+        raise ConvertError(
+            f"{dtype} tensor of shape {list(shape)} needs {need} bytes, got {buf.size}"
+        )
     if dtype == "f32":
         return buf.view("<f4").astype(np.float32).reshape(shape)
     if dtype == "f16":

@@ -70,7 +70,9 @@ _SEGMENT: Final[int] = 1 << 24  # bytes per vectorized pass
 def _byte_table() -> np.ndarray:
     c = np.arange(256, dtype=np.uint32)
     for _ in range(8):
-        c = np.where(c & 1, (c >> np.uint32(1)) ^ np.uint32(_POLY), c >> np.uint32(1)).astype(np.uint32)
+        c = np.where(c & 1, (c >> np.uint32(1)) ^ np.uint32(_POLY), c >> np.uint32(1)).astype(
+            np.uint32
+        )
     return c
 
 
@@ -86,7 +88,7 @@ def _apply(op: _Op, x: np.ndarray) -> np.ndarray:
 
 
 def _compose(outer: _Op, inner: _Op) -> _Op:
-    """The operator ``outer(inner(x))``."""
+    """Return the operator ``outer(inner(x))``."""
     return _apply(outer, inner)
 
 
@@ -98,7 +100,6 @@ def _one_zero_byte() -> _Op:
 
 
 _POW2_OPS: list[_Op] = [_one_zero_byte()]  # _POW2_OPS[j] shifts by 2**j zero bytes
-_OP_CACHE: dict[int, _Op] = {}
 
 
 def _pow2_op(j: int) -> _Op:
@@ -106,28 +107,6 @@ def _pow2_op(j: int) -> _Op:
         last = _POW2_OPS[-1]
         _POW2_OPS.append(_compose(last, last))
     return _POW2_OPS[j]
-
-
-def _shift_op(nbytes: int) -> _Op:
-    """Operator feeding ``nbytes`` zero bytes through the register (cached)."""
-    op = _OP_CACHE.get(nbytes)
-    if op is None:
-        op = None
-        j = 0
-        n = nbytes
-        while n:
-            if n & 1:
-                p = _pow2_op(j)
-                op = p if op is None else _compose(p, op)
-            n >>= 1
-            j += 1
-        if op is None:
-            ident = np.arange(65536, dtype=np.uint32)
-            op = np.stack([ident, ident << np.uint32(16)])
-        if len(_OP_CACHE) > 64:
-            _OP_CACHE.clear()
-        _OP_CACHE[nbytes] = op
-    return op
 
 
 def _shift_scalar(reg: int, nbytes: int) -> int:
@@ -149,13 +128,16 @@ def _raw_crc(buf: np.ndarray) -> int:
     lanes = 1
     while lanes < 16384 and lanes * 512 <= n:
         lanes *= 2
-    words_per_lane = -(-n // (4 * lanes))
+    # A power-of-two lane length keeps every fold span a cached power of two.
+    words_per_lane = 1
+    while words_per_lane * 4 * lanes < n:
+        words_per_lane *= 2
     total = lanes * words_per_lane * 4
     # Leading zero bytes leave a zero register unchanged, so pad at the front.
     padded = np.zeros(total, dtype=np.uint8)
     padded[total - n :] = buf
     words = np.ascontiguousarray(padded.view("<u4").reshape(lanes, words_per_lane).T)
-    z4 = _shift_op(4)
+    z4 = _pow2_op(2)
     lo_t, hi_t = z4[0], z4[1]
     reg = np.zeros(lanes, dtype=np.uint32)
     lo = np.empty(lanes, dtype=np.uint32)
@@ -166,10 +148,10 @@ def _raw_crc(buf: np.ndarray) -> int:
         np.right_shift(reg, np.uint32(16), out=hi)
         np.take(lo_t, lo, out=reg)
         reg ^= np.take(hi_t, hi)
-    span = words_per_lane * 4
+    j = (words_per_lane * 4).bit_length() - 1
     while reg.size > 1:
-        reg = _apply(_shift_op(span), reg[0::2]) ^ reg[1::2]
-        span *= 2
+        reg = _apply(_pow2_op(j), reg[0::2]) ^ reg[1::2]
+        j += 1
     return int(reg[0])
 
 
@@ -182,14 +164,18 @@ class Crc32c:
 
     def update(self, data: bytes | bytearray | memoryview | np.ndarray) -> None:
         """Feed more bytes."""
-        buf = data.reshape(-1).view(np.uint8) if isinstance(data, np.ndarray) else np.frombuffer(data, np.uint8)
+        buf = (
+            data.reshape(-1).view(np.uint8)
+            if isinstance(data, np.ndarray)
+            else np.frombuffer(data, np.uint8)
+        )
         for s in range(0, int(buf.size), _SEGMENT):
             seg = buf[s : s + _SEGMENT]
             self._raw = _shift_scalar(self._raw, int(seg.size)) ^ _raw_crc(seg)
             self._n += int(seg.size)
 
     def value(self) -> int:
-        """The CRC of everything fed so far."""
+        """Return the CRC of everything fed so far."""
         return (_shift_scalar(0xFFFFFFFF, self._n) ^ self._raw ^ 0xFFFFFFFF) & 0xFFFFFFFF
 
 
@@ -204,9 +190,16 @@ def crc32c(data: bytes | bytearray | memoryview | np.ndarray) -> int:
 
 
 def pack_record_header(
-    *, layer: int, expert: int, dtype: str, gate_bytes: int, up_bytes: int, down_bytes: int, payload_crc: int
+    *,
+    layer: int,
+    expert: int,
+    dtype: str,
+    gate_bytes: int,
+    up_bytes: int,
+    down_bytes: int,
+    payload_crc: int,
 ) -> bytes:
-    """The 64-byte expert record header of FORMAT.md section 5."""
+    """Return the 64-byte expert record header of FORMAT.md section 5."""
     payload = gate_bytes + up_bytes + down_bytes
     head = _HEADER_STRUCT.pack(
         _RECORD_MAGIC,
@@ -254,15 +247,24 @@ class ExpertBankWriter:
         self._f = open(path, "wb")  # noqa: SIM115 - closed in close()
         self._next = 0
 
-    def write(self, expert: int, gate: bytes | np.ndarray, up: bytes | np.ndarray, down: bytes | np.ndarray) -> None:
+    def write(
+        self,
+        expert: int,
+        gate: bytes | np.ndarray,
+        up: bytes | np.ndarray,
+        down: bytes | np.ndarray,
+    ) -> None:
         """Append the record of ``expert`` (must be the next one) from its encoded tensors."""
         if expert != self._next:
-            raise ConvertError(f"layer {self.layer}: expert {expert} written out of order (expected {self._next})")
+            raise ConvertError(
+                f"layer {self.layer}: expert {expert} written out of order (expected {self._next})"
+            )
         parts = [_as_bytes(gate), _as_bytes(up), _as_bytes(down)]
         for name, p, need in zip(("gate", "up", "down"), parts, self._sizes):
             if p.size != need:
                 raise ConvertError(
-                    f"layer {self.layer} expert {expert} {name}: {p.size} bytes, {self.dtype} shape needs {need}"
+                    f"layer {self.layer} expert {expert} {name}: {p.size} bytes, "
+                    f"{self.dtype} shape needs {need}"
                 )
         crc = Crc32c()
         for p in parts:
@@ -290,11 +292,21 @@ class ExpertBankWriter:
         os.fsync(self._f.fileno())
         self._f.close()
         if self._next != self.n_experts:
-            raise ConvertError(f"layer {self.layer}: wrote {self._next} experts, expected {self.n_experts}")
+            raise ConvertError(
+                f"layer {self.layer}: wrote {self._next} experts, expected {self.n_experts}"
+            )
         tensors = []
         off = HEADER_BYTES
         for name, shape, size in zip(("gate", "up", "down"), self.shapes, self._sizes):
-            tensors.append({"name": name, "dtype": self.dtype, "shape": list(shape), "offset": off, "bytes": size})
+            tensors.append(
+                {
+                    "name": name,
+                    "dtype": self.dtype,
+                    "shape": list(shape),
+                    "offset": off,
+                    "bytes": size,
+                }
+            )
             off += size
         return {
             "layer": self.layer,
@@ -342,20 +354,27 @@ class ContainerWriter:
         return self
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         if not self._done:
             self.abort()
 
     # -- trunk
-    def add_trunk(self, name: str, dtype: str, shape: tuple[int, ...] | list[int], data: bytes | np.ndarray) -> None:
+    def add_trunk(
+        self, name: str, dtype: str, shape: tuple[int, ...] | list[int], data: bytes | np.ndarray
+    ) -> None:
         """Append one trunk tensor (already encoded as ``dtype``) at the next 64-byte boundary."""
         if name in self._names:
             raise ConvertError(f"trunk tensor {name!r} written twice")
         buf = _as_bytes(data)
         need = tensor_bytes(dtype, tuple(int(d) for d in shape))
         if buf.size != need:
-            raise ConvertError(f"trunk tensor {name!r}: {buf.size} bytes, {dtype} {list(shape)} needs {need}")
+            raise ConvertError(
+                f"trunk tensor {name!r}: {buf.size} bytes, {dtype} {list(shape)} needs {need}"
+            )
         pad = (-self._trunk_pos) % ALIGN_TRUNK
         if pad:
             self._trunk.write(bytes(pad))
@@ -386,13 +405,19 @@ class ContainerWriter:
         dtype: str,
         shapes: tuple[tuple[int, int], tuple[int, int], tuple[int, int]],
     ) -> ExpertBankWriter:
-        """Start the bank of MoE layer ``layer``; call :meth:`close_bank` when all experts are in."""
+        """Start the bank of MoE layer ``layer``; :meth:`close_bank` ends it."""
         if self._open_bank is not None:
-            raise ConvertError(f"layer {layer}: expert bank of layer {self._open_bank.layer} still open")
+            raise ConvertError(
+                f"layer {layer}: expert bank of layer {self._open_bank.layer} still open"
+            )
         if any(b["layer"] == layer for b in self._banks):
             raise ConvertError(f"layer {layer}: expert bank written twice")
         self._open_bank = ExpertBankWriter(
-            self.tmp / f"experts-L{layer}.bin", layer=layer, n_experts=n_experts, dtype=dtype, shapes=shapes
+            self.tmp / f"experts-L{layer}.bin",
+            layer=layer,
+            n_experts=n_experts,
+            dtype=dtype,
+            shapes=shapes,
         )
         return self._open_bank
 
@@ -406,7 +431,11 @@ class ContainerWriter:
     # -- side files
     def write_file(self, name: str, data: bytes | str) -> None:
         """Write a side file (tokenizer, template, ...) into the container."""
-        if "/" in name or name in ("", ".", "..", "manifest.json", "trunk.bin") or name.startswith("experts-L"):
+        if (
+            "/" in name
+            or name in ("", ".", "..", "manifest.json", "trunk.bin")
+            or name.startswith("experts-L")
+        ):
             raise ConvertError(f"side file name {name!r} not allowed")
         if name in self._files:
             raise ConvertError(f"side file {name!r} written twice")
@@ -436,10 +465,21 @@ class ContainerWriter:
         os.fsync(self._trunk.fileno())
         self._trunk.close()
         full: dict[str, Any] = {}
-        order = ("format", "format_version", "model_type", "source_config", "hparams", "quantization")
+        order = (
+            "format",
+            "format_version",
+            "model_type",
+            "source_config",
+            "hparams",
+            "quantization",
+        )
         for k in order:
             full[k] = manifest[k]
-        full["trunk"] = {"file": "trunk.bin", "bytes": self._trunk_pos, "tensors": self._trunk_entries}
+        full["trunk"] = {
+            "file": "trunk.bin",
+            "bytes": self._trunk_pos,
+            "tensors": self._trunk_entries,
+        }
         full["experts"] = sorted(self._banks, key=lambda b: int(b["layer"]))
         for k, v in manifest.items():
             if k not in full:
@@ -494,14 +534,19 @@ class Quantization:
     output: str
 
     def for_kind(self, kind: str) -> str:
-        """Requested dtype of a tensor of role ``kind`` (``f32`` kinds are always f32)."""
+        """Return the requested dtype for role ``kind`` (``f32`` kinds are always f32)."""
         if kind == "f32":
             return "f32"
         return str(getattr(self, kind))
 
     def as_dict(self) -> dict[str, str]:
-        """The manifest's ``quantization`` object."""
-        return {"experts": self.experts, "trunk": self.trunk, "embedding": self.embedding, "output": self.output}
+        """Return the manifest's ``quantization`` object."""
+        return {
+            "experts": self.experts,
+            "trunk": self.trunk,
+            "embedding": self.embedding,
+            "output": self.output,
+        }
 
 
 @dataclass(frozen=True)
@@ -566,7 +611,7 @@ def _fallback(dtype: str, cols: int) -> str:
 
 
 def choose_dtype(t: SrcTensor, want: str) -> tuple[str, bool]:
-    """The dtype ``t`` is stored as, and whether its raw source bytes are copied.
+    """Return the dtype ``t`` is stored as, and whether its raw bytes are copied.
 
     Policy: a source already quantized in a container type is kept as is when a
     quantized dtype is requested (never re-quantized); a source in a lossy type the
@@ -585,7 +630,7 @@ def choose_dtype(t: SrcTensor, want: str) -> tuple[str, bool]:
 
 
 def encode_tensor(t: SrcTensor, dtype: str, copy_raw: bool) -> np.ndarray:
-    """The bytes of ``t`` encoded as ``dtype`` (rows converted a chunk at a time)."""
+    """Return the bytes of ``t`` encoded as ``dtype`` (a chunk of rows at a time)."""
     n_rows, cols = t.matrix
     if copy_raw:
         assert t.raw is not None
@@ -597,7 +642,9 @@ def encode_tensor(t: SrcTensor, dtype: str, copy_raw: bool) -> np.ndarray:
         r1 = min(n_rows, r0 + step)
         block = np.asarray(t.rows(r0, r1))
         if block.shape != (r1 - r0, cols):
-            raise ConvertError(f"{t.name}: loader gave rows of shape {block.shape}, expected {(r1 - r0, cols)}")
+            raise ConvertError(
+                f"{t.name}: loader gave rows of shape {block.shape}, expected {(r1 - r0, cols)}"
+            )
         out[r0 * rb : r1 * rb] = quant.encode(block, dtype)
     return out
 
@@ -616,11 +663,14 @@ def _expert_dtype(ts: Sequence[SrcTensor], want: str) -> tuple[str, bool]:
     return want, False
 
 
-def write_container(plan: Plan, out: str | os.PathLike[str], q: Quantization, progress: Progress | None) -> Path:
+def write_container(
+    plan: Plan, out: str | os.PathLike[str], q: Quantization, progress: Progress | None
+) -> Path:
     """Encode and write ``plan`` as a container at ``out`` (atomically).
 
     Raises:
         ConvertError: ``out`` exists, or a tensor cannot be encoded as planned.
+
     """
     total = sum(t.nbytes for t in plan.trunk) + sum(x.nbytes for x in plan.experts)
     done = 0
@@ -649,7 +699,9 @@ def write_container(plan: Plan, out: str | os.PathLike[str], q: Quantization, pr
                     )
                 e_dtype, e_copy = _expert_dtype(ts, q.experts)
                 if e_dtype != dtype:
-                    raise ConvertError(f"layer {layer.layer} expert {e}: source dtype differs from expert 0's")
+                    raise ConvertError(
+                        f"layer {layer.layer} expert {e}: source dtype differs from expert 0's"
+                    )
                 bank.write(e, *(encode_tensor(t, dtype, e_copy) for t in ts))
                 tick(sum(t.nbytes for t in ts), f"blk.{layer.layer}.expert.{e}")
             w.close_bank()

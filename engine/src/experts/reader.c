@@ -207,7 +207,7 @@ wp_status wpi_reader_open(const wpi_container *c, const wp_cfg *cfg, uint32_t qu
     }
     r->demand.cap = r->spec.cap = queue_cap;
     for (uint32_t i = 0; i < c->n_banks; i++) {
-        int direct;
+        int direct = 0;
         wp_status st = open_bank(&c->banks[i], cfg->direct_io != 0, probe, &r->fds[i],
                                  &direct, err, cap);
         if (st != WP_OK) {

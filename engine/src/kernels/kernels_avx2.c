@@ -10,8 +10,8 @@
  *     (int8/nibbles -> int32 -> float), dotted with x, scaled by the block's d and added
  *     to one of two accumulators (even and odd blocks).
  *   n_tok >= 2 (prefill): a tile of up to TILE_ROWS rows is dequantized CHUNK columns
- *     at a time into a stack buffer, then every token is applied to it, four tokens at
- *     a time, so each weight is decoded once per call.
+ *     at a time into a stack buffer, then every token is applied to it, 2 rows x 4
+ *     tokens per register tile, so each weight is decoded once per call.
  * Each row's arithmetic is the same whatever row range it sits in, so splitting rows
  * across threads never changes a result.
  */
@@ -31,8 +31,17 @@
 
 #include <immintrin.h>
 
-#define CHUNK 256    /* columns dequantized at a time: 1 KiB of floats per row */
+#define CHUNK 512    /* columns dequantized at a time: 2 KiB of floats per row */
 #define TILE_ROWS 8  /* rows sharing one pass over the tokens' x chunk */
+
+/* Keeps a loaded vector in a register. Without it GCC folds the load into both FMAs
+ * that use it, and the 2x4 tile becomes load-bound: prefill (n_tok 16..64) ran 1.1x to
+ * 1.4x slower on an AMD EPYC (Zen 3) with GCC 12. */
+#if defined(__GNUC__)
+#define KEEP_IN_REGISTER(v) __asm__("" : "+x"(v))
+#else
+#define KEEP_IN_REGISTER(v) ((void)0)
+#endif
 
 /* ---- helpers --------------------------------------------------------------------- */
 
@@ -90,17 +99,29 @@ static inline void widen_q8(const uint8_t *q, __m256 w[4])
     w[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + 24))));
 }
 
-/* The 32 nibbles of a q4 block (16 bytes, low nibbles = weights 0..15) minus bias. */
+/*
+ * The 32 nibbles of a q4 block (16 bytes; low nibbles = weights 0..15, high = 16..31)
+ * minus bias, as four float vectors. Both 128-bit lanes hold the 16 bytes and one
+ * in-lane byte shuffle spreads 8 of them into 32-bit lanes: the low nibble gives weight
+ * j, the high nibble weight j + 16. This uses a third of the cross-lane shuffles of
+ * widening each 8 bytes with vpmovsxbd (28% faster q4_0 matvec on an AMD EPYC).
+ */
 static inline void widen_q4(const uint8_t *q, int bias, __m256 w[4])
 {
-    const __m128i m4 = _mm_set1_epi8(15), b = _mm_set1_epi8((char)bias);
-    __m128i raw = _mm_loadu_si128((const __m128i *)q);
-    __m128i lo = _mm_sub_epi8(_mm_and_si128(raw, m4), b);
-    __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(raw, 4), m4), b);
-    w[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
-    w[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(lo, lo)));
-    w[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
-    w[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(hi, hi)));
+    const __m256i spread_lo = _mm256_setr_epi8(0, -1, -1, -1, 1, -1, -1, -1, 2, -1, -1, -1,
+                                               3, -1, -1, -1, 4, -1, -1, -1, 5, -1, -1, -1,
+                                               6, -1, -1, -1, 7, -1, -1, -1);
+    const __m256i spread_hi = _mm256_setr_epi8(8, -1, -1, -1, 9, -1, -1, -1, 10, -1, -1, -1,
+                                               11, -1, -1, -1, 12, -1, -1, -1, 13, -1, -1, -1,
+                                               14, -1, -1, -1, 15, -1, -1, -1);
+    const __m256i m4 = _mm256_set1_epi32(15), b = _mm256_set1_epi32(bias);
+    __m256i raw = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)q));
+    __m256i b0 = _mm256_shuffle_epi8(raw, spread_lo); /* bytes 0..7, one per lane */
+    __m256i b1 = _mm256_shuffle_epi8(raw, spread_hi); /* bytes 8..15 */
+    w[0] = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(b0, m4), b));
+    w[1] = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(b1, m4), b));
+    w[2] = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(b0, 4), b));
+    w[3] = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(b1, 4), b));
 }
 
 /* sum over the block of w[k] * x[8k..8k+8), as a vector. */
@@ -298,67 +319,62 @@ static void dequant_chunk(int dtype, const uint8_t *row, size_t c, size_t n, flo
 }
 
 /*
- * The micro-kernels: sums of w[0..n) * x_t[0..n) for 4 tokens or 1. Both accumulate a
- * (row, token) pair identically: vectors at even multiples of 8 into one accumulator,
- * odd into another, the masked tail into the odd one, so a token's result does not
- * depend on which kernel ran it.
+ * The micro-kernel: sums of w_i[0..n) * x_t[0..n) for 2 rows x 4 tokens, one
+ * accumulator per (row, token): 8 independent FMA chains, 6 loads per 8 FMAs. Callers
+ * fill a ragged tile by repeating a row or token pointer and dropping those sums; every
+ * (row, token) sum is formed in the same order whatever its neighbours, so results
+ * never depend on how rows or tokens were grouped.
  */
-static void dot4(const float *w, const float *x, size_t ldx, size_t n, float out[4])
+static void tile_2x4(const float *w0, const float *w1, const float *const xt[4], size_t n,
+                     float out[2][4])
 {
-    const float *x0 = x, *x1 = x + ldx, *x2 = x + 2 * ldx, *x3 = x + 3 * ldx;
-    __m256 e0 = _mm256_setzero_ps(), e1 = e0, e2 = e0, e3 = e0;
-    __m256 o0 = e0, o1 = e0, o2 = e0, o3 = e0;
+    const float *x0 = xt[0], *x1 = xt[1], *x2 = xt[2], *x3 = xt[3];
+    __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a03 = a00;
+    __m256 a10 = a00, a11 = a00, a12 = a00, a13 = a00;
     size_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        __m256 we = _mm256_loadu_ps(w + i), wo = _mm256_loadu_ps(w + i + 8);
-        e0 = _mm256_fmadd_ps(we, _mm256_loadu_ps(x0 + i), e0);
-        e1 = _mm256_fmadd_ps(we, _mm256_loadu_ps(x1 + i), e1);
-        e2 = _mm256_fmadd_ps(we, _mm256_loadu_ps(x2 + i), e2);
-        e3 = _mm256_fmadd_ps(we, _mm256_loadu_ps(x3 + i), e3);
-        o0 = _mm256_fmadd_ps(wo, _mm256_loadu_ps(x0 + i + 8), o0);
-        o1 = _mm256_fmadd_ps(wo, _mm256_loadu_ps(x1 + i + 8), o1);
-        o2 = _mm256_fmadd_ps(wo, _mm256_loadu_ps(x2 + i + 8), o2);
-        o3 = _mm256_fmadd_ps(wo, _mm256_loadu_ps(x3 + i + 8), o3);
-    }
-    if (i + 8 <= n) {
-        __m256 we = _mm256_loadu_ps(w + i);
-        e0 = _mm256_fmadd_ps(we, _mm256_loadu_ps(x0 + i), e0);
-        e1 = _mm256_fmadd_ps(we, _mm256_loadu_ps(x1 + i), e1);
-        e2 = _mm256_fmadd_ps(we, _mm256_loadu_ps(x2 + i), e2);
-        e3 = _mm256_fmadd_ps(we, _mm256_loadu_ps(x3 + i), e3);
-        i += 8;
+    for (; i + 8 <= n; i += 8) {
+        __m256 u = _mm256_loadu_ps(w0 + i), v = _mm256_loadu_ps(w1 + i), xv;
+        xv = _mm256_loadu_ps(x0 + i);
+        KEEP_IN_REGISTER(xv);
+        a00 = _mm256_fmadd_ps(u, xv, a00);
+        a10 = _mm256_fmadd_ps(v, xv, a10);
+        xv = _mm256_loadu_ps(x1 + i);
+        KEEP_IN_REGISTER(xv);
+        a01 = _mm256_fmadd_ps(u, xv, a01);
+        a11 = _mm256_fmadd_ps(v, xv, a11);
+        xv = _mm256_loadu_ps(x2 + i);
+        KEEP_IN_REGISTER(xv);
+        a02 = _mm256_fmadd_ps(u, xv, a02);
+        a12 = _mm256_fmadd_ps(v, xv, a12);
+        xv = _mm256_loadu_ps(x3 + i);
+        KEEP_IN_REGISTER(xv);
+        a03 = _mm256_fmadd_ps(u, xv, a03);
+        a13 = _mm256_fmadd_ps(v, xv, a13);
     }
     if (i < n) {
         __m256i m = tail_mask(n - i);
-        __m256 wt = _mm256_maskload_ps(w + i, m);
-        o0 = _mm256_fmadd_ps(wt, _mm256_maskload_ps(x0 + i, m), o0);
-        o1 = _mm256_fmadd_ps(wt, _mm256_maskload_ps(x1 + i, m), o1);
-        o2 = _mm256_fmadd_ps(wt, _mm256_maskload_ps(x2 + i, m), o2);
-        o3 = _mm256_fmadd_ps(wt, _mm256_maskload_ps(x3 + i, m), o3);
+        __m256 u = _mm256_maskload_ps(w0 + i, m), v = _mm256_maskload_ps(w1 + i, m), xv;
+        xv = _mm256_maskload_ps(x0 + i, m);
+        a00 = _mm256_fmadd_ps(u, xv, a00);
+        a10 = _mm256_fmadd_ps(v, xv, a10);
+        xv = _mm256_maskload_ps(x1 + i, m);
+        a01 = _mm256_fmadd_ps(u, xv, a01);
+        a11 = _mm256_fmadd_ps(v, xv, a11);
+        xv = _mm256_maskload_ps(x2 + i, m);
+        a02 = _mm256_fmadd_ps(u, xv, a02);
+        a12 = _mm256_fmadd_ps(v, xv, a12);
+        xv = _mm256_maskload_ps(x3 + i, m);
+        a03 = _mm256_fmadd_ps(u, xv, a03);
+        a13 = _mm256_fmadd_ps(v, xv, a13);
     }
-    out[0] = hsum(_mm256_add_ps(e0, o0));
-    out[1] = hsum(_mm256_add_ps(e1, o1));
-    out[2] = hsum(_mm256_add_ps(e2, o2));
-    out[3] = hsum(_mm256_add_ps(e3, o3));
-}
-
-static float dot1(const float *w, const float *x, size_t n)
-{
-    __m256 e = _mm256_setzero_ps(), o = e;
-    size_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        e = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i), e);
-        o = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 8), _mm256_loadu_ps(x + i + 8), o);
-    }
-    if (i + 8 <= n) {
-        e = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i), e);
-        i += 8;
-    }
-    if (i < n) {
-        __m256i m = tail_mask(n - i);
-        o = _mm256_fmadd_ps(_mm256_maskload_ps(w + i, m), _mm256_maskload_ps(x + i, m), o);
-    }
-    return hsum(_mm256_add_ps(e, o));
+    out[0][0] = hsum(a00);
+    out[0][1] = hsum(a01);
+    out[0][2] = hsum(a02);
+    out[0][3] = hsum(a03);
+    out[1][0] = hsum(a10);
+    out[1][1] = hsum(a11);
+    out[1][2] = hsum(a12);
+    out[1][3] = hsum(a13);
 }
 
 static void matmul_tiled(int dtype, const void *w, size_t cols, size_t r0, size_t r1,
@@ -383,18 +399,22 @@ static void matmul_tiled(int dtype, const void *w, size_t cols, size_t r0, size_
                     wr[i] = buf[i];
                 }
             }
-            size_t t = 0;
-            for (; t + 4 <= n_tok; t += 4) {
-                for (size_t i = 0; i < nr; i++) {
-                    float s[4];
-                    dot4(wr[i], x + t * ldx + c, ldx, nc, s);
-                    for (int k = 0; k < 4; k++)
-                        y[(t + k) * ldy + rt + i] += s[k];
+            for (size_t t = 0; t < n_tok; t += 4) {
+                size_t nt = n_tok - t < 4 ? n_tok - t : 4;
+                const float *xt[4];
+                for (size_t k = 0; k < 4; k++)
+                    xt[k] = x + (t + (k < nt ? k : 0)) * ldx + c;
+                for (size_t i = 0; i < nr; i += 2) {
+                    float s[2][4];
+                    size_t i1 = i + 1 < nr ? i + 1 : i;
+                    tile_2x4(wr[i], wr[i1], xt, nc, s);
+                    for (size_t k = 0; k < nt; k++) {
+                        y[(t + k) * ldy + rt + i] += s[0][k];
+                        if (i1 != i)
+                            y[(t + k) * ldy + rt + i1] += s[1][k];
+                    }
                 }
             }
-            for (; t < n_tok; t++)
-                for (size_t i = 0; i < nr; i++)
-                    y[t * ldy + rt + i] += dot1(wr[i], x + t * ldx + c, nc);
         }
     }
 }

@@ -38,7 +38,14 @@ from warp_providers.chat.base import (
 )
 from warp_providers.types import ChatRequest
 
-__all__ = ["ChatJsonFormat", "ChatJsonParser", "ChatJsonSpec", "ToolProtocol", "ToolReader", "load_chat_json"]
+__all__ = [
+    "ChatJsonFormat",
+    "ChatJsonParser",
+    "ChatJsonSpec",
+    "ToolProtocol",
+    "ToolReader",
+    "load_chat_json",
+]
 
 MARKER_PATTERN = re.compile(r"<\|[^|>]+\|>|<think>|</think>")
 """A control-token spelling inside chat.json strings (§4.3)."""
@@ -55,7 +62,9 @@ class ChatJsonSpec:
 
     def __init__(self, data: Mapping[str, Any]) -> None:
         """Store validated fields; use `parse`."""
-        self.pairs: dict[str, tuple[str, str]] = {r: (data[r][0], data[r][1]) for r in _ROLES if data.get(r) is not None}
+        self.pairs: dict[str, tuple[str, str]] = {
+            r: (data[r][0], data[r][1]) for r in _ROLES if data.get(r) is not None
+        }
         self.open: str = data["open"]
         self.prelude: str = data.get("prelude") or ""
         think = data.get("think")
@@ -70,6 +79,7 @@ class ChatJsonSpec:
 
         Raises:
             ChatFormatError: The spec's message for the first broken rule.
+
         """
         if not isinstance(data, Mapping):
             raise _bad("chat.json must be a JSON object")
@@ -80,7 +90,9 @@ class ChatJsonSpec:
             ):
                 raise _bad(f'chat.json "{role}" must be a [prefix, suffix] pair of strings')
         if not isinstance(data.get("open"), str) or not data["open"]:
-            raise _bad('chat.json has no "open", so there is nothing to hand the model the floor with')
+            raise _bad(
+                'chat.json has no "open", so there is nothing to hand the model the floor with'
+            )
         if data.get("user") is None:
             raise _bad('chat.json has no "user" turn, so a request cannot be put to the model')
         if data.get("stop") is not None and not isinstance(data["stop"], str):
@@ -90,7 +102,9 @@ class ChatJsonSpec:
             raise _bad('chat.json "prelude" must be a string')
         think = data.get("think")
         if think is not None and not (
-            isinstance(think, list) and len(think) == 2 and all(isinstance(t, str) and t for t in think)
+            isinstance(think, list)
+            and len(think) == 2
+            and all(isinstance(t, str) and t for t in think)
         ):
             raise _bad('chat.json "think" must be an [open, close] pair of non-empty strings')
         for key in ("effort", "image"):
@@ -119,26 +133,28 @@ def _stop_marker(data: Mapping[str, Any]) -> str:
     return found.group(0)
 
 
-def load_chat_json(source: str | os.PathLike[str] | Mapping[str, Any] | None) -> ChatJsonSpec:
+def load_chat_json(source: str | os.PathLike[str] | Mapping[str, Any] | Any) -> ChatJsonSpec:
     """Load and validate a chat.json (§4.2 rules 1-12).
 
     Args:
-        source: A decoded object, a path to the file, or None (missing).
+        source: The decoded JSON value, a path to the file, or None (missing).
 
     Returns:
         The validated spec.
 
     Raises:
         ChatFormatError: The spec's message (param `model`).
+
     """
-    if source is None or (not isinstance(source, Mapping) and not Path(source).is_file()):
+    path = Path(source) if isinstance(source, (str, os.PathLike)) else None
+    if source is None or (path is not None and not path.is_file()):
         raise _bad(
             "the container has no chat.json describing its conversation format "
             "(examples/ has one per supported architecture)"
         )
-    if not isinstance(source, Mapping):
+    if path is not None:
         try:
-            source = json.loads(Path(source).read_text(encoding="utf-8"))
+            source = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
             raise _bad(f"chat.json cannot be read: {exc}") from None
     return ChatJsonSpec.parse(source)
@@ -172,21 +188,26 @@ class ToolProtocol(abc.ABC):
 
     @abc.abstractmethod
     def declaration(self, tools: list[Mapping[str, Any]]) -> list[Segment]:
-        """The tool declaration turn (validates the tools)."""
+        """Render the tool declaration turn (validates the tools)."""
 
     @abc.abstractmethod
     def calls(self, i: int, calls: list[Any]) -> list[Segment]:
-        """An assistant turn's tool calls (message index i, for params)."""
+        """Render an assistant turn's tool calls (message index i, for params)."""
 
     @abc.abstractmethod
     def result(
-        self, i: int, msg: Mapping[str, Any], previous_role: str | None, spec: ChatJsonSpec, body: list[Segment]
+        self,
+        i: int,
+        msg: Mapping[str, Any],
+        previous_role: str | None,
+        spec: ChatJsonSpec,
+        body: list[Segment],
     ) -> list[Segment]:
         """One tool-result message; `body` is its rendered content."""
 
     @abc.abstractmethod
     def reader(self, host: ReplyParser, tools: Sequence[Mapping[str, Any]]) -> ToolReader:
-        """A reader for one reply to a request declaring `tools`."""
+        """Return a reader for one reply to a request declaring `tools`."""
 
 
 def _protocols() -> list[ToolProtocol]:
@@ -204,11 +225,17 @@ class ChatJsonFormat(ChatFormat):
         chat_json: The decoded chat.json, or a path to it.
         protocol: `"auto"` (discover at bind, §4.5), `"kimi"`, `"glm"` (must
             be present), or None (no tools).
+
     """
 
     name = "chatjson"
 
-    def __init__(self, chat_json: str | os.PathLike[str] | Mapping[str, Any] | None, *, protocol: str | None = "auto") -> None:
+    def __init__(
+        self,
+        chat_json: str | os.PathLike[str] | Mapping[str, Any] | None,
+        *,
+        protocol: str | None = "auto",
+    ) -> None:
         """Load and validate the chat.json (ChatFormatError when it is broken)."""
         super().__init__()
         self.spec = load_chat_json(chat_json)
@@ -230,7 +257,8 @@ class ChatJsonFormat(ChatFormat):
             if tokenizer.marker_id(marker) is None:
                 raise _bad(
                     f"chat.json uses {marker}, which is not a single token in this container "
-                    f"(got {tokenizer.markup_count(marker)}): the tokenizer and the chat format disagree"
+                    f"(got {tokenizer.markup_count(marker)}): the tokenizer and the chat "
+                    f"format disagree"
                 )
         super().bind(tokenizer)
         self.protocol = None
@@ -267,7 +295,9 @@ class ChatJsonFormat(ChatFormat):
         spec = self.spec
         req = request_dict(request)
         messages, tool_choice = apply_named_tool_choice(req["messages"], req.get("tool_choice"))
-        thinking, effort = resolve_reasoning(req.get("reasoning_effort"), req.get("thinking"), self.default_thinking)
+        thinking, effort = resolve_reasoning(
+            req.get("reasoning_effort"), req.get("thinking"), self.default_thinking
+        )
         segs: list[Segment] = []
         if spec.prelude:
             segs.append(M(spec.prelude))
@@ -275,35 +305,42 @@ class ChatJsonFormat(ChatFormat):
         if tools:
             if self.protocol is None:
                 raise ChatFormatError(
-                    "this container is served from its chat.json, which cannot express tool definitions because "
-                    "its tokenizer carries neither the Kimi K2 native tool markers nor GLM's <tool_call> XML protocol",
+                    "this container is served from its chat.json, which cannot express tool "
+                    "definitions because "
+                    "its tokenizer carries neither the Kimi K2 native tool markers nor GLM's "
+                    "<tool_call> XML protocol",
                     param="tools",
                 )
             segs += self.protocol.declaration(tools)
         for key in ("tool_choice", "response_format"):
             if (tool_choice if key == "tool_choice" else req.get(key)) is not None:
                 raise ChatFormatError(
-                    f"this container is served from its chat.json, which cannot express '{key}'", param=key
+                    f"this container is served from its chat.json, which cannot express '{key}'",
+                    param=key,
                 )
         if thinking and spec.think is None:
             raise ChatFormatError(
-                "this container has no reasoning channel in its tokenizer, so it cannot think on request; "
+                "this container has no reasoning channel in its tokenizer, so it cannot think "
+                "on request; "
                 "pass reasoning_effort 'none' or thinking false",
                 param="reasoning_effort",
             )
         if not thinking and spec.think is not None:
             raise ChatFormatError(
-                "this container's chat format always opens a reasoning channel, so it cannot answer without one; "
+                "this container's chat format always opens a reasoning channel, so it cannot "
+                "answer without one; "
                 "drop 'thinking'/'reasoning_effort' or use a container whose format does not",
                 param="reasoning_effort",
             )
         if effort and not spec.effort:
             raise ChatFormatError(
-                "this container's chat.json does not say how to ask for a reasoning effort", param="reasoning_effort"
+                "this container's chat.json does not say how to ask for a reasoning effort",
+                param="reasoning_effort",
             )
         if images and not spec.image:
             raise ChatFormatError(
-                "this container is served from its chat.json, which does not say how to place an image",
+                "this container is served from its chat.json, which does not say how to place "
+                "an image",
                 param="messages",
             )
         if effort:
@@ -321,7 +358,8 @@ class ChatJsonFormat(ChatFormat):
                 continue
             if role not in spec.pairs:
                 raise ChatFormatError(
-                    f'messages[{i}] is a "{role}" turn, and this container\'s chat.json does not describe one',
+                    f'messages[{i}] is a "{role}" turn, and this container\'s chat.json does '
+                    f"not describe one",
                     param=f"messages[{i}].role",
                 )
             prefix, suffix = spec.pairs[role]
@@ -330,14 +368,17 @@ class ChatJsonFormat(ChatFormat):
             if calls:
                 if role != "assistant":
                     raise ChatFormatError(
-                        f"messages[{i}] carries tool_calls on a non-assistant turn", param=f"messages[{i}].tool_calls"
+                        f"messages[{i}] carries tool_calls on a non-assistant turn",
+                        param=f"messages[{i}].tool_calls",
                     )
                 if self.protocol is None:
                     raise _no_tool_turns(i)
                 segs += self.protocol.calls(i, calls)
             segs.append(M(suffix))
         if used < len(blocks):
-            raise ChatFormatError("more images were encoded than the conversation places", param="messages")
+            raise ChatFormatError(
+                "more images were encoded than the conversation places", param="messages"
+            )
         reasoning_open = False
         if add_generation_prompt:
             segs.append(M(spec.open))
@@ -347,7 +388,9 @@ class ChatJsonFormat(ChatFormat):
         segs = [s for s in segs if s.text]
         return Prompt(segs, reasoning_open=reasoning_open, tools=tools, thinking=thinking)
 
-    def _content(self, i: int, content: Any, blocks: list[str], used: int) -> tuple[list[Segment], int]:
+    def _content(
+        self, i: int, content: Any, blocks: list[str], used: int
+    ) -> tuple[list[Segment], int]:
         if isinstance(content, str):
             return [T(content)], used
         out: list[Segment] = []
@@ -355,13 +398,15 @@ class ChatJsonFormat(ChatFormat):
             if part.get("type") in ("image", "image_url"):
                 if not self.spec.image:
                     raise ChatFormatError(
-                        f"messages[{i}] carries an image, and this container is served from its chat.json, "
+                        f"messages[{i}] carries an image, and this container is served from "
+                        f"its chat.json, "
                         "which does not say how to place one",
                         param=f"messages[{i}].content",
                     )
                 if used >= len(blocks):
                     raise ChatFormatError(
-                        f"messages[{i}] carries more images than the request encoded", param=f"messages[{i}].content"
+                        f"messages[{i}] carries more images than the request encoded",
+                        param=f"messages[{i}].content",
                     )
                 out.append(M(blocks[used]))
                 used += 1
@@ -370,7 +415,7 @@ class ChatJsonFormat(ChatFormat):
         return out, used
 
     def new_parser(self, prompt: Prompt | None = None) -> ChatJsonParser:
-        """The §4.8 reader, with the protocol's tool reader."""
+        """Return the §4.8 reader, with the protocol's tool reader."""
         open_channel = prompt.reasoning_open if prompt is not None else self.default_thinking
         think_close = self.marker_id(self.spec.think[1]) if self.spec.think is not None else -1
         tools = prompt.tools if prompt is not None else []
@@ -379,7 +424,8 @@ class ChatJsonFormat(ChatFormat):
 
 def _no_tool_turns(i: int) -> ChatFormatError:
     return ChatFormatError(
-        "this container is served from its chat.json, which cannot express a tool call or its result",
+        "this container is served from its chat.json, which cannot express a tool call or its "
+        "result",
         param=f"messages[{i}]",
     )
 
@@ -393,6 +439,7 @@ class ChatJsonParser(ReplyParser):
         channel_open: The reply starts in the reasoning channel.
         protocol: The tool protocol, or None.
         tools: The request's tools (GLM types arguments by them).
+
     """
 
     def __init__(

@@ -20,9 +20,14 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from warp_providers.chat.base import M, ReplyParser, Segment, T, _Call, dumps_py, function_of
 from warp_providers.chat.base import ChatFormatError as _Err
-from warp_providers.chat.formats.chatjson import ChatJsonFormat, ChatJsonSpec, ToolProtocol, ToolReader
+from warp_providers.chat.base import M, ReplyParser, Segment, T, _Call, dumps_py, function_of
+from warp_providers.chat.formats.chatjson import (
+    ChatJsonFormat,
+    ChatJsonSpec,
+    ToolProtocol,
+    ToolReader,
+)
 
 __all__ = ["GLM_CHAT_JSON", "GlmFormat", "GlmProtocol", "GlmReader"]
 
@@ -32,7 +37,15 @@ ARG_VALUE, ARG_VALUE_END = "<arg_value>", "</arg_value>"
 TOOL_RESPONSE, TOOL_RESPONSE_END = "<tool_response>", "</tool_response>"
 OBSERVATION = "<|observation|>"
 MARKERS = (
-    TOOL_CALL, TOOL_CALL_END, ARG_KEY, ARG_KEY_END, ARG_VALUE, ARG_VALUE_END, TOOL_RESPONSE, TOOL_RESPONSE_END, OBSERVATION
+    TOOL_CALL,
+    TOOL_CALL_END,
+    ARG_KEY,
+    ARG_KEY_END,
+    ARG_VALUE,
+    ARG_VALUE_END,
+    TOOL_RESPONSE,
+    TOOL_RESPONSE_END,
+    OBSERVATION,
 )
 
 GLM_CHAT_JSON: dict[str, Any] = {
@@ -51,7 +64,8 @@ HEADER = (
     "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
 )
 FOOTER = (
-    "\n</tools>\n\nFor each function call, output the function name and arguments within the following XML format:\n"
+    "\n</tools>\n\nFor each function call, output the function name and arguments within the "
+    "following XML format:\n"
     "<tool_call>{function-name}<arg_key>{arg-key-1}</arg_key><arg_value>{arg-value-1}</arg_value>"
     "<arg_key>{arg-key-2}</arg_key><arg_value>{arg-value-2}</arg_value>...</tool_call>"
 )
@@ -73,17 +87,24 @@ class GlmProtocol(ToolProtocol):
             if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str) or not fn["name"]:
                 raise _Err("each tool must name a function", param=f"tools[{k}]")
             params = fn.get("parameters", {})
-            if not isinstance(params, Mapping) or not isinstance(params.get("properties", {}), Mapping):
-                raise _Err("tool parameters and properties must be objects", param=f"tools[{k}].function.parameters")
+            if not isinstance(params, Mapping) or not isinstance(
+                params.get("properties", {}), Mapping
+            ):
+                raise _Err(
+                    "tool parameters and properties must be objects",
+                    param=f"tools[{k}].function.parameters",
+                )
             if fn.get("defer_loading"):
                 raise _Err("deferred tool loading is not supported", param="tools")
-            signature = {key: value for key, value in fn.items() if key not in ("strict", "defer_loading")}
+            signature = {
+                key: value for key, value in fn.items() if key not in ("strict", "defer_loading")
+            }
             segs.append(T("\n" + dumps_py(signature) + "\n\n"))
         segs.append(M(FOOTER))
         return segs
 
     def calls(self, i: int, calls: list[Any]) -> list[Segment]:
-        """`<tool_call>name<arg_key>k</arg_key><arg_value>v</arg_value>...</tool_call>` per call (§5.3)."""
+        """Render `<tool_call>name<arg_key>k</arg_key><arg_value>v</arg_value>...` (§5.3)."""
         segs: list[Segment] = []
         for j, call in enumerate(calls):
             fn = call.get("function", {}) if isinstance(call, Mapping) else {}
@@ -97,27 +118,42 @@ class GlmProtocol(ToolProtocol):
                     args = json.loads(args)
                 except ValueError:
                     raise _Err(
-                        f"{where} carries JSON arguments this protocol cannot split into <arg_key>/<arg_value> pairs",
+                        f"{where} carries JSON arguments this protocol cannot split into "
+                        f"<arg_key>/<arg_value> pairs",
                         param=f"{where}.function.arguments",
                     ) from None
             if not isinstance(args, Mapping):
-                raise _Err(f"{where} arguments must be an object", param=f"{where}.function.arguments")
+                raise _Err(
+                    f"{where} arguments must be an object", param=f"{where}.function.arguments"
+                )
             segs += [M(TOOL_CALL), T(name)]
             for key, value in args.items():
                 text = value if isinstance(value, str) else dumps_py(value)
-                segs += [M(ARG_KEY), T(str(key)), M(ARG_KEY_END), M(ARG_VALUE), T(text), M(ARG_VALUE_END)]
+                segs += [
+                    M(ARG_KEY),
+                    T(str(key)),
+                    M(ARG_KEY_END),
+                    M(ARG_VALUE),
+                    T(text),
+                    M(ARG_VALUE_END),
+                ]
             segs.append(M(TOOL_CALL_END))
         return segs
 
     def result(
-        self, i: int, msg: Mapping[str, Any], previous_role: str | None, spec: ChatJsonSpec, body: list[Segment]
+        self,
+        i: int,
+        msg: Mapping[str, Any],
+        previous_role: str | None,
+        spec: ChatJsonSpec,
+        body: list[Segment],
     ) -> list[Segment]:
         """`<|observation|>` opens a run; then `<tool_response>` body `</tool_response>` (§5.4)."""
         segs = [M(OBSERVATION)] if i == 0 or previous_role != "tool" else []
         return [*segs, M(TOOL_RESPONSE), *body, M(TOOL_RESPONSE_END)]
 
     def reader(self, host: ReplyParser, tools: Sequence[Mapping[str, Any]]) -> GlmReader:
-        """A §5.6 reader typing values by `tools`."""
+        """Return a §5.6 reader typing values by `tools`."""
         return GlmReader(host, tools)
 
 
@@ -195,7 +231,11 @@ class GlmReader(ToolReader):
             key = self.key.strip()
             value: Any = self.value
             schema = self.schemas.get(call.name.strip(), {}).get(key)
-            if isinstance(schema, Mapping) and isinstance(schema.get("type"), str) and schema["type"] in TYPED:
+            if (
+                isinstance(schema, Mapping)
+                and isinstance(schema.get("type"), str)
+                and schema["type"] in TYPED
+            ):
                 try:
                     value = json.loads(value)
                 except ValueError:
@@ -216,6 +256,7 @@ class GlmFormat(ChatJsonFormat):
 
     Args:
         chat_json: Override the built-in chat.json (a container's own).
+
     """
 
     name = "glm"

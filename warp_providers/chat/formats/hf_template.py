@@ -21,6 +21,7 @@ Called by: the registry (`hf_template`).
 
 from __future__ import annotations
 
+import contextvars
 import json
 import re
 import secrets
@@ -44,24 +45,71 @@ from warp_providers.types import ChatRequest
 
 __all__ = ["HfTemplateFormat", "HfTemplateParser"]
 
+_MARKS: contextvars.ContextVar[tuple[str, str]] = contextvars.ContextVar(
+    "warp_hf_template_marks", default=("", "")
+)
+
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 END_MARKERS = (
-    "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|return|>",
-    "<|end_of_text|>", "</s>",
+    "<|im_end|>",
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "<|return|>",
+    "<|end_of_text|>",
+    "</s>",
 )
 """End-of-turn spellings honoured when the template uses them and they are control tokens."""
 _STRING_METHODS = (
-    "capitalize", "casefold", "center", "count", "endswith", "expandtabs", "find", "index", "isalnum", "isalpha",
-    "isascii", "isdecimal", "isdigit", "isidentifier", "islower", "isnumeric", "isspace", "istitle", "isupper",
-    "join", "ljust", "lower", "lstrip", "partition", "removeprefix", "removesuffix", "replace", "rfind", "rindex",
-    "rjust", "rpartition", "rsplit", "rstrip", "split", "splitlines", "startswith", "strip", "swapcase", "title",
-    "upper", "zfill",
+    "capitalize",
+    "casefold",
+    "center",
+    "count",
+    "endswith",
+    "expandtabs",
+    "find",
+    "index",
+    "isalnum",
+    "isalpha",
+    "isascii",
+    "isdecimal",
+    "isdigit",
+    "isidentifier",
+    "islower",
+    "isnumeric",
+    "isspace",
+    "istitle",
+    "isupper",
+    "join",
+    "ljust",
+    "lower",
+    "lstrip",
+    "partition",
+    "removeprefix",
+    "removesuffix",
+    "replace",
+    "rfind",
+    "rindex",
+    "rjust",
+    "rpartition",
+    "rsplit",
+    "rstrip",
+    "split",
+    "splitlines",
+    "startswith",
+    "strip",
+    "swapcase",
+    "title",
+    "upper",
+    "zfill",
 )
 
 
 class _Plain(str):
-    """Caller text inside a template: the str value is sentinel-wrapped, methods see the bare text."""
+    """Caller text inside a template: sentinel-wrapped value, methods see the bare text."""
 
     _inner: str
     _marks: tuple[str, str]
@@ -83,28 +131,28 @@ class _Plain(str):
         return len(self._inner)
 
     def __eq__(self, other: object) -> bool:
-        return self._inner == _bare(other)
+        return bool(self._inner == _bare(other))
 
     def __ne__(self, other: object) -> bool:
-        return self._inner != _bare(other)
+        return bool(self._inner != _bare(other))
 
     def __lt__(self, other: object) -> bool:
-        return self._inner < _bare(other)  # type: ignore[operator]
+        return bool(self._inner < _bare(other))
 
     def __le__(self, other: object) -> bool:
-        return self._inner <= _bare(other)  # type: ignore[operator]
+        return bool(self._inner <= _bare(other))
 
     def __gt__(self, other: object) -> bool:
-        return self._inner > _bare(other)  # type: ignore[operator]
+        return bool(self._inner > _bare(other))
 
     def __ge__(self, other: object) -> bool:
-        return self._inner >= _bare(other)  # type: ignore[operator]
+        return bool(self._inner >= _bare(other))
 
     def __hash__(self) -> int:
         return hash(self._inner)
 
     def __contains__(self, item: object) -> bool:
-        return _bare(item) in self._inner  # type: ignore[operator]
+        return bool(_bare(item) in self._inner)
 
     def __getitem__(self, key: Any) -> Any:
         return self._rewrap(self._inner[key])
@@ -140,6 +188,7 @@ class HfTemplateFormat(ChatFormat):
         bos_token: `bos_token` template variable (default: the bound tokenizer's).
         eos_token: `eos_token` template variable (default: the bound tokenizer's).
         template_kwargs: Extra variables for every render.
+
     """
 
     name = "hf_template"
@@ -159,18 +208,21 @@ class HfTemplateFormat(ChatFormat):
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
         self.source = chat_template
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+        env = ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
+        )
         env.filters["tojson"] = self._tojson
         env.globals["raise_exception"] = _raise
         env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
         try:
             self._template = env.from_string(chat_template)
         except jinja2.TemplateError as exc:
-            raise ChatFormatError(f"the model's chat template does not compile: {exc}", param="model") from None
+            raise ChatFormatError(
+                f"the model's chat template does not compile: {exc}", param="model"
+            ) from None
         self._jinja_error = jinja2.TemplateError
         self._bos, self._eos = bos_token, eos_token
         self._kwargs = dict(template_kwargs or {})
-        self._marks: tuple[str, str] = ("", "")
         self._think = self._calls = False
         self._end_ids: tuple[int, ...] = ()
 
@@ -223,7 +275,9 @@ class HfTemplateFormat(ChatFormat):
         tools = list(req.get("tools") or [])
         choice = req.get("tool_choice")
         if isinstance(choice, Mapping) or choice == "required":
-            raise ChatFormatError("the model's chat template cannot express a forced tool_choice", param="tool_choice")
+            raise ChatFormatError(
+                "the model's chat template cannot express a forced tool_choice", param="tool_choice"
+            )
         if choice == "none":
             tools = []
         if tools and not self._calls:
@@ -235,7 +289,8 @@ class HfTemplateFormat(ChatFormat):
         rf = req.get("response_format")
         if isinstance(rf, Mapping) and rf.get("type") != "text":
             raise ChatFormatError(
-                f"the model's chat template cannot express response_format {rf.get('type')!r}", param="response_format"
+                f"the model's chat template cannot express response_format {rf.get('type')!r}",
+                param="response_format",
             )
         reads_effort = "reasoning_effort" in self.source
         thinking, effort = resolve_reasoning(
@@ -243,22 +298,28 @@ class HfTemplateFormat(ChatFormat):
             req.get("thinking"),
             self.default_thinking,
             accepted=("low", "medium", "high") if reads_effort else (),
-            unsupported_message="reasoning_effort={v} is not supported by this model's chat template",
+            unsupported_message="reasoning_effort={v} is not supported by this model's "
+            "chat template",
         )
         if thinking and not self._think:
             raise ChatFormatError(
-                "this model's chat template has no reasoning channel, so it cannot think on request; "
+                "this model's chat template has no reasoning channel, so it cannot think on "
+                "request; "
                 "pass reasoning_effort 'none' or thinking false",
                 param="reasoning_effort",
             )
         if not thinking and self._think and "enable_thinking" not in self.source:
             raise ChatFormatError(
-                "this model's chat template cannot turn its reasoning channel off", param="reasoning_effort"
+                "this model's chat template cannot turn its reasoning channel off",
+                param="reasoning_effort",
             )
         if has_images(messages) and "image" not in self.source:
-            raise ChatFormatError("this model's chat template does not say how to place an image", param="messages")
+            raise ChatFormatError(
+                "this model's chat template does not say how to place an image", param="messages"
+            )
 
-        nonce = secrets.token_hex(8)
+        # Private-use characters: filters that edit ASCII (`replace`) cannot touch the nonce.
+        nonce = "".join(chr(0xE000 + b) for b in secrets.token_bytes(8))
         marks = (f"\ufdd0{nonce}\ufdd1", f"\ufdd2{nonce}\ufdd3")
         kwargs: dict[str, Any] = {
             **self._kwargs,
@@ -273,15 +334,21 @@ class HfTemplateFormat(ChatFormat):
             kwargs["thinking"] = thinking
         if effort is not None:
             kwargs["reasoning_effort"] = effort
-        self._marks = marks
+        token = _MARKS.set(marks)
         try:
             out = self._template.render(**kwargs)
         except ChatFormatError:
             raise
         except self._jinja_error as exc:
-            raise ChatFormatError(f"the model's chat template failed: {exc}", param="messages") from None
+            raise ChatFormatError(
+                f"the model's chat template failed: {exc}", param="messages"
+            ) from None
         except (TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
-            raise ChatFormatError(f"the model's chat template failed: {exc!r}", param="messages") from None
+            raise ChatFormatError(
+                f"the model's chat template failed: {exc!r}", param="messages"
+            ) from None
+        finally:
+            _MARKS.reset(token)
         segs = _split(out, marks, nonce)
         markup_tail = "".join(s.text for s in segs if s.markup).rstrip()
         opened = self._think and add_generation_prompt and markup_tail.endswith(THINK_OPEN)
@@ -294,7 +361,9 @@ class HfTemplateFormat(ChatFormat):
                 continue
             if key == "content" and isinstance(value, list):
                 out[key] = [
-                    {"type": "image"} if p.get("type") in ("image", "image_url") else {**p, "text": _wrap(p.get("text", ""), marks)}
+                    {"type": "image"}
+                    if p.get("type") in ("image", "image_url")
+                    else {**p, "text": _wrap(p.get("text", ""), marks)}
                     for p in value
                 ]
             else:
@@ -311,7 +380,10 @@ class HfTemplateFormat(ChatFormat):
                     except ValueError:
                         parsed = args
                     args = parsed if isinstance(parsed, dict) else args
-                function = {"name": _wrap(fn.get("name", ""), marks), "arguments": _wrap(args if args is not None else {}, marks)}
+                function = {
+                    "name": _wrap(fn.get("name", ""), marks),
+                    "arguments": _wrap(args if args is not None else {}, marks),
+                }
                 entry = {"type": "function", "function": function, **function}
                 if call.get("id") is not None:
                     entry["id"] = _wrap(call["id"], marks)
@@ -320,25 +392,41 @@ class HfTemplateFormat(ChatFormat):
         return out
 
     def _tojson(
-        self, value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None, sort_keys: bool = False
+        self,
+        value: Any,
+        ensure_ascii: bool = False,
+        indent: int | None = None,
+        separators: Any = None,
+        sort_keys: bool = False,
     ) -> str:
-        bare, tainted = _unwrap(value, self._marks)
-        text = json.dumps(bare, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-        return _Plain(text, self._marks) if tainted else text
+        marks = _MARKS.get()
+        bare, tainted = _unwrap(value, marks)
+        text = json.dumps(
+            bare,
+            ensure_ascii=ensure_ascii,
+            indent=indent,
+            separators=separators,
+            sort_keys=sort_keys,
+        )
+        return _Plain(text, marks) if tainted else text
 
     def new_parser(self, prompt: Prompt | None = None) -> HfTemplateParser:
-        """A reader opened in reasoning when the prompt ended inside `<think>`."""
+        """Return a reader, opened in reasoning when the prompt ended inside `<think>`."""
         tok = self.tokenizer
         return HfTemplateParser(
             end_ids=self._end_ids,
-            think_ids=(tok.marker_id(THINK_OPEN), tok.marker_id(THINK_CLOSE)) if self._think else None,
+            think_ids=(tok.marker_id(THINK_OPEN), tok.marker_id(THINK_CLOSE))
+            if self._think
+            else None,
             call_ids=(tok.marker_id(CALL_OPEN), tok.marker_id(CALL_CLOSE)) if self._calls else None,
             reasoning_open=prompt.reasoning_open if prompt is not None else False,
         )
 
 
 def _raise(message: str) -> None:
-    raise ChatFormatError(f"the model's chat template refused the request: {message}", param="messages")
+    raise ChatFormatError(
+        f"the model's chat template refused the request: {message}", param="messages"
+    )
 
 
 def _wrap(value: Any, marks: tuple[str, str]) -> Any:
@@ -389,9 +477,10 @@ def _split(out: str, marks: tuple[str, str], nonce: str) -> list[Segment]:
                 segs[-1] = Segment(segs[-1].text + piece, markup)
             else:
                 segs.append(Segment(piece, markup))
-    if depth != 0 or any(nonce in s.text or "\ufdd0" in s.text or "\ufdd2" in s.text for s in segs):
+    if depth != 0 or any(nonce in s.text for s in segs):
         raise ChatFormatError(
-            "the model's chat template cut caller text in a way that cannot be kept apart from its markup",
+            "the model's chat template cut caller text in a way that cannot be kept apart "
+            "from its markup",
             param="messages",
         )
     return segs
@@ -401,14 +490,15 @@ class HfTemplateParser(ReplyParser):
     """Reads Hermes-style replies by token id.
 
     Whitespace the usual templates put around structure is not content: one
-    `\\n` at each edge of reasoning, newlines opening the answer after
-    `</think>`, the `\\n` before a `<tool_call>` and whitespace between calls.
+    newline at each edge of reasoning, newlines opening the answer after
+    `</think>`, the newline before a `<tool_call>`, whitespace between calls.
 
     Args:
         end_ids: Ids that end the turn.
         think_ids: (open, close) ids of the reasoning markers, or None.
         call_ids: (open, close) ids of the tool-call markers, or None.
         reasoning_open: The reply starts inside reasoning.
+
     """
 
     def __init__(
@@ -443,7 +533,9 @@ class HfTemplateParser(ReplyParser):
         elif token_id == self._call[0]:
             if self._body is not None:
                 self._file_call(self._body)
-            self._held_content = self._held_content[:-1] if self._held_content.endswith("\n") else self._held_content
+            self._held_content = (
+                self._held_content[:-1] if self._held_content.endswith("\n") else self._held_content
+            )
             if self._after_call and not self._held_content.strip():
                 self._held_content = ""
             self._add_content(self._held_content)
@@ -488,11 +580,13 @@ class HfTemplateParser(ReplyParser):
         name = value.get("name") if isinstance(value, dict) else None
         if not isinstance(name, str):
             call = self._new_call()
-            call.arguments, call.raw = body, body
+            call.arguments, call.raw, call.malformed = body, body, True
             self._seal(call)
             return
         args = value.get("arguments", value.get("parameters", {}))
-        call = self._new_call(value["id"] if isinstance(value.get("id"), str) and value["id"] else None, name)
+        call = self._new_call(
+            value["id"] if isinstance(value.get("id"), str) and value["id"] else None, name
+        )
         call.arguments = args if isinstance(args, str) else dumps_py(args)
         self._seal(call)
 

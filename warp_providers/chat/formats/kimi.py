@@ -19,13 +19,30 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from warp_providers.chat.base import ChatFormatError, M, ReplyParser, Segment, T, _Call, dumps_compact
-from warp_providers.chat.formats.chatjson import ChatJsonFormat, ChatJsonSpec, ToolProtocol, ToolReader
+from warp_providers.chat.base import (
+    ChatFormatError,
+    M,
+    ReplyParser,
+    Segment,
+    T,
+    _Call,
+    dumps_compact,
+)
+from warp_providers.chat.formats.chatjson import (
+    ChatJsonFormat,
+    ChatJsonSpec,
+    ToolProtocol,
+    ToolReader,
+)
 
 __all__ = ["KIMI_CHAT_JSON", "KimiFormat", "KimiProtocol", "KimiReader", "parse_call_header"]
 
 SECTION_BEGIN, SECTION_END = "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"
-CALL_BEGIN, ARGUMENT_BEGIN, CALL_END = "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>"
+CALL_BEGIN, ARGUMENT_BEGIN, CALL_END = (
+    "<|tool_call_begin|>",
+    "<|tool_call_argument_begin|>",
+    "<|tool_call_end|>",
+)
 MARKERS = (SECTION_BEGIN, SECTION_END, CALL_BEGIN, ARGUMENT_BEGIN, CALL_END)
 
 KIMI_CHAT_JSON: dict[str, Any] = {
@@ -38,7 +55,10 @@ KIMI_CHAT_JSON: dict[str, Any] = {
 
 
 def parse_call_header(header: str, position: int) -> tuple[str, int]:
-    """(name, index) of a `functions.NAME:IDX` call header (§6.5); `position` is the fallback index."""
+    """Parse a `functions.NAME:IDX` call header into (name, index) (§6.5).
+
+    `position` is the index used when the header carries none.
+    """
     text = header.strip()
     if text.startswith("functions."):
         text = text[len("functions.") :]
@@ -61,8 +81,12 @@ class KimiProtocol(ToolProtocol):
     markers = MARKERS
 
     def declaration(self, tools: list[Mapping[str, Any]]) -> list[Segment]:
-        """`<|im_system|>tool_declare<|im_middle|>` + ASCII-escaped compact JSON + `<|im_end|>` (§6.2)."""
-        return [M("<|im_system|>tool_declare<|im_middle|>"), T(dumps_compact(tools, ascii_only=True)), M("<|im_end|>")]
+        """Render the `tool_declare` system turn with ASCII-escaped compact JSON (§6.2)."""
+        return [
+            M("<|im_system|>tool_declare<|im_middle|>"),
+            T(dumps_compact(tools, ascii_only=True)),
+            M("<|im_end|>"),
+        ]
 
     def calls(self, i: int, calls: list[Any]) -> list[Segment]:
         """One section with every call: verbatim id, verbatim string arguments (§6.3)."""
@@ -71,7 +95,8 @@ class KimiProtocol(ToolProtocol):
             call_id = call.get("id") if isinstance(call, Mapping) else None
             if call_id is None or call_id == "":
                 raise ChatFormatError(
-                    f"messages[{i}].tool_calls[{j}] has no id", param=f"messages[{i}].tool_calls[{j}].id"
+                    f"messages[{i}].tool_calls[{j}] has no id",
+                    param=f"messages[{i}].tool_calls[{j}].id",
                 )
             fn = call.get("function", {})
             args = fn.get("arguments", "") if isinstance(fn, Mapping) else ""
@@ -81,18 +106,25 @@ class KimiProtocol(ToolProtocol):
         return segs
 
     def result(
-        self, i: int, msg: Mapping[str, Any], previous_role: str | None, spec: ChatJsonSpec, body: list[Segment]
+        self,
+        i: int,
+        msg: Mapping[str, Any],
+        previous_role: str | None,
+        spec: ChatJsonSpec,
+        body: list[Segment],
     ) -> list[Segment]:
-        """A system turn renamed for the tool, the name a plain segment (§6.4 [deviation])."""
+        """Render a system turn renamed for the tool; the name is plain (§6.4 [deviation])."""
         if "system" not in spec.pairs:
             raise ChatFormatError(
-                f"messages[{i}] is a tool result, but this container's chat.json has no system turn",
+                f"messages[{i}] is a tool result, but this container's chat.json has no "
+                f"system turn",
                 param=f"messages[{i}].role",
             )
         call_id = msg.get("tool_call_id")
         if not call_id:
             raise ChatFormatError(
-                f"messages[{i}] is a tool result without tool_call_id", param=f"messages[{i}].tool_call_id"
+                f"messages[{i}] is a tool result without tool_call_id",
+                param=f"messages[{i}].tool_call_id",
             )
         prefix, suffix = spec.pairs["system"]
         name = msg.get("name") or "tool"
@@ -105,7 +137,7 @@ class KimiProtocol(ToolProtocol):
         return [*opener, T(f"## Return of {call_id}\n"), *body, M(suffix)]
 
     def reader(self, host: ReplyParser, tools: Sequence[Mapping[str, Any]]) -> KimiReader:
-        """A §6.5 reader."""
+        """Return a §6.5 reader."""
         return KimiReader(host)
 
 
@@ -161,7 +193,7 @@ class KimiReader(ToolReader):
         return True
 
     def flush(self) -> None:
-        """A call cut off in its header is still created (arguments `""`)."""
+        """Create a call cut off in its header (arguments `""`)."""
         if self.state == "header":
             self.host._seal(self._from_header())
             self.state = "section"
@@ -172,6 +204,7 @@ class KimiFormat(ChatJsonFormat):
 
     Args:
         chat_json: Override the built-in chat.json (a container's own).
+
     """
 
     name = "kimi"

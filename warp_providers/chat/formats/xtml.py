@@ -50,19 +50,24 @@ _RAW = "\x00xtml_raw_json"  # private member carrying an unparseable arguments s
 TOOLS_HEADER = "# Tools\nHere are the available tools, described in JSONSchema.\n\n```json\n"
 LAZY_TOOLS_HEADER = (
     "## New Tools Available\nThe system dynamically extends the toolset via lazy-loading.\n"
-    "You have access to all existing and extended tools.\nHere are the specs for the extended tools.\n\n```json\n"
+    "You have access to all existing and extended tools.\nHere are the specs for the extended "
+    "tools.\n\n```json\n"
 )
 EFFORT_NOTE = (
-    "`thinking_effort` guides on how much to think in your thinking channel (not including the response "
+    "`thinking_effort` guides on how much to think in your thinking channel (not including "
+    "the response "
     "channel), supported values include `low`, `medium`, `high`, and `max`.\n"
     "Now the system is invoked with `thinking_effort={}`."
 )
 TOOL_CHOICE_NOTES = {
-    "required": "The system is invoked with `tool_choice=required`.\nYou MUST call tools in the next message.",
-    "none": "The system is invoked with `tool_choice=none`.\nYou MUST NOT call any tools in the next message.",
+    "required": "The system is invoked with `tool_choice=required`.\n"
+    "You MUST call tools in the next message.",
+    "none": "The system is invoked with `tool_choice=none`.\n"
+    "You MUST NOT call any tools in the next message.",
 }
 _JSON_ONLY = (
-    "Your response must be raw JSON data without markdown code blocks (```json) or any additional formatting."
+    "Your response must be raw JSON data without markdown code blocks (```json) "
+    "or any additional formatting."
 )
 JSON_OBJECT_NOTE = f"The system is invoked with `response_format=json_object`.\n{_JSON_ONLY}"
 JSON_SCHEMA_NOTE = (
@@ -90,7 +95,7 @@ def unescape_attr(value: str) -> str:
 
 
 def argument_type_and_text(value: Any) -> tuple[str, str]:
-    """The `type` attribute and body text of one call argument (§2.4.1 table)."""
+    """Return the `type` attribute and body text of one call argument (§2.4.1 table)."""
     if isinstance(value, bool):
         return "boolean", "true" if value else "false"
     if value is None:
@@ -105,7 +110,7 @@ def argument_type_and_text(value: Any) -> tuple[str, str]:
 
 
 def normalise_arguments(arguments: Any, present: bool) -> tuple[dict[str, Any], str | None]:
-    """(mapping, raw JSON block or None) for a history call's `arguments` (§2.4.2)."""
+    """Normalise a history call's `arguments` into (mapping, raw JSON block or None) (§2.4.2)."""
     if not present or arguments is None:
         return {}, None
     if isinstance(arguments, Mapping):
@@ -124,7 +129,7 @@ def normalise_arguments(arguments: Any, present: bool) -> tuple[dict[str, Any], 
 
 
 def resort_tool_results(messages: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    """Re-order and rename runs of tool results by `tool_call_id` (§2.6.1). Never mutates its input."""
+    """Re-order and rename runs of tool results by `tool_call_id` (§2.6.1); never mutates."""
     out: list[Mapping[str, Any]] = []
     index: dict[str, tuple[int, Any]] = {}
     i = 0
@@ -135,7 +140,11 @@ def resort_tool_results(messages: Sequence[Mapping[str, Any]]) -> list[Mapping[s
             index = {}
             calls = msg.get("tool_calls")
             for pos, call in enumerate(calls if isinstance(calls, list) else [], 1):
-                if not isinstance(call, Mapping) or call.get("id") is None or str(call["id"]) in index:
+                if (
+                    not isinstance(call, Mapping)
+                    or call.get("id") is None
+                    or str(call["id"]) in index
+                ):
                     continue
                 fn = function_of(call)
                 index[str(call["id"])] = (pos, fn.get("name") if isinstance(fn, Mapping) else None)
@@ -226,6 +235,7 @@ class XtmlFormat(ChatFormat):
 
     Args:
         default_thinking: Thinking for requests that do not say (server default: on).
+
     """
 
     name = "xtml"
@@ -263,19 +273,29 @@ class XtmlFormat(ChatFormat):
         """Render per §2.11 (see `ChatFormat.render`)."""
         req = request_dict(request)
         messages, tool_choice = apply_named_tool_choice(req["messages"], req.get("tool_choice"))
-        thinking, effort = resolve_reasoning(req.get("reasoning_effort"), req.get("thinking"), self.default_thinking)
+        thinking, effort = resolve_reasoning(
+            req.get("reasoning_effort"), req.get("thinking"), self.default_thinking
+        )
         if images is not None and self._tokenizer is not None and not self._has_media:
-            raise _err("this model's vocabulary has no media markers, so it cannot be shown an image")
+            raise _err(
+                "this model's vocabulary has no media markers, so it cannot be shown an image"
+            )
         blocks = None if images is None else [_media_block(img) for img in images]
         r = _Renderer(blocks)
 
-        messages = [_normalise_message(m) for m in resort_tool_results(messages)]
+        convo = [_normalise_message(m) for m in resort_tool_results(messages)]
         tools = req.get("tools") or []
         if tools:
-            r.message([("role", "system"), ("type", "tool-declare")], TOOLS_HEADER + dumps_compact(deep_sort(tools)) + "\n```")
+            r.message(
+                [("role", "system"), ("type", "tool-declare")],
+                TOOLS_HEADER + dumps_compact(deep_sort(tools)) + "\n```",
+            )
         if thinking and effort:
-            r.message([("role", "system"), ("type", "thinking-effort")], EFFORT_NOTE.format(effort).strip())
-        self._conversation(r, messages, thinking)
+            r.message(
+                [("role", "system"), ("type", "thinking-effort")],
+                EFFORT_NOTE.format(effort).strip(),
+            )
+        self._conversation(r, convo, thinking)
         note = TOOL_CHOICE_NOTES.get(tool_choice) if isinstance(tool_choice, str) else None
         if note:
             r.message([("role", "system"), ("type", "tool-choice")], note)
@@ -286,10 +306,19 @@ class XtmlFormat(ChatFormat):
             r.open("message", [("role", "assistant")])
             r.open("think" if thinking else "response")
         if blocks is not None and r.consumed != len(blocks):
-            raise _err(f"image prompt count {len(blocks)} != consumed placeholder count {r.consumed}")
-        return Prompt(r.segs, reasoning_open=thinking and add_generation_prompt, tools=tools, thinking=thinking)
+            raise _err(
+                f"image prompt count {len(blocks)} != consumed placeholder count {r.consumed}"
+            )
+        return Prompt(
+            r.segs,
+            reasoning_open=thinking and add_generation_prompt,
+            tools=tools,
+            thinking=thinking,
+        )
 
-    def _conversation(self, r: _Renderer, messages: list[Mapping[str, Any]], thinking: bool) -> None:
+    def _conversation(
+        self, r: _Renderer, messages: Sequence[Mapping[str, Any]], thinking: bool
+    ) -> None:
         n = 0
         last_calls: list[Any] = []
         for msg in messages:
@@ -359,14 +388,16 @@ class XtmlFormat(ChatFormat):
         r.close("tools")
 
     def new_parser(self, prompt: Prompt | None = None) -> XtmlParser:
-        """A regions parser opened on the channel the prompt left open."""
+        """Return a regions parser opened on the channel the prompt left open."""
         thinking = prompt.thinking if prompt is not None else self.default_thinking
         ids = {self.marker_id(m): m for m in MARKERS}
         return XtmlParser(ids, initial="think" if thinking else "response")
 
 
 def _media_block(img: ImageInfo) -> str:
-    return f"<|media_begin|>image {img.width}x{img.height}<|media_content|><|media_pad|><|media_end|>"
+    return (
+        f"<|media_begin|>image {img.width}x{img.height}<|media_content|><|media_pad|><|media_end|>"
+    )
 
 
 def _name_attr(msg: Mapping[str, Any]) -> list[tuple[str, Any]]:
@@ -444,7 +475,7 @@ def parse_header(header: str) -> tuple[str, dict[str, str]]:
 
 
 def decode_argument(text: str, declared: str) -> Any:
-    """A filed argument's value from its text and declared type, a hint only (§3.8)."""
+    """Decode a filed argument from its text and declared type, a hint only (§3.8)."""
     if declared == "string":
         return text
     if declared == "null":
@@ -465,6 +496,7 @@ class XtmlParser(ReplyParser):
         marker_ids: Control-token id -> XTML marker spelling.
         initial: Channel the generation prompt left open (`think`,
             `response`, or None for an empty stack).
+
     """
 
     _LONGEST = max(len(m) for m in MARKERS)
@@ -492,6 +524,7 @@ class XtmlParser(ReplyParser):
 
         Returns:
             The `Delta` this chunk added.
+
         """
         if self._finished or self._flushed:
             return self._take()

@@ -1,0 +1,147 @@
+/*
+ * kernels.c -- single-thread throughput of the matmul kernels, per dtype and ISA set.
+ *
+ * Reports GB/s of weight bytes (the bytes a decode step must stream) and the speedup
+ * over the scalar reference, for shapes [2048 x 2048] and [576 x 1536] at n_tok = 1
+ * (decode) and 16 (prefill). Not part of any test run. Build and run by hand:
+ *
+ *   gcc -std=c11 -D_GNU_SOURCE -O2 -Iengine/include -Iengine/src benchmarks/kernels.c \
+ *       $(ls engine/src/kernels/[a-z]*.c) -lm -o /tmp/bench_kernels
+ *   /tmp/bench_kernels [seconds_per_case] [--cpu]
+ *
+ * Each figure is the fastest of 20 timed slices, so a shared or busy machine
+ * understates the speed less than a mean would. --cpu times with this thread's CPU
+ * clock instead of the wall clock: on an oversubscribed machine that leaves out the
+ * time the thread waited for a core (but not the cache and core sharing).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "wp.h"
+#include "kernels/kernels.h"
+
+static clockid_t clock_id = CLOCK_MONOTONIC;
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(clock_id, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void print_machine(void)
+{
+    char line[256], model[256] = "unknown";
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    while (f && fgets(line, sizeof line, f)) {
+        if (strncmp(line, "model name", 10) == 0) {
+            char *p = strchr(line, ':');
+            if (p) {
+                snprintf(model, sizeof model, "%s", p + 2);
+                model[strcspn(model, "\n")] = 0;
+            }
+            break;
+        }
+    }
+    if (f)
+        fclose(f);
+    printf("cpu: %s\ncompiler: %s, single thread\n", model,
+#ifdef __VERSION__
+           __VERSION__
+#else
+           "unknown"
+#endif
+    );
+}
+
+/* Seconds per call: the best of 20 slices, each repeating the call for budget/20 s. */
+static double time_call(wpi_matmul_fn fn, const void *w, size_t rows, size_t cols,
+                        const float *x, size_t n_tok, float *y, double budget)
+{
+    double best = 1e30;
+    fn(w, cols, 0, rows, x, cols, n_tok, y, rows); /* warm the caches */
+    for (int run = 0; run < 20; run++) {
+        int reps = 0;
+        double t0 = now(), t;
+        do {
+            fn(w, cols, 0, rows, x, cols, n_tok, y, rows);
+            reps++;
+            t = now() - t0;
+        } while (t < budget / 20);
+        if (t / reps < best)
+            best = t / reps;
+    }
+    return best;
+}
+
+int main(int argc, char **argv)
+{
+    double budget = 0.5;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--cpu") == 0)
+            clock_id = CLOCK_THREAD_CPUTIME_ID;
+        else
+            budget = atof(argv[i]);
+    }
+    static const int dtypes[] = {WPI_F32, WPI_F16, WPI_BF16, WPI_Q8_0, WPI_Q4_0, WPI_Q4_1};
+    static const size_t shapes[][2] = {{2048, 2048}, {576, 1536}};
+    static const size_t ntoks[] = {1, 16};
+    const wpi_kernels *sets[3];
+    int n_sets = 0;
+    for (int isa = WP_ISA_SCALAR; isa <= WP_ISA_AVX512; isa++)
+        if (wpi_kernels_get(isa))
+            sets[n_sets++] = wpi_kernels_get(isa);
+
+    print_machine();
+    printf("kernel sets:");
+    for (int i = 0; i < n_sets; i++)
+        printf(" %s", sets[i]->name);
+    printf("\nclock: %s\nGB/s of weight bytes (x speedup over scalar)\n\n",
+           clock_id == CLOCK_MONOTONIC ? "wall" : "thread CPU time");
+    printf("%-12s %-5s %5s", "shape", "dtype", "n_tok");
+    for (int i = 0; i < n_sets; i++)
+        printf(" %18s", sets[i]->name);
+    printf("\n");
+
+    for (size_t si = 0; si < 2; si++) {
+        size_t rows = shapes[si][0], cols = shapes[si][1];
+        float *src = malloc(cols * sizeof(float));
+        float *x = malloc(16 * cols * sizeof(float));
+        float *y = malloc(16 * rows * sizeof(float));
+        for (size_t i = 0; i < 16 * cols; i++)
+            x[i] = (float)((i * 2654435761u) % 1000) / 500.0f - 1.0f;
+        for (size_t di = 0; di < sizeof dtypes / sizeof dtypes[0]; di++) {
+            int dt = dtypes[di];
+            size_t rb = wpi_row_bytes(dt, cols);
+            unsigned char *w = malloc(rows * rb);
+            for (size_t r = 0; r < rows; r++) {
+                for (size_t c = 0; c < cols; c++)
+                    src[c] = (float)(((r * 31 + c) * 2654435761u) % 2001) / 1000.0f - 1.0f;
+                wpi_quant_row(dt, src, w + r * rb, cols);
+            }
+            for (size_t ti = 0; ti < 2; ti++) {
+                char shape[32];
+                snprintf(shape, sizeof shape, "%zux%zu", rows, cols);
+                printf("%-12s %-5s %5zu", shape, wpi_dtype_name(dt), ntoks[ti]);
+                double base = 0.0;
+                for (int i = 0; i < n_sets; i++) {
+                    double s = time_call(wpi_kernels_matmul(sets[i], dt), w, rows, cols, x,
+                                         ntoks[ti], y, budget);
+                    double gbs = (double)(rows * rb) / s / 1e9;
+                    if (i == 0)
+                        base = s;
+                    printf(" %9.2f (x%5.1f)", gbs, base / s);
+                    fflush(stdout);
+                }
+                printf("\n");
+            }
+            free(w);
+        }
+        free(src);
+        free(x);
+        free(y);
+    }
+    return 0;
+}

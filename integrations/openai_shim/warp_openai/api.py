@@ -1,0 +1,643 @@
+"""The OpenAI-compatible request core: (method, path, JSON body) -> (status, body or chunks).
+
+Owns: routing (GET /health, /v1/models, /v1/models/{id}; POST /v1/chat/completions,
+/v1/completions), optional bearer auth, body parsing, the validation order and error
+texts of PROTOCOLS.md §7, generation options, blocking and streamed response shapes
+(chunk dicts; the transport or server frames them as SSE), usage and the `warp` stats
+object, and cancellation (closing a `ChunkStream` stops generation within a token).
+Refuses: everything §7 refuses, OpenAI-shaped (`{"error": {message, type, param, code}}`);
+`n` > 1 and `top_logprobs` > 0 (one sampled completion per request).
+Knows nothing of HTTP libraries: `transport.py` (httpx/httpx2) and `server.py` (stdlib)
+frame what this returns.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import secrets
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from warp_providers import ContextOverflowError, SamplingParams, WarpError
+from warp_providers.chat import ChatFormatError
+from warp_providers.chat.base import ToolCallArguments, ToolCallStart
+from warp_providers.session import ChatResult, ChatSession
+
+__all__ = ["MAX_BODY_BYTES", "APIError", "ChunkStream", "WarpAPI", "error_body"]
+
+MAX_BODY_BYTES = 64 * 1024 * 1024
+"""Request bodies above this are refused on their declared length (§7.3)."""
+DEFAULT_MAX_TOKENS = 4096
+"""Completion limit when a request sets none (§7.17)."""
+_ROLES = ["assistant", "developer", "system", "tool", "user"]
+_TYPES = {401: "authentication_error", 404: "not_found_error", 500: "engine_error"}
+
+
+class APIError(Exception):
+    """A refusal with its HTTP status and OpenAI error fields."""
+
+    def __init__(
+        self, status: int, message: str, *, param: str | None = None, code: str | None = None,
+        type: str | None = None,
+    ) -> None:
+        """Create the error; `type` defaults from the status."""
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.type = type or _TYPES.get(status, "invalid_request_error")
+
+    def body(self) -> dict[str, Any]:
+        """The OpenAI error body."""
+        return error_body(self.message, self.type, self.param, self.code)
+
+
+def error_body(message: str, type: str = "invalid_request_error", param: str | None = None,
+               code: str | None = None) -> dict[str, Any]:
+    """`{"error": {"message", "type", "param", "code"}}`."""
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+class ChunkStream:
+    """Chunk dicts of one streamed reply; `close()` (from any thread) stops generation.
+
+    Iterate it in one thread: the engine's lock belongs to the thread that started it.
+    """
+
+    def __init__(self, make: Callable[[Callable[[], bool]], Iterator[dict[str, Any]]]) -> None:
+        """`make(should_stop)` returns the chunk generator."""
+        self._cancel = threading.Event()
+        self._gen = make(self._cancel.is_set)
+        self._lock = threading.Lock()
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return self
+
+    def __next__(self) -> dict[str, Any]:
+        if self._cancel.is_set():
+            self._finish()
+            raise StopIteration
+        return next(self._gen)
+
+    def cancel(self) -> None:
+        """Asks generation to stop before its next token (thread-safe, never blocks)."""
+        self._cancel.set()
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether `cancel` or `close` was called."""
+        return self._cancel.is_set()
+
+    def close(self) -> None:
+        """Stops generation and releases the engine (call from the iterating thread)."""
+        self._cancel.set()
+        self._finish()
+
+    def _finish(self) -> None:
+        with self._lock:
+            try:
+                self._gen.close()
+            except ValueError:  # "generator already executing": it sees the flag instead
+                pass
+
+
+def _new_id(prefix: str) -> str:
+    return prefix + secrets.token_hex(12)
+
+
+class WarpAPI:
+    """The OpenAI surface over one `ChatSession` (or a bare engine without a chat format).
+
+    Example:
+        >>> api = WarpAPI(session)                                  # doctest: +SKIP
+        >>> status, body = api.handle("GET", "/v1/models")          # doctest: +SKIP
+
+    """
+
+    def __init__(
+        self,
+        session: ChatSession | None = None,
+        *,
+        engine: Any = None,
+        model_id: str | None = None,
+        api_key: str | None = None,
+        default_max_tokens: int = DEFAULT_MAX_TOKENS,
+    ) -> None:
+        """Serve a session (or an engine: its chat format is resolved here).
+
+        Args:
+            session: the chat session; None resolves one from `engine`.
+            engine: the engine, when no session is given. A model without a chat format
+                still serves /v1/completions; chat requests get 400 unsupported_chat_format.
+            model_id: the served model id (default: the session's model name).
+            api_key: require `Authorization: Bearer <key>` (None: no auth).
+            default_max_tokens: completion limit when a request sets none.
+
+        """
+        self._format_error: ChatFormatError | None = None
+        if session is None:
+            if engine is None:
+                raise TypeError("WarpAPI needs a session or an engine")
+            try:
+                session = ChatSession(engine)
+            except ChatFormatError as exc:
+                self._format_error = exc
+        self.session = session
+        self.engine = session.engine if session is not None else engine
+        info = self.engine.info()
+        default_id = session.model_name if session else str(info.get("name") or "warp")
+        self.model_id = model_id or default_id
+        self.api_key = api_key
+        self.default_max_tokens = default_max_tokens
+        self.created = int(time.time())
+        self._started = time.monotonic()
+
+    # ------------------------------------------------------------------ entry point
+    def handle(
+        self,
+        method: str,
+        path: str,
+        body: bytes | str | Mapping[str, Any] | None = None,
+        *,
+        headers: Mapping[str, str] | None = None,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> tuple[int, dict[str, Any] | ChunkStream]:
+        """Answers one request.
+
+        Args:
+            method: GET or POST.
+            path: the URL path (a query string and trailing slashes are ignored).
+            body: the raw body (bytes/str) or an already parsed JSON object.
+            headers: request headers (only `Authorization` is read, when a key is set).
+            should_stop: polled before each generated token; True ends the reply early
+                (a caller's timeout or disconnect).
+
+        Returns:
+            (status, body dict) or (200, ChunkStream) for a streamed chat completion.
+            Errors are returned, never raised; an engine failure is a 500 `engine_error`.
+
+        """
+        try:
+            return self._route(method.upper(), _clean(path), body, headers or {}, should_stop)
+        except APIError as exc:
+            return exc.status, exc.body()
+        except ChatFormatError as exc:
+            return 400, error_body(exc.message, "invalid_request_error", exc.param, exc.code)
+        except ContextOverflowError as exc:
+            return 400, error_body(str(exc), "invalid_request_error", "messages",
+                                   "context_length_exceeded")
+        except (WarpError, ValueError, RuntimeError, OSError) as exc:
+            return 500, error_body(str(exc) or type(exc).__name__, "engine_error")
+
+    def _route(
+        self, method: str, path: str, body: Any, headers: Mapping[str, str],
+        should_stop: Callable[[], bool] | None,
+    ) -> tuple[int, dict[str, Any] | ChunkStream]:
+        if method == "GET" and path == "/health":
+            return 200, {"status": "ok", "model": self.model_id, "engine": self._engine_build(),
+                         "uptime_s": int(time.monotonic() - self._started)}
+        if method == "POST":
+            self._auth(headers)
+            if path == "/v1/chat/completions":
+                return self.chat_completions(_parse(body), should_stop=should_stop)
+            if path == "/v1/completions":
+                return self.completions(_parse(body), should_stop=should_stop)
+            raise APIError(404, f"no route for POST {path}")
+        if method == "GET":
+            self._auth(headers)
+            if path == "/v1/models":
+                return 200, {"object": "list", "data": [self._model_object()]}
+            if path.startswith("/v1/models/"):
+                wanted = path[len("/v1/models/"):]
+                if wanted != self.model_id:
+                    raise APIError(404, f"no such model: {wanted}", param="model")
+                return 200, self._model_object()
+            raise APIError(404, f"no route for GET {path}")
+        raise APIError(404, f"no route for {method} {path}")
+
+    def _auth(self, headers: Mapping[str, str]) -> None:
+        if self.api_key is None:
+            return
+        given = ""
+        for k, v in headers.items():
+            if k.lower() == "authorization":
+                given = v
+        ok = given.startswith("Bearer ") and hmac.compare_digest(
+            given[len("Bearer "):].encode(), self.api_key.encode())
+        if not ok:
+            raise APIError(401, "invalid API key")
+
+    def _engine_build(self) -> str:
+        info = self.engine.info()
+        return str(info.get("engine") or info.get("kernels") or info.get("model_type") or "warp")
+
+    def _model_object(self) -> dict[str, Any]:
+        info = self.engine.info()
+        keys = ("model_type", "n_layers", "n_experts", "top_k", "hidden", "ctx_tokens",
+                "params_total", "params_active", "quant_summary", "vocab_size")
+        model = {"id": self.model_id, "object": "model", "created": self.created,
+                 "owned_by": "warp"}
+        details = {k: info[k] for k in keys if k in info}
+        if details:
+            model["warp"] = details
+        return model
+
+    # ------------------------------------------------------------------ chat
+    def chat_completions(
+        self, req: dict[str, Any], *, should_stop: Callable[[], bool] | None = None
+    ) -> tuple[int, dict[str, Any] | ChunkStream]:
+        """POST /v1/chat/completions on a parsed body (§7.4 order)."""
+        if self.session is None:
+            err = self._format_error
+            reason = err.message if err is not None else "no chat format"
+            raise APIError(400, f"this model cannot be used for chat completions: {reason}. "
+                           "POST /v1/completions for raw continuation",
+                           param="model", code="unsupported_chat_format")
+        stream = req.get("stream", False)
+        if stream is not None and not isinstance(stream, bool):
+            raise APIError(400, "'stream' must be a boolean", param="stream")
+        _validate_messages(req)
+        if req.get("tools") is not None and not isinstance(req["tools"], list):
+            raise APIError(400, "'tools' must be an array", param="tools")
+        choice = req.get("tool_choice")
+        if choice is not None and not isinstance(choice, (str, dict)):
+            raise APIError(400, "'tool_choice' must be a string or an object", param="tool_choice")
+        if isinstance(choice, str) and choice not in ("auto", "none", "required"):
+            raise APIError(400, "'tool_choice' must be 'auto', 'none', 'required' or an object "
+                           "naming a function", param="tool_choice")
+        if req.get("response_format") is not None and not isinstance(req["response_format"], dict):
+            raise APIError(400, "'response_format' must be an object", param="response_format")
+        chat_req = _chat_request(req)
+        limit = _max_tokens(req, self.default_max_tokens)
+        prep = self.session.prepare(chat_req, max_tokens=limit)
+        sampling = _sampling(req)
+        stop = _stop(req)
+        logprobs = _logprobs(req)
+        opts = _stream_options(req)
+        ident, created = _new_id("chatcmpl-"), int(time.time())
+        if not stream:
+            t0 = time.perf_counter()
+            result = None
+            for chunk in self.session.stream(prep, sampling=sampling, stop=stop,
+                                             should_stop=should_stop):
+                result = chunk.result or result
+            assert result is not None
+            return 200, self._completion_body(ident, created, result, time.perf_counter() - t0,
+                                              logprobs)
+
+        outer = should_stop
+
+        def make(cancelled: Callable[[], bool]) -> Iterator[dict[str, Any]]:
+            def stop_now() -> bool:
+                return cancelled() or bool(outer is not None and outer())
+
+            return self._chunks(ident, created, prep, sampling, stop, stop_now, opts, logprobs)
+
+        return 200, ChunkStream(make)
+
+    def _chunks(
+        self, ident: str, created: int, prep: Any, sampling: SamplingParams, stop: list[str],
+        should_stop: Callable[[], bool], include_usage: bool, logprobs: bool,
+    ) -> Iterator[dict[str, Any]]:
+        assert self.session is not None
+        base = {"id": ident, "object": "chat.completion.chunk", "created": created,
+                "model": self.model_id}
+
+        def chunk(delta: dict[str, Any], finish: str | None = None,
+                  lp: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+            return {**base, "choices": [{"index": 0, "delta": delta,
+                                         "logprobs": {"content": lp} if lp is not None else None,
+                                         "finish_reason": finish}]}
+
+        t0 = time.perf_counter()
+        role_sent = False
+        announced: set[int] = set()
+        result: ChatResult | None = None
+        items = self.session.stream(prep, sampling=sampling, stop=stop, should_stop=should_stop)
+        for item in items:
+            if item.result is not None:
+                result = item.result
+                continue
+            d = item.delta
+            if not role_sent:
+                role_sent = True
+                yield chunk({"role": "assistant", "content": ""})
+            if d.reasoning:
+                yield chunk({"reasoning_content": d.reasoning})
+            if d.content:
+                lp = None
+                if logprobs and item.logprob is not None:
+                    lp = [_logprob_entry(d.content, item.logprob)]
+                yield chunk({"content": d.content}, lp=lp)
+            for ev in d.tool_calls:
+                if isinstance(ev, ToolCallStart):
+                    announced.add(ev.index)
+                    yield chunk({"tool_calls": [{"index": ev.index, "id": ev.id, "type": "function",
+                                                 "function": {"name": ev.name, "arguments": ""}}]})
+                elif isinstance(ev, ToolCallArguments) and ev.fragment:
+                    yield chunk({"tool_calls": [{"index": ev.index,
+                                                 "function": {"arguments": ev.fragment}}]})
+        if result is None:  # cancelled: the consumer is gone
+            return
+        if not role_sent:
+            yield chunk({"role": "assistant", "content": ""})
+        for call in result.message.tool_calls:  # calls the stream never announced
+            if call.index not in announced:
+                yield chunk({"tool_calls": [{"index": call.index, "id": call.id, "type": "function",
+                                             "function": {"name": call.name, "arguments": ""}}]})
+                yield chunk({"tool_calls": [{"index": call.index,
+                                             "function": {"arguments": call.arguments}}]})
+        stats = _stats(result, time.perf_counter() - t0)
+        final = chunk({}, result.message.finish_reason or "stop")
+        final["warp"] = stats
+        yield final
+        if include_usage:
+            yield {**base, "choices": [], "usage": result.usage.model_dump(), "warp": stats}
+
+    def _completion_body(self, ident: str, created: int, result: ChatResult, seconds: float,
+                         logprobs: bool) -> dict[str, Any]:
+        msg = result.message
+        message: dict[str, Any] = {"role": "assistant", "content": msg.content or None}
+        if msg.reasoning:
+            message["reasoning_content"] = msg.reasoning
+        if msg.tool_calls:
+            message["tool_calls"] = [
+                {"id": c.id, "type": "function",
+                 "function": {"name": c.name, "arguments": c.arguments}}
+                for c in msg.tool_calls
+            ]
+        return {
+            "id": ident, "object": "chat.completion", "created": created, "model": self.model_id,
+            "choices": [{"index": 0, "message": message,
+                         "logprobs": {"content": []} if logprobs else None,
+                         "finish_reason": msg.finish_reason or "stop"}],
+            "usage": result.usage.model_dump(),
+            "warp": _stats(result, seconds),
+        }
+
+    # ------------------------------------------------------------------ raw completions
+    def completions(
+        self, req: dict[str, Any], *, should_stop: Callable[[], bool] | None = None
+    ) -> tuple[int, dict[str, Any]]:
+        """POST /v1/completions (§7.15): plain-text continuation, no chat template."""
+        prompt = req.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1:
+            prompt = prompt[0]
+        if not isinstance(prompt, str):
+            raise APIError(400, "'prompt' must be a string", param="prompt")
+        if not prompt:
+            raise APIError(400, "'prompt' must be a non-empty string", param="prompt")
+        tokenizer = self.engine.tokenizer
+        ids = tokenizer.encode_content(prompt)
+        if not ids:
+            raise APIError(400, "'prompt' encoded to no tokens", param="prompt")
+        ctx = int(self.engine.info().get("ctx_tokens", 0) or 0)
+        if ctx and len(ids) >= ctx:
+            raise APIError(400, f"prompt is {len(ids)} tokens, and this model's context is {ctx}",
+                           param="prompt", code="context_length_exceeded")
+        limit = _max_tokens(req, self.default_max_tokens)
+        if ctx:
+            limit = min(limit, max(1, ctx - len(ids)))
+        sampling = _sampling(req)
+        stop = _stop(req)
+        text = ""
+        n = 0
+        hit_stop = False
+        events = self.engine.stream(ids, max_tokens=limit, sampling=sampling, stop=stop,
+                                    should_stop=should_stop)
+        for ev in events:
+            n += 1
+            text += ev.text
+            cut = [text.find(s) for s in stop if s and s in text]
+            if cut:
+                text = text[: min(cut)]
+                hit_stop = True
+                break
+        getattr(events, "close", lambda: None)()
+        gen = getattr(self.engine, "last_result", None)
+        if gen is not None and not hit_stop:
+            n = len(gen.token_ids)
+            finish = "length" if gen.finish_reason == "length" else "stop"
+        else:
+            finish = "stop"
+        return 200, {
+            "id": _new_id("cmpl-"), "object": "text_completion", "created": int(time.time()),
+            "model": self.model_id,
+            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
+            "usage": {"prompt_tokens": len(ids), "completion_tokens": n,
+                      "total_tokens": len(ids) + n},
+        }
+
+
+# ---------------------------------------------------------------------- helpers
+def _clean(path: str) -> str:
+    path = path.split("?", 1)[0].split("#", 1)[0]
+    path = path.rstrip("/")
+    return path or "/"
+
+
+def _parse(body: Any) -> dict[str, Any]:
+    if isinstance(body, Mapping):
+        return dict(body)
+    if body is None or body == b"" or body == "":
+        raise APIError(400, "request body is empty")
+    try:
+        text = body.decode("utf-8") if isinstance(body, (bytes, bytearray)) else str(body)
+        value = json.loads(text)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise APIError(400, f"request body is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise APIError(400, "request body must be a JSON object")
+    return value
+
+
+def _validate_messages(req: Mapping[str, Any]) -> None:
+    if "messages" not in req:
+        raise APIError(400, "'messages' is a required property", param="messages")
+    messages = req["messages"]
+    if not isinstance(messages, list) or not messages:
+        raise APIError(400, "'messages' must be a non-empty array", param="messages")
+    for i, m in enumerate(messages):
+        at = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise APIError(400, f"{at} must be an object", param=at)
+        if m.get("role") not in _ROLES:
+            raise APIError(400, f"{at}.role must be one of {_ROLES}", param=f"{at}.role")
+        content = m.get("content")
+        if content is not None and not isinstance(content, (str, list)):
+            raise APIError(400, f"{at}.content must be a string, an array, or null",
+                           param=f"{at}.content")
+        for j, part in enumerate(content if isinstance(content, list) else []):
+            pat = f"{at}.content[{j}]"
+            if not isinstance(part, dict):
+                raise APIError(400, f"{pat} must be an object", param=pat)
+            kind = part.get("type")
+            if not isinstance(kind, str) or not kind:
+                raise APIError(400, f"{pat}.type must be a non-empty string", param=f"{pat}.type")
+            if kind not in ("image", "image_url") and not isinstance(part.get("text"), str):
+                raise APIError(400, f"{pat}.text must be a string", param=f"{pat}.text")
+        calls = m.get("tool_calls")
+        if calls is None:
+            continue
+        if m.get("role") != "assistant":
+            raise APIError(400, f"{at}.tool_calls is only valid for assistant messages",
+                           param=f"{at}.tool_calls")
+        if not isinstance(calls, list):
+            raise APIError(400, f"{at}.tool_calls must be an array", param=f"{at}.tool_calls")
+        for j, call in enumerate(calls):
+            cat = f"{at}.tool_calls[{j}]"
+            if not isinstance(call, dict):
+                raise APIError(400, f"{cat} must be an object", param=cat)
+            fn = call.get("function", call)
+            if not isinstance(fn, dict):
+                raise APIError(400, f"{cat}.function must be an object", param=f"{cat}.function")
+            name = fn.get("name")
+            if not isinstance(name, str) or not name:
+                raise APIError(400, f"{cat}.function.name must be a non-empty string",
+                               param=f"{cat}.function.name")
+            args = fn.get("arguments")
+            if args is not None and not isinstance(args, (dict, str)):
+                raise APIError(400, f"{cat}.function.arguments must be an object or JSON string",
+                               param=f"{cat}.function.arguments")
+
+
+_CHAT_KEYS = ("messages", "tools", "tool_choice", "response_format", "reasoning_effort",
+              "thinking", "parallel_tool_calls")
+
+
+def _chat_request(req: Mapping[str, Any]) -> dict[str, Any]:
+    out = {k: req[k] for k in _CHAT_KEYS if k in req}
+    effort = req.get("reasoning_effort")
+    if effort is None:
+        effort = req.get("thinking_effort")
+    if effort is None and isinstance(req.get("reasoning"), dict):
+        effort = req["reasoning"].get("effort")
+    if effort is not None:
+        if not isinstance(effort, str):
+            raise APIError(400, "'reasoning_effort' must be a string", param="reasoning_effort")
+        out["reasoning_effort"] = effort
+    if req.get("thinking") is not None and not isinstance(req["thinking"], bool):
+        raise APIError(400, "'thinking' must be a boolean", param="thinking")
+    if out.get("tools") is None:
+        out.pop("tools", None)
+    return out
+
+
+def _number(req: Mapping[str, Any], key: str, default: float, lo: float, hi: float) -> float:
+    value = req.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise APIError(400, f"'{key}' must be a number", param=key)
+    if not (lo <= value <= hi):
+        raise APIError(400, f"'{key}' must be between {lo} and {hi}", param=key)
+    return float(value)
+
+
+def _int(req: Mapping[str, Any], key: str) -> int | None:
+    value = req.get(key)
+    if value is None:
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise APIError(400, f"'{key}' must be an integer", param=key)
+    return value
+
+
+def _sampling(req: Mapping[str, Any]) -> SamplingParams:
+    n = req.get("n")
+    if n is not None and (isinstance(n, bool) or not isinstance(n, (int, float)) or n != 1):
+        raise APIError(400, "'n' must be 1: this engine generates one completion per request",
+                       param="n")
+    temperature = _number(req, "temperature", 0.0, 0.0, 2.0)
+    top_p = _number(req, "top_p", 1.0, 0.0, 1.0)
+    if top_p == 0.0:  # only the most likely token survives: greedy
+        temperature, top_p = 0.0, 1.0
+    top_k = req.get("top_k")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0):
+        raise APIError(400, "'top_k' must be a non-negative integer", param="top_k")
+    min_p = _number(req, "min_p", 0.0, 0.0, 1.0)
+    seed = _int(req, "seed")
+    presence = _number(req, "presence_penalty", 0.0, -2.0, 2.0)
+    frequency = _number(req, "frequency_penalty", 0.0, -2.0, 2.0)
+    return SamplingParams(
+        temperature=temperature, top_p=top_p, top_k=top_k or 0, min_p=min_p,
+        seed=None if seed is None else seed % (1 << 64),
+        presence_penalty=presence, frequency_penalty=frequency,
+    )
+
+
+def _max_tokens(req: Mapping[str, Any], default: int) -> int:
+    key = "max_completion_tokens" if "max_completion_tokens" in req else "max_tokens"
+    value = req.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise APIError(400, "'max_tokens' must be a positive integer", param="max_tokens")
+    return value
+
+
+def _stop(req: Mapping[str, Any]) -> list[str]:
+    stop = req.get("stop")
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+        raise APIError(400, "'stop' must be a string or an array of strings", param="stop")
+    return [s for s in stop if s]
+
+
+def _logprobs(req: Mapping[str, Any]) -> bool:
+    want = req.get("logprobs")
+    if want is not None and not isinstance(want, bool):
+        raise APIError(400, "'logprobs' must be a boolean", param="logprobs")
+    top = req.get("top_logprobs")
+    if top is not None:
+        if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= 20:
+            raise APIError(400, "'top_logprobs' must be an integer between 0 and 20",
+                           param="top_logprobs")
+        if top > 0:
+            raise APIError(400, "'top_logprobs' > 0 is not supported: this engine reports only "
+                           "the sampled token's log-probability", param="top_logprobs")
+    return bool(want)
+
+
+def _stream_options(req: Mapping[str, Any]) -> bool:
+    opts = req.get("stream_options")
+    if opts is None:
+        return False
+    if not isinstance(opts, dict):
+        raise APIError(400, "'stream_options' must be an object", param="stream_options")
+    return bool(opts.get("include_usage"))
+
+
+def _logprob_entry(text: str, logprob: float) -> dict[str, Any]:
+    return {"token": text, "logprob": float(logprob), "bytes": list(text.encode("utf-8")),
+            "top_logprobs": []}
+
+
+def _stats(result: ChatResult, seconds: float) -> dict[str, Any]:
+    s = result.stats
+    hits = int(s.get("expert_hits", 0) or 0)
+    misses = int(s.get("expert_misses", 0) or 0)
+    n = result.usage.completion_tokens
+    tok_s = s.get("decode_tok_s")
+    if tok_s is None:
+        tok_s = n / seconds if seconds > 0 else 0.0
+    return {
+        "tokens_generated": n,
+        "experts_hit": hits,
+        "experts_missed": misses,
+        "expert_hit_rate": hits / (hits + misses) if hits + misses else None,
+        "bytes_read": int(s.get("bytes_read", 0) or 0),
+        "direct_io": bool(s.get("direct_io", False)),
+        "ms": round(seconds * 1000.0, 1),
+        "tok_s": round(float(tok_s), 2),
+        "prefill_tok_s": round(float(s.get("prefill_tok_s", 0.0) or 0.0), 2),
+    }

@@ -1,0 +1,142 @@
+"""`warp serve`'s HTTP server on 127.0.0.1: the same core, auth, body cap, SSE, disconnects."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+import pytest
+from fake_engine import ScriptedEngine
+from openai_cases import USER, WEATHER, CountingEngine, tool_call_text
+
+pytestmark = pytest.mark.enable_socket
+
+
+@pytest.fixture
+def serve():
+    from warp_openai import WarpAPI
+    from warp_openai.server import make_server
+
+    servers = []
+
+    def start(engine, api_key=None, max_body=None):
+        kw = {"max_body": max_body} if max_body else {}
+        httpd = make_server(WarpAPI(engine=engine), "127.0.0.1", 0, api_key=api_key, **kw)
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        servers.append(httpd)
+        return f"http://127.0.0.1:{httpd.server_address[1]}"
+
+    yield start
+    for s in servers:
+        s.shutdown()
+        s.server_close()
+
+
+def test_openai_client_over_http(serve):
+    import openai
+
+    reply = tool_call_text("get_weather", {"city": "Lima"})
+    url = serve(ScriptedEngine(["<think>t</think>Hello", reply, "plain"]), api_key="k")
+    client = openai.OpenAI(api_key="k", base_url=url + "/v1", max_retries=0)
+    r = client.chat.completions.create(model="m", messages=USER)
+    assert r.choices[0].message.content == "Hello"
+    chunks = list(
+        client.chat.completions.create(
+            model="m",
+            messages=USER,
+            tools=[WEATHER],
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert chunks[-1].usage is not None and chunks[-1].choices == []
+    assert len({c.id for c in chunks}) == 1
+    assert [m.id for m in client.models.list()] == ["scripted"]
+    bad = openai.OpenAI(api_key="wrong", base_url=url + "/v1", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.models.list()
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model="m", messages=USER, n=2)
+    client.close()
+    bad.close()
+
+
+def raw(url: str, data: bytes) -> bytes:
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=5) as s:
+        s.sendall(data)
+        out = b""
+        while True:
+            got = s.recv(65536)
+            if not got:
+                return out
+            out += got
+
+
+def test_health_metrics_and_auth(serve):
+    import httpx
+
+    url = serve(ScriptedEngine(["ok"]), api_key="k")
+    assert httpx.get(url + "/health").json()["status"] == "ok"  # exempt from auth
+    assert httpx.get(url + "/v1/models").status_code == 401
+    assert httpx.post(url + "/v1/nope", json={}).status_code == 401  # auth before routing
+    h = {"Authorization": "Bearer k"}
+    assert (
+        httpx.post(url + "/v1/chat/completions", json={"messages": USER}, headers=h).status_code
+        == 200
+    )
+    metrics = httpx.get(url + "/metrics", headers=h).text
+    assert 'warp_requests_total{path="/v1/chat/completions",status="200"} 1' in metrics
+    assert "warp_tokens_generated_total 3" in metrics and "warp_expert_hit_rate" in metrics
+
+
+def test_body_rules(serve):
+    url = serve(ScriptedEngine(["ok"]), max_body=1000)
+    # Declared too large: refused before reading, connection closed (the body is never sent).
+    out = raw(url, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 5000\r\n\r\n")
+    assert out.startswith(b"HTTP/1.1 413") and b"may not exceed 1000 bytes" in out
+    out = raw(url, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert out.startswith(b"HTTP/1.1 411")
+    out = raw(url, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: ab\r\n\r\n")
+    assert out.startswith(b"HTTP/1.1 400") and b"not a number" in out
+
+
+def test_sse_framing(serve):
+    import httpx
+
+    url = serve(ScriptedEngine(["ab"]))
+    with httpx.stream(
+        "POST", url + "/v1/chat/completions", json={"messages": USER, "stream": True}
+    ) as r:
+        assert r.headers["content-type"] == "text/event-stream"
+        events = [line for line in r.iter_lines() if line]
+    assert events[-1] == "data: [DONE]"
+    assert [json.loads(e[6:])["choices"][0]["delta"] for e in events[:-1]][:3] == [
+        {"role": "assistant", "content": ""},
+        {"content": "a"},
+        {"content": "b"},
+    ]
+
+
+def test_disconnect_stops_generation(serve):
+    gate = threading.Event()
+    engine = CountingEngine(["q" * 5000], gate=gate)
+    url = serve(engine)
+    body = json.dumps({"messages": USER, "stream": True}).encode()
+    host, port = url.removeprefix("http://").split(":")
+    s = socket.create_connection((host, int(port)), timeout=5)
+    s.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+    )
+    assert s.recv(100).startswith(b"HTTP/1.1 200")
+    s.close()
+    gate.set()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and not engine.saw_should_stop and engine.produced < 5000:
+        time.sleep(0.05)
+    time.sleep(0.2)
+    assert engine.produced < 5000

@@ -1,0 +1,501 @@
+"""Constrained decoding on a real BPE vocabulary: every sampled reply parses and validates."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from fake_engine import CHATML_TEMPLATE, MARKERS
+from support import has_module, requires
+
+from warp_providers import Sampler, SamplingParams, Tokenizer
+from warp_providers.chat import ChatFormatError, registry
+from warp_providers.constrain import (
+    GrammarProcessor,
+    check_schema,
+    processor_for_request,
+    tool_call_grammar,
+)
+
+XTML = ["<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>"]
+
+
+def _bpe(specials: list[str]) -> Tokenizer:
+    """A byte-level BPE with real merges, trained here on JSON-ish text (no download)."""
+    from tokenizers import Tokenizer as HF
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    hf = HF(models.BPE())
+    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    hf.decoder = decoders.ByteLevel()
+    rng = np.random.default_rng(1)
+    words = [
+        "name",
+        "age",
+        "city",
+        "items",
+        "true",
+        "false",
+        "null",
+        "Paris",
+        "value",
+        "id",
+        "tags",
+    ]
+    corpus = [
+        json.dumps({w: [int(x) for x in rng.integers(0, 999, 3)], "k": w * 2}) for w in words * 40
+    ]
+    corpus += ['{"a": 1, "b": [1.5, -2e3], "c": {"d": "e\\n"}}'] * 20
+    trainer = trainers.BpeTrainer(
+        vocab_size=700,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    hf.train_from_iterator(corpus, trainer)
+    end = hf.token_to_id(specials[1] if specials is MARKERS else "<|end_of_msg|>")
+    return Tokenizer.from_tokenizer_json(hf.to_str(), eos_ids=[end], chat_template=CHATML_TEMPLATE)
+
+
+@pytest.fixture(scope="module")
+def chatml():
+    requires(has_module("llguidance"), "llguidance (constrained decoding)")
+    tok = _bpe(MARKERS)
+    fmt = registry.resolve(chat_template=CHATML_TEMPLATE, tokenizer=tok)
+    assert fmt.name == "hf_template"
+    return fmt
+
+
+def sample(fmt, processor, *, seed: int, bias=None, max_tokens: int = 3000) -> list[int]:
+    """Random logits at temperature 1 through the real `Sampler`, until a stop id."""
+    rng = np.random.default_rng(seed)
+    sampler = Sampler(SamplingParams(temperature=1.0, seed=seed), [processor])
+    out: list[int] = []
+    n = fmt.tokenizer.vocab_size
+    for _ in range(max_tokens):
+        logits = rng.normal(0.0, 2.0, n).astype(np.float32)
+        if bias is not None:
+            logits += bias
+        tok, _ = sampler.sample(logits, out)
+        if tok in fmt.stop_ids:
+            return out
+        out.append(tok)
+    raise AssertionError(f"no stop within {max_tokens} tokens: {fmt.tokenizer.decode(out)[:200]!r}")
+
+
+def parse(fmt, prompt, ids):
+    parser = fmt.new_parser(prompt)
+    tok = fmt.tokenizer
+    dec = tok.incremental_decoder()
+    for t in ids:
+        parser.feed(t, tok.id_to_piece(t) if tok.is_control(t) else dec.feed(t))
+    assert dec.flush() == ""
+    return parser.finish()
+
+
+SCHEMAS = [
+    {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+    {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 12},
+            "age": {"type": "integer", "minimum": 0, "maximum": 130},
+        },
+        "required": ["name", "age"],
+        "additionalProperties": False,
+    },
+    {
+        "type": "object",
+        "properties": {"color": {"enum": ["red", "green", "blue"]}},
+        "required": ["color"],
+        "additionalProperties": False,
+    },
+    {
+        "type": "object",
+        "properties": {
+            "tags": {"type": "array", "items": {"type": "string", "maxLength": 5}, "maxItems": 4}
+        },
+        "required": ["tags"],
+        "additionalProperties": False,
+    },
+    {
+        "type": "object",
+        "properties": {
+            "p": {
+                "type": "object",
+                "properties": {"x": {"type": "number"}, "y": {"type": "number"}},
+                "required": ["x", "y"],
+                "additionalProperties": False,
+            }
+        },
+        "required": ["p"],
+        "additionalProperties": False,
+    },
+    {
+        "type": "object",
+        "properties": {
+            "ok": {"type": "boolean"},
+            "note": {"type": ["string", "null"], "maxLength": 8},
+        },
+        "required": ["ok", "note"],
+        "additionalProperties": False,
+    },
+    {
+        "type": "object",
+        "properties": {"score": {"type": "number", "minimum": 0.5, "maximum": 2.5}},
+        "required": ["score"],
+        "additionalProperties": False,
+    },
+    {
+        "type": "object",
+        "properties": {"n": {"type": "integer", "exclusiveMinimum": 10, "exclusiveMaximum": 20}},
+        "required": ["n"],
+        "additionalProperties": False,
+    },
+    {
+        "type": "object",
+        "properties": {
+            "items": {
+                "type": "array",
+                "minItems": 2,
+                "maxItems": 3,
+                "items": {"type": "integer", "minimum": -5, "maximum": 5},
+            }
+        },
+        "required": ["items"],
+        "additionalProperties": False,
+    },
+    {
+        "type": "object",
+        "properties": {"code": {"type": "string", "pattern": "^[A-Z]{2}[0-9]{3}$"}},
+        "required": ["code"],
+        "additionalProperties": False,
+    },
+    {
+        "type": "object",
+        "properties": {
+            "kind": {"const": "point"},
+            "v": {"type": "integer", "minimum": 0, "maximum": 9},
+        },
+        "required": ["kind", "v"],
+        "additionalProperties": False,
+    },
+    {
+        "type": "object",
+        "properties": {
+            "a": {"type": "string", "maxLength": 4},
+            "b": {"type": "integer", "maximum": 99, "minimum": 0},
+        },
+        "required": ["a"],
+        "additionalProperties": False,
+    },
+    {
+        "type": "object",
+        "properties": {
+            "v": {
+                "anyOf": [
+                    {"type": "integer", "minimum": 0, "maximum": 9},
+                    {"type": "string", "maxLength": 3},
+                ]
+            }
+        },
+        "required": ["v"],
+        "additionalProperties": False,
+    },
+    {
+        "type": "object",
+        "$defs": {
+            "pt": {
+                "type": "object",
+                "properties": {"x": {"type": "integer", "maximum": 9, "minimum": 0}},
+                "required": ["x"],
+                "additionalProperties": False,
+            }
+        },
+        "properties": {"from": {"$ref": "#/$defs/pt"}, "to": {"$ref": "#/$defs/pt"}},
+        "required": ["from", "to"],
+        "additionalProperties": False,
+    },
+    {
+        "type": "object",
+        "properties": {
+            "rows": {
+                "type": "array",
+                "maxItems": 3,
+                "items": {"type": "array", "maxItems": 3, "items": {"type": "boolean"}},
+            }
+        },
+        "required": ["rows"],
+        "additionalProperties": False,
+    },
+    {
+        "type": "object",
+        "properties": {
+            "level": {"type": "integer", "enum": [1, 2, 3]},
+            "label": {"enum": ["lo", "hi", None]},
+        },
+        "required": ["level", "label"],
+        "additionalProperties": False,
+    },
+    {
+        "type": "object",
+        "properties": {"date": {"type": "string", "format": "date"}},
+        "required": ["date"],
+        "additionalProperties": False,
+    },
+    {
+        "type": "object",
+        "properties": {"m": {"type": "number", "multipleOf": 0.5, "minimum": 0, "maximum": 10}},
+        "required": ["m"],
+        "additionalProperties": False,
+    },
+    {
+        "type": "object",
+        "properties": {
+            "d": {
+                "type": "object",
+                "additionalProperties": {"type": "integer", "minimum": 0, "maximum": 9},
+                "maxProperties": 3,
+            }
+        },
+        "required": ["d"],
+        "additionalProperties": False,
+    },
+    {
+        "type": "object",
+        "properties": {
+            "user": {
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string", "minLength": 1, "maxLength": 6},
+                    "roles": {"type": "array", "maxItems": 2, "items": {"enum": ["admin", "dev"]}},
+                    "address": {
+                        "type": "object",
+                        "properties": {"zip": {"type": "string", "pattern": "^[0-9]{5}$"}},
+                        "required": ["zip"],
+                        "additionalProperties": False,
+                    },
+                },
+                "required": ["name", "roles", "address"],
+                "additionalProperties": False,
+            }
+        },
+        "required": ["user"],
+        "additionalProperties": False,
+    },
+    {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 99}, "maxItems": 5},
+    {"type": "object", "properties": {"q": {"type": "string", "maxLength": 10}}},
+    {
+        "type": "object",
+        "properties": {
+            "s": {"type": "string", "minLength": 2, "maxLength": 3},
+            "t": {
+                "oneOf": [
+                    {
+                        "type": "object",
+                        "properties": {"k": {"const": 1}},
+                        "required": ["k"],
+                        "additionalProperties": False,
+                    },
+                    {"type": "array", "maxItems": 1, "items": {"type": "null"}},
+                ]
+            },
+        },
+        "required": ["s", "t"],
+        "additionalProperties": False,
+    },
+]
+
+
+def test_at_least_twenty_schemas():
+    assert len(SCHEMAS) >= 20
+
+
+@pytest.mark.parametrize("index", range(len(SCHEMAS)))
+def test_random_replies_validate(chatml, index):
+    import jsonschema
+
+    schema = SCHEMAS[index]
+    request = {
+        "messages": [{"role": "user", "content": "go"}],
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": "s", "schema": schema, "strict": True},
+        },
+    }
+    prompt = chatml.render({"messages": request["messages"]})
+    for seed in range(6):
+        proc = processor_for_request(chatml, prompt, request)
+        ids = sample(chatml, proc, seed=seed)
+        msg = parse(chatml, prompt, ids)
+        value = json.loads(msg.content)
+        jsonschema.validate(value, schema)
+        assert proc.done
+
+
+def test_adversarial_logits(chatml):
+    """Logits that love blanks, quotes, the stop id and control tokens still give valid JSON."""
+    import jsonschema
+
+    tok = chatml.tokenizer
+    schema = SCHEMAS[1]
+    request = {
+        "messages": [{"role": "user", "content": "go"}],
+        "response_format": {"type": "json_schema", "json_schema": {"schema": schema}},
+    }
+    prompt = chatml.render({"messages": request["messages"]})
+    for target in [" ", "\n", '"', "}", "{", "\\"]:
+        bias = np.zeros(tok.vocab_size, dtype=np.float32)
+        bias[tok.encode_content(target)[0]] = 30.0
+        bias[list(tok.control_ids)] = 30.0
+        ids = sample(chatml, processor_for_request(chatml, prompt, request), seed=7, bias=bias)
+        jsonschema.validate(json.loads(parse(chatml, prompt, ids).content), schema)
+
+
+def test_json_object_and_reasoning(chatml):
+    tok = chatml.tokenizer
+    request = {
+        "messages": [{"role": "user", "content": "go"}],
+        "response_format": {"type": "json_object"},
+    }
+    prompt = chatml.render({"messages": request["messages"]})
+    think_bias = np.zeros(tok.vocab_size, dtype=np.float32)
+    think_bias[tok.marker_id("<think>")] = 50.0  # the model wants to reason first
+    for seed in range(4):
+        ids = sample(
+            chatml, processor_for_request(chatml, prompt, request), seed=seed, bias=think_bias
+        )
+        assert ids[0] == tok.marker_id("<think>")
+        msg = parse(chatml, prompt, ids)
+        assert isinstance(json.loads(msg.content), dict)
+
+
+def test_forced_tool_calls(chatml):
+    import jsonschema
+
+    tools = [
+        {"type": "function", "function": {"name": "get_weather", "parameters": SCHEMAS[1]}},
+        {"type": "function", "function": {"name": "set_color", "parameters": SCHEMAS[2]}},
+    ]
+    messages = [{"role": "user", "content": "go"}]
+    prompt = chatml.render({"messages": messages, "tools": tools})
+    params = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
+    for choice, parallel in [
+        ("required", True),
+        ("required", False),
+        ({"type": "function", "function": {"name": "set_color"}}, True),
+    ]:
+        request = {
+            "messages": messages,
+            "tools": tools,
+            "tool_choice": choice,
+            "parallel_tool_calls": parallel,
+        }
+        for seed in range(4):
+            ids = sample(chatml, processor_for_request(chatml, prompt, request), seed=seed)
+            msg = parse(chatml, prompt, ids)
+            assert msg.finish_reason == "tool_calls" and msg.tool_calls
+            if not parallel:
+                assert len(msg.tool_calls) == 1
+            for call in msg.tool_calls:
+                assert not call.malformed
+                if isinstance(choice, dict):
+                    assert call.name == "set_color"
+                jsonschema.validate(json.loads(call.arguments), params[call.name])
+
+
+@pytest.mark.parametrize(
+    "schema,feature",
+    [
+        ({"type": "array", "uniqueItems": True}, "uniqueItems"),
+        ({"not": {"type": "string"}}, "not"),
+        ({"type": "object", "propertyNames": {"pattern": "^a"}}, "propertyNames"),
+        ({"type": "string", "format": "bogus-format"}, "bogus-format"),
+    ],
+)
+def test_unsupported_features_are_refused_by_name(schema, feature):
+    requires(has_module("llguidance"), "llguidance (constrained decoding)")
+    with pytest.raises(ChatFormatError) as info:
+        check_schema(schema, param="response_format.json_schema.schema")
+    assert feature in info.value.message
+    assert info.value.param == "response_format.json_schema.schema"
+
+
+def test_non_object_schema_is_refused():
+    with pytest.raises(ChatFormatError):
+        check_schema(["not", "a", "schema"], param="p")
+
+
+def test_unknown_tool_in_named_choice(chatml):
+    prompt = chatml.render({"messages": [{"role": "user", "content": "x"}]})
+    with pytest.raises(ChatFormatError) as info:
+        tool_call_grammar(
+            chatml, prompt, [{"type": "function", "function": {"name": "a"}}], name="b"
+        )
+    assert info.value.param == "tool_choice"
+
+
+def test_no_constraint_for_free_requests(chatml):
+    prompt = chatml.render({"messages": [{"role": "user", "content": "x"}]})
+    assert (
+        processor_for_request(chatml, prompt, {"messages": [], "response_format": {"type": "text"}})
+        is None
+    )
+    assert (
+        processor_for_request(
+            chatml,
+            prompt,
+            {"messages": [], "tool_choice": "auto", "tools": [{"function": {"name": "a"}}]},
+        )
+        is None
+    )
+
+
+def test_processor_resets_for_a_new_reply(chatml):
+    tok = chatml.tokenizer
+    proc = GrammarProcessor.from_grammar(tok, 'start: "yes" | "no"', chatml.stop_ids)
+    ids = sample(chatml, proc, seed=1)
+    assert tok.decode(ids) in ("yes", "no")
+    again = sample(chatml, proc, seed=2)  # `generated` restarts empty: the matcher resets
+    assert tok.decode(again) in ("yes", "no")
+
+
+@pytest.fixture(scope="module")
+def xtml():
+    requires(has_module("llguidance"), "llguidance (constrained decoding)")
+    tok = _bpe(["<|end_of_msg|>", "<|end_of_msg|>", *XTML[:3]])
+    fmt = registry.resolve(name="xtml", tokenizer=tok)
+    return fmt
+
+
+@pytest.mark.parametrize("thinking", [False, True])
+def test_xtml_answer_and_tool_call(xtml, thinking):
+    import jsonschema
+
+    effort = {} if thinking else {"reasoning_effort": "none"}
+    schema = SCHEMAS[4]
+    messages = [{"role": "user", "content": "go"}]
+    request = {
+        "messages": messages,
+        "response_format": {"type": "json_schema", "json_schema": {"schema": schema}},
+        **effort,
+    }
+    prompt = xtml.render(request)
+    assert prompt.reasoning_open == thinking
+    tok = xtml.tokenizer
+    bias = np.zeros(tok.vocab_size, dtype=np.float32)
+    if thinking:  # leave the think channel soon
+        bias[tok.marker_id("<|close|>")] = 8.0
+    for seed in range(3):
+        ids = sample(xtml, processor_for_request(xtml, prompt, request), seed=seed, bias=bias)
+        jsonschema.validate(json.loads(parse(xtml, prompt, ids).content), schema)
+    tools = [{"type": "function", "function": {"name": "move", "parameters": SCHEMAS[4]}}]
+    request = {"messages": messages, "tools": tools, "tool_choice": "required", **effort}
+    prompt = xtml.render(request)
+    for seed in range(3):
+        ids = sample(xtml, processor_for_request(xtml, prompt, request), seed=seed, bias=bias)
+        msg = parse(xtml, prompt, ids)
+        assert msg.tool_calls and all(c.name == "move" for c in msg.tool_calls)
+        for c in msg.tool_calls:
+            jsonschema.validate(json.loads(c.arguments), SCHEMAS[4])

@@ -1,0 +1,84 @@
+"""The shared model registry: one loaded engine per (model path, options), process-wide.
+
+Owns: `shared_engine` (opens a container lazily, once, under a lock; every later call
+with the same real path and options gets the same `Engine`) and `shared_session` (one
+`ChatSession` per shared engine). Any number of transports and adapters on one path thus
+share one model in memory; requests on it are serialised by the engine's own lock.
+Refuses: nothing beyond what `Engine.open` refuses.
+Called by: warp_openai, langchain_warp, llama_index.llms.warp and the CLI.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+from warp_providers.engine import Engine
+from warp_providers.session import ChatSession
+
+__all__ = ["clear", "shared_engine", "shared_session"]
+
+_LOCK = threading.Lock()
+_ENGINES: dict[tuple[str, str], Engine] = {}
+_OPENING: dict[tuple[str, str], threading.Lock] = {}
+_SESSIONS: dict[int, ChatSession] = {}
+
+
+def _key(path: str | os.PathLike[str], options: dict[str, Any]) -> tuple[str, str]:
+    real = os.path.realpath(os.fspath(path))
+    return real, repr(sorted((k, repr(v)) for k, v in options.items()))
+
+
+def shared_engine(path: str | os.PathLike[str], **options: Any) -> Engine:
+    """The process-wide `Engine` for `path` opened with `options` (opened on first use).
+
+    Args:
+        path: the container directory; symlinks and relative spellings share one engine.
+        **options: `Engine.open` keywords (budget, threads, ctx, cache_policy, ...).
+
+    Raises:
+        Whatever `Engine.open` raises (the next call tries again).
+
+    """
+    key = _key(path, options)
+    with _LOCK:
+        engine = _ENGINES.get(key)
+        if engine is not None:
+            return engine
+        opening = _OPENING.setdefault(key, threading.Lock())
+    with opening:  # one opener per key; other keys open concurrently
+        with _LOCK:
+            engine = _ENGINES.get(key)
+        if engine is None:
+            engine = Engine.open(key[0], **options)
+            with _LOCK:
+                _ENGINES[key] = engine
+        return engine
+
+
+def shared_session(path: str | os.PathLike[str], **options: Any) -> ChatSession:
+    """The `ChatSession` over `shared_engine(path, **options)` (one per engine).
+
+    Raises:
+        ChatFormatError: the model has no usable chat format.
+
+    """
+    engine = shared_engine(path, **options)
+    with _LOCK:
+        session = _SESSIONS.get(id(engine))
+        if session is None:
+            session = ChatSession(engine)
+            _SESSIONS[id(engine)] = session
+        return session
+
+
+def clear() -> None:
+    """Closes and forgets every shared engine (tests; process shutdown)."""
+    with _LOCK:
+        engines = list(_ENGINES.values())
+        _ENGINES.clear()
+        _SESSIONS.clear()
+        _OPENING.clear()
+    for engine in engines:
+        engine.close()
