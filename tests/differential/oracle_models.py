@@ -20,7 +20,8 @@ VOCAB = 272  # >= the 265 ids of the test tokenizer
 COMMON: dict[str, Any] = dict(
     vocab_size=VOCAB, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
     num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-5,
-    tie_word_embeddings=False, initializer_range=0.15,
+    tie_word_embeddings=False, initializer_range=0.15, bos_token_id=1, eos_token_id=2,
+    pad_token_id=0,
 )
 
 

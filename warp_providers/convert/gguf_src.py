@@ -28,7 +28,7 @@ from gguf import quants as _gq
 from . import quant
 from .hf import rope_inv_freq
 from .quant import DTYPE_IDS, ConvertError
-from .writer import ExpertLayerSrc, Plan, SrcTensor
+from .writer import ExpertLayerSrc, Plan, SrcTensor, const_rows
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "build_tokenizer_json", "load_gguf", "unpermute_rows"]
 
@@ -566,9 +566,7 @@ def load_gguf(path: Path) -> Plan:
     ]
     if not tied:
         trunk.append(take("output.weight", "output", (vocab, hidden)))
-    trunk.append(
-        SrcTensor("rope_freqs", (rope_dim // 2,), "f32", lambda r0, r1, v=inv: v[None, :], 0)
-    )
+    trunk.append(SrcTensor("rope_freqs", (rope_dim // 2,), "f32", const_rows(inv), 0))
     experts: list[ExpertLayerSrc] = []
     dense_names = ("ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")
     for i in range(n_layers):
@@ -610,6 +608,13 @@ def load_gguf(path: Path) -> Plan:
     )
 
 
+def _expert_rows(g: _GTensor, e: int, rows: int) -> Callable[[], np.ndarray]:
+    def fn() -> np.ndarray:
+        return g.raw_rows()[e * rows : (e + 1) * rows]
+
+    return fn
+
+
 def _gguf_experts(
     path: Path, gts: dict[str, _GTensor], used: set[str], i: int, n_e: int, inter: int, hidden: int
 ) -> ExpertLayerSrc:
@@ -633,8 +638,7 @@ def _gguf_experts(
     def expert(e: int) -> tuple[SrcTensor, SrcTensor, SrcTensor]:
         out = []
         for part, (g, shape) in zip(("gate", "up", "down"), parts):
-            r = shape[0]
-            fn: Callable[[], np.ndarray] = lambda g=g, r=r: g.raw_rows()[e * r : (e + 1) * r]  # noqa: E731
+            fn = _expert_rows(g, e, shape[0])
             out.append(_src(g, f"blk.{i}.expert.{e}.{part}", "experts", shape, fn, g.nbytes // n_e))
         return out[0], out[1], out[2]
 

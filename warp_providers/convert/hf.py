@@ -27,7 +27,7 @@ from typing import Any, Final
 import numpy as np
 
 from .quant import ConvertError, bf16_to_f32
-from .writer import ExpertLayerSrc, Plan, SrcTensor
+from .writer import ExpertLayerSrc, Plan, SrcTensor, const_rows
 
 __all__ = [
     "ROPE_TYPES",
@@ -259,7 +259,7 @@ def _read_st_header(path: Path) -> dict[str, _StEntry]:
         try:
             dtype = str(info["dtype"])
             shape = tuple(int(d) for d in info["shape"])
-            b, e = (int(x) for x in info["data_offsets"])
+            begin, end = (int(x) for x in info["data_offsets"])
         except (KeyError, TypeError, ValueError) as err:
             raise ConvertError(f"{path}: tensor {name!r} has a malformed header entry") from err
         if dtype not in _ST_DTYPES:
@@ -270,14 +270,14 @@ def _read_st_header(path: Path) -> dict[str, _StEntry]:
         count = math.prod(shape)
         if (
             any(d < 0 for d in shape)
-            or e < b
-            or e - b != count * _ST_DTYPES[dtype][1]
-            or data0 + e > size
+            or end < begin
+            or end - begin != count * _ST_DTYPES[dtype][1]
+            or data0 + end > size
         ):
             raise ConvertError(
-                f"{path}: tensor {name!r} offsets {b}..{e} do not fit its shape or the file"
+                f"{path}: tensor {name!r} offsets {begin}..{end} do not fit its shape or the file"
             )
-        out[name] = _StEntry(path, dtype, shape, data0 + b, e - b)
+        out[name] = _StEntry(path, dtype, shape, data0 + begin, end - begin)
     return out
 
 
@@ -311,8 +311,8 @@ class SafetensorsDir:
                 self.entries[name] = ent
         if wm is not None:
             for name, fn in wm.items():
-                ent = self.entries.get(name)
-                if ent is None or ent.file.name != fn:
+                found = self.entries.get(name)
+                if found is None or found.file.name != fn:
                     raise ConvertError(f"{index}: tensor {name!r} is not in shard {fn!r}")
         self._maps: dict[Path, np.memmap] = {}
 
@@ -930,9 +930,7 @@ def load_hf(src: Path) -> Plan:
     inv, _ = rope_inv_freq(
         rope_type, hp["rope_theta"], rope_dim, rope_params, hp["max_position_embeddings"]
     )
-    trunk.append(
-        SrcTensor("rope_freqs", (rope_dim // 2,), "f32", lambda r0, r1, v=inv: v[None, :], 0)
-    )
+    trunk.append(SrcTensor("rope_freqs", (rope_dim // 2,), "f32", const_rows(inv), 0))
 
     shapes = _expected_shapes(hp)
     expert_layers: list[ExpertLayerSrc] = []

@@ -8,7 +8,8 @@ identical to GGUF's. Work is done in row chunks so a large tensor never needs mo
 than a bounded amount of scratch memory.
 
 Defines ``ConvertError``. Refuses: quantizing rows whose length is not a multiple of 32
-(callers fall back to a float type), and any dtype name outside the table. Called by the HF and GGUF importers.
+(callers fall back to a float type), and any dtype name outside the table. Called by the
+HF and GGUF importers.
 """
 
 from __future__ import annotations

@@ -43,6 +43,7 @@ __all__ = [
     "Progress",
     "Quantization",
     "SrcTensor",
+    "const_rows",
     "write_container",
     "ALIGN_TRUNK",
     "ALIGN_RECORD",
@@ -280,7 +281,7 @@ class ExpertBankWriter:
         )
         self._f.write(header)
         for p in parts:
-            self._f.write(memoryview(p))
+            self._f.write(p.data)
         self._f.write(self._pad)
         self._next += 1
 
@@ -379,7 +380,7 @@ class ContainerWriter:
         if pad:
             self._trunk.write(bytes(pad))
             self._trunk_pos += pad
-        self._trunk.write(memoryview(buf))
+        self._trunk.write(buf.data)
         self._trunk_entries.append(
             {
                 "name": name,
@@ -522,6 +523,16 @@ Progress = Callable[[int, int, str], None]
 RowLoader = Callable[[int, int], np.ndarray]
 
 _ROW_CHUNK_ELEMS: Final[int] = 1 << 22
+
+
+def const_rows(v: np.ndarray) -> RowLoader:
+    """Return a row loader of the single row ``v`` (a computed vector such as rope_freqs)."""
+    row = np.asarray(v, dtype=np.float32).reshape(1, -1)
+
+    def rows(r0: int, r1: int) -> np.ndarray:
+        return row[r0:r1]
+
+    return rows
 
 
 @dataclass(frozen=True)

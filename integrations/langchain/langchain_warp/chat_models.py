@@ -29,8 +29,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.exceptions import OutputParserException
-from langchain_core.language_models import BaseChatModel, LanguageModelInput
-from langchain_core.language_models.chat_models import LangSmithParams
+from langchain_core.language_models import BaseChatModel, LangSmithParams, LanguageModelInput
 from langchain_core.messages import (
     AIMessage,
     AIMessageChunk,
@@ -84,7 +83,7 @@ _HAS_CHUNK_POSITION = "chunk_position" in AIMessageChunk.model_fields
 
 # --------------------------------------------------------------------------- messages
 def _text_of(content: str | list[Any]) -> str:
-    """The text of a message content: the string, or its text blocks joined."""
+    """Return the text of a message content: the string, or its text blocks joined."""
     if isinstance(content, str):
         return content
     parts = []
@@ -101,7 +100,7 @@ def _text_of(content: str | list[Any]) -> str:
 
 
 def _image_part(block: Mapping[str, Any]) -> dict[str, Any]:
-    """An OpenAI `image_url` part from a LangChain image block (OpenAI, v1 or Anthropic shape)."""
+    """Build an OpenAI `image_url` part from a LangChain image block (OpenAI/v1/Anthropic)."""
     if block.get("type") == "image_url":
         ref = block.get("image_url")
         url = ref.get("url") if isinstance(ref, Mapping) else ref
@@ -127,7 +126,7 @@ _REASONING_BLOCKS = ("reasoning", "thinking")
 
 
 def _content_parts(content: str | list[Any], where: str) -> str | list[dict[str, Any]]:
-    """A user or tool content as the core takes it: a string, or text and image parts."""
+    """Convert user or tool content for the core: a string, or text and image parts."""
     if isinstance(content, str):
         return content
     parts: list[dict[str, Any]] = []
@@ -153,7 +152,7 @@ def _content_parts(content: str | list[Any], where: str) -> str | list[dict[str,
 
 
 def _reasoning_of(message: AIMessage) -> str | None:
-    """An assistant turn's reasoning: `reasoning_content`, else its reasoning/thinking blocks."""
+    """Return an assistant turn's reasoning: `reasoning_content`, else its reasoning blocks."""
     text = message.additional_kwargs.get("reasoning_content")
     if isinstance(text, str) and text:
         return text
@@ -232,7 +231,8 @@ def _message_dicts(messages: Sequence[BaseMessage]) -> list[dict[str, Any]]:
             out.append({"role": m.role, "content": _content_parts(m.content, where)})
         else:
             raise ValueError(
-                f"ChatWarp cannot send {type(m).__name__} ({where}); use system, human, ai or tool messages"
+                f"ChatWarp cannot send {type(m).__name__} ({where}); "
+                "use system, human, ai or tool messages"
             )
     return out
 
@@ -243,7 +243,7 @@ def _tool_names(tools: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def _tool_choice(choice: Any, names: Sequence[str]) -> str | dict[str, Any] | None:
-    """A LangChain tool_choice in the core's (OpenAI) spelling.
+    """Spell a LangChain tool_choice the way the core (OpenAI) does.
 
     `"any"`, `"required"` and True force some call; `"auto"`, `"none"` pass
     through; another string names one tool; a dict is an OpenAI named choice
@@ -292,7 +292,7 @@ def _response_metadata(result: WarpResult, model_name: str) -> dict[str, Any]:
 
 
 def _split_calls(result: WarpResult) -> tuple[list[Any], list[Any]]:
-    """The reply's calls as LangChain tool calls, and the unusable ones as invalid tool calls."""
+    """Split the reply's calls into LangChain tool calls and invalid (unusable) tool calls."""
     calls, invalid = [], []
     for c in result.message.tool_calls:
         args = c.parsed_arguments()
@@ -316,7 +316,7 @@ def _split_calls(result: WarpResult) -> tuple[list[Any], list[Any]]:
 
 
 def _ai_message(result: WarpResult, model_name: str) -> AIMessage:
-    """The whole reply as an `AIMessage`."""
+    """Build the whole reply as an `AIMessage`."""
     msg = result.message
     calls, invalid = _split_calls(result)
     extra = {"reasoning_content": msg.reasoning} if msg.reasoning else {}
@@ -409,9 +409,9 @@ class _Converter:
             blocks.append({**part, "index": self._index(("call", i))})
         return ChatGenerationChunk(
             message=AIMessageChunk(
-                content=blocks,
+                content=blocks,  # type: ignore[arg-type]
                 additional_kwargs=extra,
-                tool_call_chunks=list(by_index.values()),  # type: ignore[arg-type]
+                tool_call_chunks=list(by_index.values()),
                 response_metadata={"output_version": "v1"},
             )
         )
@@ -470,7 +470,8 @@ class _ToolArgsParser(BaseGenerationOutputParser[Any]):
         for bad in message.invalid_tool_calls:
             if bad.get("name") in (self.name, None, ""):  # a call cut before its name counts too
                 raise OutputParserException(
-                    f"the model called {self.name} with unusable arguments ({bad.get('error')}): {bad.get('args')!r}",
+                    f"the model called {self.name} with unusable arguments "
+                    f"({bad.get('error')}): {bad.get('args')!r}",
                     llm_output=str(bad.get("args")),
                 )
         call = next((c for c in message.tool_calls if c["name"] == self.name), None)
@@ -609,7 +610,7 @@ class ChatWarp(BaseChatModel):
     streaming: bool = False
     """Make `invoke` stream internally (token callbacks fire as tokens arrive)."""
     reasoning_effort: str | None = None
-    """Reasoning level the chat format understands ("low", "high", ...; "none" turns thinking off)."""
+    """Reasoning level the chat format understands ("low", "high"...; "none": no thinking)."""
     budget: int | str | None = None
     """RAM for the engine's expert cache, bytes or "8G" (None = the engine's plan)."""
     threads: int | None = Field(default=None, ge=0)
@@ -634,7 +635,7 @@ class ChatWarp(BaseChatModel):
 
     @classmethod
     def get_lc_namespace(cls) -> list[str]:
-        """The import path LangChain's loader uses."""
+        """Return the import path LangChain's loader uses."""
         return ["langchain_warp", "chat_models"]
 
     @property
@@ -690,7 +691,7 @@ class ChatWarp(BaseChatModel):
 
     # ----------------------------------------------------------------- the model registry
     def _get_session(self) -> ChatSession:
-        """The chat session, loading the model on first use (shared through the core's registry)."""
+        """Return the chat session, loading the model on first use (through the core's registry)."""
         if self._session is not None:
             return self._session
         with self._session_lock:
@@ -717,7 +718,8 @@ class ChatWarp(BaseChatModel):
         from warp_providers.session import ChatSession
 
         # A forced format gets its own session over the shared engine (same weights).
-        return ChatSession(shared_engine(self.model_path, **options), chat_format=self.chat_format)
+        engine: Any = shared_engine(self.model_path, **options)  # an EngineLike
+        return ChatSession(engine, chat_format=self.chat_format)
 
     # ----------------------------------------------------------------- one request path
     def _stops(self, stop: Sequence[str] | None) -> list[str]:
@@ -907,7 +909,7 @@ class ChatWarp(BaseChatModel):
         strict: bool | None = None,
         **kwargs: Any,
     ) -> Runnable[LanguageModelInput, dict[str, Any] | BaseModel]:
-        """A runnable that answers with data shaped by `schema`.
+        """Return a runnable that answers with data shaped by `schema`.
 
         Args:
             schema: A pydantic class (v1 or v2), a TypedDict, or a JSON Schema dict.
@@ -958,7 +960,9 @@ class ChatWarp(BaseChatModel):
                 bind["ls_structured_output_format"] = trace
             llm = self.bind(**bind)
             parser = (
-                PydanticOutputParser(pydantic_object=schema) if is_class else JsonOutputParser()
+                PydanticOutputParser(pydantic_object=schema)  # type: ignore[arg-type]
+                if is_class
+                else JsonOutputParser()
             )  # type: ignore[arg-type]
         else:
             raise ValueError(

@@ -118,8 +118,9 @@ def script(prompt_ids: list[int]) -> str:
         return "<think>\nA cat joke, as JSON.\n</think>\n\n" + json.dumps(JOKE)
     if "haiku" in text.lower():
         return (
-            "<think>\nTwo haikus.\n</think>\n\nDisk heads hum softly\nexperts wake from cold storage\n"
-            "tokens drift like snow\n\nRAM holds what is hot\nthe rest waits patiently there\nstreamed in when called"
+            "<think>\nTwo haikus.\n</think>\n\n"
+            "Disk heads hum softly\nexperts wake from cold storage\ntokens drift like snow\n\n"
+            "RAM holds what is hot\nthe rest waits patiently there\nstreamed in when called"
         )
     return "<think>\nA greeting.\n</think>\n\nHello! How can I help you today?"
 

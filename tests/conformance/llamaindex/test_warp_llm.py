@@ -20,9 +20,8 @@ from llama_index.core.chat_engine import SimpleChatEngine
 from llama_index.core.llms import ChatMessage, ChatResponse, CompletionResponse
 from llama_index.core.prompts import PromptTemplate
 from llama_index.core.tools import FunctionTool
-from pydantic import BaseModel
-
 from llama_index.llms.warp import Warp
+from pydantic import BaseModel
 
 QUESTION = "What is the capital of France? Answer in one sentence."
 SCRIPTED_ANSWER = "Paris is the capital of France."
@@ -157,8 +156,9 @@ def test_chat_engine_and_token_counter(kind: str, llm: Warp) -> None:
 
 def test_structured_predict_and_structured_llm(kind: str, llm: Warp) -> None:
     llm.max_tokens = 200
-    out = llm.structured_predict(Capital, PromptTemplate("Give the capital of {country} and the country."),
-                                 country="France")
+    out = llm.structured_predict(
+        Capital, PromptTemplate("Give the capital of {country} and the country."), country="France"
+    )
     assert isinstance(out, Capital) and out.city.strip()
     sllm = llm.as_structured_llm(Capital)
     r = sllm.chat(messages())

@@ -22,9 +22,8 @@ from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.prompts import PromptTemplate
 from llama_index.core.tools import FunctionTool
 from llama_index.core.types import PydanticProgramMode
-from pydantic import BaseModel
-
 from llama_index.llms.warp import Warp
+from pydantic import BaseModel
 
 REASONED = "<think>Two words.</think>Hello there"
 STATS_KEYS = {"expert_hits", "expert_misses", "expert_lookups", "bytes_read", "hit_rate"}
@@ -245,11 +244,17 @@ def test_history_is_sent_openai_shaped() -> None:
             role=MessageRole.ASSISTANT,
             blocks=[
                 ThinkingBlock(content="Need the tool."),
-                ToolCallBlock(tool_call_id="call_7", tool_name="weather", tool_kwargs={"city": "Oslo"}),
+                ToolCallBlock(
+                    tool_call_id="call_7", tool_name="weather", tool_kwargs={"city": "Oslo"}
+                ),
             ],
         ),
-        ChatMessage(role=MessageRole.TOOL, content="Sunny", additional_kwargs={"tool_call_id": "call_7"}),
-        ChatMessage(role=MessageRole.USER, blocks=[TextBlock(text="And "), TextBlock(text="tomorrow?")]),
+        ChatMessage(
+            role=MessageRole.TOOL, content="Sunny", additional_kwargs={"tool_call_id": "call_7"}
+        ),
+        ChatMessage(
+            role=MessageRole.USER, blocks=[TextBlock(text="And "), TextBlock(text="tomorrow?")]
+        ),
     ]
     llm.chat(history)
     messages = seen[-1][0]["messages"]
@@ -257,7 +262,11 @@ def test_history_is_sent_openai_shaped() -> None:
     assert messages[2]["role"] == "assistant"
     assert messages[2]["reasoning_content"] == "Need the tool."
     assert messages[2]["tool_calls"] == [
-        {"id": "call_7", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Oslo"}'}}
+        {
+            "id": "call_7",
+            "type": "function",
+            "function": {"name": "weather", "arguments": '{"city": "Oslo"}'},
+        }
     ]
     assert messages[3] == {"role": "tool", "content": "Sunny", "tool_call_id": "call_7"}
     assert messages[4] == {"role": "user", "content": "And tomorrow?"}
@@ -268,9 +277,13 @@ def test_history_is_sent_openai_shaped() -> None:
 def test_images_become_image_url_parts() -> None:
     llm, _ = make()
     seen = spy_requests(llm)
-    msg = ChatMessage(role=MessageRole.USER, blocks=[
-        TextBlock(text="What is this?"), ImageBlock(image=b"\x89PNG\r\n\x1a\nfake", image_mimetype="image/png"),
-    ])
+    msg = ChatMessage(
+        role=MessageRole.USER,
+        blocks=[
+            TextBlock(text="What is this?"),
+            ImageBlock(image=b"\x89PNG\r\n\x1a\nfake", image_mimetype="image/png"),
+        ],
+    )
     try:
         llm.chat([msg])
     except ValueError:
@@ -314,10 +327,16 @@ def test_prepare_chat_with_tools() -> None:
     assert [t["function"]["name"] for t in out["tools"]] == ["add", "multiply"]
     assert out["tools"][0]["function"]["parameters"]["properties"].keys() == {"a", "b"}
     assert "tool_choice" not in out
-    assert llm._prepare_chat_with_tools(TOOLS, user_msg="x", tool_required=True)["tool_choice"] == "required"
+    assert (
+        llm._prepare_chat_with_tools(TOOLS, user_msg="x", tool_required=True)["tool_choice"]
+        == "required"
+    )
     named = llm._prepare_chat_with_tools(TOOLS, user_msg="x", tool_choice="add")["tool_choice"]
     assert named == {"type": "function", "function": {"name": "add"}}
-    assert llm._prepare_chat_with_tools(TOOLS, user_msg="x", tool_choice="none")["tool_choice"] == "none"
+    assert (
+        llm._prepare_chat_with_tools(TOOLS, user_msg="x", tool_choice="none")["tool_choice"]
+        == "none"
+    )
 
 
 def test_chat_with_tools_single_call() -> None:
@@ -339,10 +358,13 @@ def test_parallel_tool_calls() -> None:
     r = llm.chat_with_tools(TOOLS, user_msg="2+3 and 4*5?", allow_parallel_tool_calls=True)
     calls = llm.get_tool_calls_from_response(r)
     assert [(c.tool_name, c.tool_kwargs) for c in calls] == [
-        ("add", {"a": 2, "b": 3}), ("multiply", {"a": 4, "b": 5})
+        ("add", {"a": 2, "b": 3}),
+        ("multiply", {"a": 4, "b": 5}),
     ]
     assert len({c.tool_id for c in calls}) == 2
-    assert [b.content for b in r.message.blocks if isinstance(b, ThinkingBlock)] == ["Both at once."]
+    assert [b.content for b in r.message.blocks if isinstance(b, ThinkingBlock)] == [
+        "Both at once."
+    ]
 
 
 def test_without_parallel_calls_only_the_first_is_kept() -> None:
@@ -353,15 +375,22 @@ def test_without_parallel_calls_only_the_first_is_kept() -> None:
 
 def test_streamed_tool_calls_and_async() -> None:
     llm, _ = make((TWO_CALLS,))
-    responses = list(llm.stream_chat_with_tools(TOOLS, user_msg="go", allow_parallel_tool_calls=True))
+    responses = list(
+        llm.stream_chat_with_tools(TOOLS, user_msg="go", allow_parallel_tool_calls=True)
+    )
     final = llm.get_tool_calls_from_response(responses[-1])
     assert [c.tool_name for c in final] == ["add", "multiply"]
     partial = [llm.get_tool_calls_from_response(r, error_on_no_tool_call=False) for r in responses]
     assert partial[0] == []  # thinking came first
     r = asyncio.run(llm.achat_with_tools(TOOLS, user_msg="go", allow_parallel_tool_calls=True))
     assert len(llm.get_tool_calls_from_response(r)) == 2
-    streamed = collect(llm.astream_chat_with_tools(TOOLS, user_msg="go", allow_parallel_tool_calls=True))
-    assert [c.tool_name for c in llm.get_tool_calls_from_response(streamed[-1])] == ["add", "multiply"]
+    streamed = collect(
+        llm.astream_chat_with_tools(TOOLS, user_msg="go", allow_parallel_tool_calls=True)
+    )
+    assert [c.tool_name for c in llm.get_tool_calls_from_response(streamed[-1])] == [
+        "add",
+        "multiply",
+    ]
 
 
 def test_no_tool_call() -> None:
@@ -373,7 +402,7 @@ def test_no_tool_call() -> None:
 
 
 def test_malformed_arguments_are_kept_raw_in_the_message() -> None:
-    llm, _ = make(("<tool_call>\n{\"name\": \"add\", \"arguments\": \"a=2\"}\n</tool_call>",))
+    llm, _ = make(('<tool_call>\n{"name": "add", "arguments": "a=2"}\n</tool_call>',))
     r = llm.chat_with_tools(TOOLS, user_msg="x")
     block = next(b for b in r.message.blocks if isinstance(b, ToolCallBlock))
     assert block.tool_name == "add"
@@ -410,7 +439,10 @@ def test_structured_predict_asks_the_core_for_the_schema() -> None:
     fmt = request["response_format"]
     assert fmt["type"] == "json_schema"
     assert fmt["json_schema"]["name"] == "City"
-    assert fmt["json_schema"]["schema"] == {**City.model_json_schema(), "additionalProperties": False}
+    assert fmt["json_schema"]["schema"] == {
+        **City.model_json_schema(),
+        "additionalProperties": False,
+    }
     assert "tools" not in request  # not the tool-calling program
     assert "Describe the city Paris" in prompt_text(engine)
 
@@ -433,7 +465,9 @@ def test_structured_schema_closes_every_object() -> None:
 def test_astructured_predict_and_llm_kwargs() -> None:
     llm, _ = make((CITY_JSON,))
     seen = spy_requests(llm)
-    city = asyncio.run(llm.astructured_predict(City, CITY_PROMPT, llm_kwargs={"max_tokens": 99}, name="P"))
+    city = asyncio.run(
+        llm.astructured_predict(City, CITY_PROMPT, llm_kwargs={"max_tokens": 99}, name="P")
+    )
     assert city.population == 2100000
     assert seen[-1][1]["max_tokens"] == 99
 
@@ -443,14 +477,19 @@ def test_stream_structured_predict_yields_growing_objects() -> None:
     parts = list(llm.stream_structured_predict(City, CITY_PROMPT, name="Paris"))
     assert len(parts) > 3
     assert parts[-1] == City(name="Paris", population=2100000)
-    assert any(getattr(p, "name", None) == "Paris" and getattr(p, "population", None) is None for p in parts)
+    assert any(
+        getattr(p, "name", None) == "Paris" and getattr(p, "population", None) is None
+        for p in parts
+    )
 
 
 def test_astream_structured_predict() -> None:
     llm, _ = make((CITY_JSON,))
 
     async def run() -> list[Any]:
-        return [p async for p in await llm.astream_structured_predict(City, CITY_PROMPT, name="Paris")]
+        return [
+            p async for p in await llm.astream_structured_predict(City, CITY_PROMPT, name="Paris")
+        ]
 
     assert asyncio.run(run())[-1] == City(name="Paris", population=2100000)
 

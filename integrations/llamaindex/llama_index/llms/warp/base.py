@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import AsyncGenerator, AsyncIterator, Generator, Iterator, Sequence
 from pathlib import Path
-from collections.abc import AsyncIterator, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from llama_index.core.base.llms.types import (
     CachePoint,
@@ -47,6 +47,7 @@ from llama_index.core.types import PydanticProgramMode
 
 from warp_providers import EngineLike, SamplingParams
 from warp_providers.chat.base import DeltaAccumulator
+from warp_providers.models import shared_engine
 from warp_providers.session import ChatChunk, ChatSession
 from warp_providers.types import AssistantMessage
 
@@ -68,8 +69,16 @@ _ROLES = {
 # Keys of chat()/complete() kwargs that belong to the request rather than to generation.
 _REQUEST_KEYS = ("tools", "tool_choice", "response_format", "reasoning_effort", "thinking")
 # Generation keys accepted per call; they override the instance's fields for that call.
-_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
-                  "frequency_penalty", "repetition_penalty")
+_SAMPLING_KEYS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+)
 
 
 class Warp(FunctionCallingLLM):
@@ -128,34 +137,47 @@ class Warp(FunctionCallingLLM):
     """
 
     model_path: str | None = Field(
-        default=None, description="Container directory (`warp convert` output); opened on first use."
+        default=None,
+        description="Container directory (`warp convert` output); opened on first use.",
     )
     engine_options: dict[str, Any] = Field(
         default_factory=dict,
         description="Options for opening the model: budget ('6G'), threads, ctx, cache_policy, ...",
     )
     chat_format: str | None = Field(
-        default=None, description="Chat-format registry name to force; None resolves it from the model."
+        default=None,
+        description="Chat-format registry name to force; None resolves it from the model.",
     )
     model_name: str | None = Field(
-        default=None, description="Name reported in metadata and `raw` (default: the model's own name)."
+        default=None,
+        description="Name reported in metadata and `raw` (default: the model's own name).",
     )
     context_window: int | None = Field(
         default=None, gt=0, description="Context size in tokens (default: the engine's context)."
     )
-    max_tokens: int = Field(default=512, gt=0, description="Upper bound on generated tokens per reply.")
-    temperature: float = Field(default=0.0, ge=0.0, description="Sampling temperature; 0 is greedy.")
+    max_tokens: int = Field(
+        default=512, gt=0, description="Upper bound on generated tokens per reply."
+    )
+    temperature: float = Field(
+        default=0.0, ge=0.0, description="Sampling temperature; 0 is greedy."
+    )
     top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="Nucleus mass kept (1 = off).")
     top_k: int = Field(default=0, ge=0, description="Tokens kept by rank (0 = off).")
-    min_p: float = Field(default=0.0, ge=0.0, le=1.0, description="Relative probability floor (0 = off).")
+    min_p: float = Field(
+        default=0.0, ge=0.0, le=1.0, description="Relative probability floor (0 = off)."
+    )
     seed: int | None = Field(default=None, description="Sampling seed (None = random).")
-    repetition_penalty: float = Field(default=1.0, gt=0.0, description="Repetition penalty (1 = off).")
+    repetition_penalty: float = Field(
+        default=1.0, gt=0.0, description="Repetition penalty (1 = off)."
+    )
     stop: list[str] = Field(default_factory=list, description="Strings that end the answer text.")
     reasoning_effort: str | None = Field(
-        default=None, description="Reasoning level ('low', 'high', 'none', ...), as the model's format accepts."
+        default=None,
+        description="Reasoning level ('low', 'high', 'none', ...), as the model's format accepts.",
     )
     thinking: bool | None = Field(
-        default=None, description="Turn the reasoning channel on or off (None: the format's default)."
+        default=None,
+        description="Turn the reasoning channel on or off (None: the format's default).",
     )
 
     _session: ChatSession | None = PrivateAttr(default=None)
@@ -163,7 +185,7 @@ class Warp(FunctionCallingLLM):
     _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
 
     def __init__(self, *, engine: EngineLike | None = None, **data: Any) -> None:
-        """Creates the LLM; nothing is loaded until the first call.
+        """Create the LLM; nothing is loaded until the first call.
 
         Args:
             engine: an open engine to use instead of `model_path` (tests inject the
@@ -172,6 +194,7 @@ class Warp(FunctionCallingLLM):
 
         Raises:
             ValueError: neither or both of `engine` and `model_path` were given.
+
         """
         super().__init__(**data)
         if (engine is None) == (self.model_path is None):
@@ -180,20 +203,20 @@ class Warp(FunctionCallingLLM):
 
     @classmethod
     def class_name(cls) -> str:
-        """Name LlamaIndex uses to (de)serialize this component."""
+        """Return the name LlamaIndex (de)serializes this component under."""
         return "Warp"
 
     # ------------------------------------------------------------------ the model
     @property
     def session(self) -> ChatSession:
-        """The chat session over the model, opened on first access (thread-safe)."""
+        """Return the chat session over the model, opened on first access (thread-safe)."""
         with self._lock:
             if self._session is None:
                 engine = self._engine
                 if engine is None:
-                    from warp_providers.models import shared_engine
-
-                    engine = shared_engine(self.model_path, **self.engine_options)
+                    assert self.model_path is not None  # checked in __init__
+                    # Engine satisfies EngineLike at run time; mypy cannot see it (see report)
+                    engine = cast(EngineLike, shared_engine(self.model_path, **self.engine_options))
                 self._session = ChatSession(
                     engine, chat_format=self.chat_format, model_name=self.model_name
                 )
@@ -201,8 +224,10 @@ class Warp(FunctionCallingLLM):
 
     @property
     def metadata(self) -> LLMMetadata:
-        """Context window, output budget and capabilities (opens the model only when
-        `context_window` was not given)."""
+        """Return the context window, output budget and capabilities.
+
+        Opens the model only when `context_window` was not given.
+        """
         window = self.context_window
         if window is None:
             window = int(self.session.engine.info().get("ctx_tokens") or DEFAULT_CONTEXT_WINDOW)
@@ -223,8 +248,10 @@ class Warp(FunctionCallingLLM):
         return Path(str(self.model_path)).name.removesuffix(".warp")
 
     # ------------------------------------------------------------------ the one path
-    def _call(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-        """Splits call kwargs into the core's request and its generation options."""
+    def _call(
+        self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Split call kwargs into the core's request and its generation options."""
         kwargs = dict(kwargs)
         request: dict[str, Any] = {"messages": [_to_request_message(m) for m in messages]}
         for key in _REQUEST_KEYS:
@@ -237,14 +264,18 @@ class Warp(FunctionCallingLLM):
         options = {
             "max_tokens": kwargs.pop("max_tokens", self.max_tokens),
             "sampling": sampling,
-            "stop": list(self.stop if stop is None else ([stop] if isinstance(stop, str) else stop)),
+            "stop": list(
+                self.stop if stop is None else ([stop] if isinstance(stop, str) else stop)
+            ),
         }
         kwargs.pop("formatted", None)  # complete(): the chat template always applies
         if kwargs:
             raise TypeError(f"Warp got unexpected keyword argument(s): {sorted(kwargs)}")
         return request, options
 
-    def _responses(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> ChatResponseGen:
+    def _responses(
+        self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]
+    ) -> ChatResponseGen:
         request, options = self._call(messages, kwargs)
         fold = _Fold()
         for chunk in self.session.stream(request, **options):
@@ -261,22 +292,24 @@ class Warp(FunctionCallingLLM):
     # ------------------------------------------------------------------ LLM surface
     @llm_chat_callback()
     def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
-        """Replies to a conversation."""
+        """Reply to a conversation."""
         return _last(self._responses(messages, kwargs))
 
     @llm_chat_callback()
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
-        """Streams the reply; each response holds the message so far and its `delta`."""
+        """Stream the reply; each response holds the message so far and its `delta`."""
         return self._responses(messages, kwargs)
 
     @llm_completion_callback()
     def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
-        """Answers `prompt` as one user turn (through the model's chat template)."""
+        """Answer `prompt` as one user turn (through the model's chat template)."""
         return _completion(_last(self._responses(_user(prompt), kwargs)))
 
     @llm_completion_callback()
-    def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
-        """Streams the answer to `prompt` as one user turn."""
+    def stream_complete(
+        self, prompt: str, formatted: bool = False, **kwargs: Any
+    ) -> CompletionResponseGen:
+        """Stream the answer to `prompt` as one user turn."""
         return (_completion(r) for r in self._responses(_user(prompt), kwargs))
 
     @llm_chat_callback()
@@ -285,12 +318,16 @@ class Warp(FunctionCallingLLM):
         return await _alast(self._aresponses(messages, kwargs))
 
     @llm_chat_callback()
-    async def astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseAsyncGen:
+    async def astream_chat(
+        self, messages: Sequence[ChatMessage], **kwargs: Any
+    ) -> ChatResponseAsyncGen:
         """Async `stream_chat`; closing the iterator cancels the generation."""
         return self._aresponses(messages, kwargs)
 
     @llm_completion_callback()
-    async def acomplete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+    async def acomplete(
+        self, prompt: str, formatted: bool = False, **kwargs: Any
+    ) -> CompletionResponse:
         """Async `complete`."""
         return _completion(await _alast(self._aresponses(_user(prompt), kwargs)))
 
@@ -318,7 +355,7 @@ class Warp(FunctionCallingLLM):
         tool_choice: str | dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> dict[str, Any]:
-        """Builds chat() arguments offering `tools` (OpenAI tool entries) to the model.
+        """Build chat() arguments offering `tools` (OpenAI tool entries) to the model.
 
         `tool_choice` may be "auto", "none", "required", a tool name, or an OpenAI
         named-function object; `tool_required=True` means "required".
@@ -345,7 +382,7 @@ class Warp(FunctionCallingLLM):
         allow_parallel_tool_calls: bool = False,
         **kwargs: Any,
     ) -> ChatResponse:
-        """Keeps only the first tool call unless parallel calls were allowed."""
+        """Keep only the first tool call unless parallel calls were allowed."""
         if not allow_parallel_tool_calls:
             calls = [b for b in response.message.blocks if isinstance(b, ToolCallBlock)]
             for extra in calls[1:]:
@@ -358,13 +395,14 @@ class Warp(FunctionCallingLLM):
         error_on_no_tool_call: bool = True,
         **kwargs: Any,
     ) -> list[ToolSelection]:
-        """The tool calls of a reply, in order.
+        """Return the tool calls of a reply, in order.
 
         Arguments that are not a JSON object (a call still streaming, or a malformed
         one) become `{}`; the message keeps their raw text in `ToolCallBlock.tool_kwargs`.
 
         Raises:
             ValueError: no tool call and `error_on_no_tool_call`.
+
         """
         calls = [b for b in response.message.blocks if isinstance(b, ToolCallBlock)]
         if not calls and error_on_no_tool_call:
@@ -386,8 +424,15 @@ class Warp(FunctionCallingLLM):
         llm_kwargs: dict[str, Any] | None,
         prompt_args: dict[str, Any],
     ) -> tuple[list[ChatMessage], dict[str, Any]]:
-        schema = {"name": output_cls.__name__, "schema": _closed(output_cls.model_json_schema()), "strict": True}
-        kwargs = {**(llm_kwargs or {}), "response_format": {"type": "json_schema", "json_schema": schema}}
+        schema = {
+            "name": output_cls.__name__,
+            "schema": _closed(output_cls.model_json_schema()),
+            "strict": True,
+        }
+        kwargs = {
+            **(llm_kwargs or {}),
+            "response_format": {"type": "json_schema", "json_schema": schema},
+        }
         return self._get_messages(prompt, **prompt_args), kwargs
 
     def _uses_constraints(self) -> bool:
@@ -400,13 +445,14 @@ class Warp(FunctionCallingLLM):
         llm_kwargs: dict[str, Any] | None = None,
         **prompt_args: Any,
     ) -> Any:
-        """An `output_cls` instance, decoded under the class's JSON schema.
+        """Return an `output_cls` instance, decoded under the class's JSON schema.
 
         Other `pydantic_program_mode`s than DEFAULT use LlamaIndex's own programs.
 
         Raises:
             ValueError: the reply was cut at `max_tokens` before the JSON closed.
             pydantic.ValidationError: the reply does not validate.
+
         """
         if not self._uses_constraints():
             return super().structured_predict(output_cls, prompt, llm_kwargs, **prompt_args)
@@ -432,15 +478,19 @@ class Warp(FunctionCallingLLM):
         prompt: BasePromptTemplate,
         llm_kwargs: dict[str, Any] | None = None,
         **prompt_args: Any,
-    ) -> Iterator[Any]:
-        """Partial objects as the constrained JSON streams in; the last one is complete."""
+    ) -> Generator[Any, None, None]:
+        """Yield partial objects as the constrained JSON streams in; the last one is complete."""
         if not self._uses_constraints():
-            yield from super().stream_structured_predict(output_cls, prompt, llm_kwargs, **prompt_args)
+            yield from super().stream_structured_predict(
+                output_cls, prompt, llm_kwargs, **prompt_args
+            )
             return
         messages, kwargs = self._structured_call(output_cls, prompt, llm_kwargs, prompt_args)
         current = None
         for r in self.stream_chat(messages, **kwargs):
-            current = process_streaming_objects(r, output_cls, cur_objects=_listed(current), llm=self)
+            current = process_streaming_objects(
+                r, output_cls, cur_objects=_listed(current), llm=self
+            )
             yield current
 
     async def astream_structured_predict(
@@ -449,16 +499,20 @@ class Warp(FunctionCallingLLM):
         prompt: BasePromptTemplate,
         llm_kwargs: dict[str, Any] | None = None,
         **prompt_args: Any,
-    ) -> AsyncIterator[Any]:
+    ) -> AsyncGenerator[Any, None]:
         """Async `stream_structured_predict`."""
         if not self._uses_constraints():
-            return await super().astream_structured_predict(output_cls, prompt, llm_kwargs, **prompt_args)
+            return await super().astream_structured_predict(
+                output_cls, prompt, llm_kwargs, **prompt_args
+            )
         messages, kwargs = self._structured_call(output_cls, prompt, llm_kwargs, prompt_args)
 
-        async def gen() -> AsyncIterator[Any]:
+        async def gen() -> AsyncGenerator[Any, None]:
             current = None
             async for r in await self.astream_chat(messages, **kwargs):
-                current = process_streaming_objects(r, output_cls, cur_objects=_listed(current), llm=self)
+                current = process_streaming_objects(
+                    r, output_cls, cur_objects=_listed(current), llm=self
+                )
                 yield current
 
         return gen()
@@ -466,7 +520,7 @@ class Warp(FunctionCallingLLM):
 
 # ---------------------------------------------------------------------- the fold
 class _Fold:
-    """Turns the core's chunks into ChatResponses: the message so far, plus this step's deltas.
+    """Turn the core's chunks into ChatResponses: the message so far, plus this step's deltas.
 
     The last chunk carries the core's finished `ChatResult`, whose message is
     authoritative (parsed tool calls, finish reason), with usage and stats in `raw`.
@@ -506,7 +560,7 @@ class _Fold:
 
 # ---------------------------------------------------------------------- conversions
 def _to_chat_message(msg: AssistantMessage) -> ChatMessage:
-    """The core's reply as a LlamaIndex assistant message (thinking, text, tool calls)."""
+    """Convert the core's reply to a LlamaIndex assistant message (thinking, text, calls)."""
     blocks: list[Any] = []
     if msg.reasoning:
         blocks.append(ThinkingBlock(content=msg.reasoning))
@@ -525,7 +579,7 @@ def _to_chat_message(msg: AssistantMessage) -> ChatMessage:
 
 
 def _to_request_message(message: ChatMessage) -> dict[str, Any]:
-    """One LlamaIndex message as the core's OpenAI-shaped message."""
+    """Convert one LlamaIndex message to the core's OpenAI-shaped message."""
     role = _ROLES.get(MessageRole(message.role))
     if role is None:
         raise ValueError(f"Warp cannot send a message with role {message.role!r}")
@@ -541,12 +595,16 @@ def _to_request_message(message: ChatMessage) -> dict[str, Any]:
             reasoning.append(block.content or "")
         elif isinstance(block, ToolCallBlock):
             args = block.tool_kwargs
-            calls.append({
-                "id": block.tool_call_id or f"call_{len(calls)}",
-                "type": "function",
-                "function": {"name": block.tool_name,
-                             "arguments": args if isinstance(args, str) else json.dumps(args)},
-            })
+            calls.append(
+                {
+                    "id": block.tool_call_id or f"call_{len(calls)}",
+                    "type": "function",
+                    "function": {
+                        "name": block.tool_name,
+                        "arguments": args if isinstance(args, str) else json.dumps(args),
+                    },
+                }
+            )
         elif isinstance(block, CachePoint):
             continue  # a provider caching hint; the engine's prompt cache needs none
         else:
@@ -587,13 +645,16 @@ def _completion(r: ChatResponse) -> CompletionResponse:
     if r.raw is not None and thinking:
         extra["thinking"] = thinking
     return CompletionResponse(
-        text=r.message.content or "", delta=r.delta, raw=r.raw, logprobs=r.logprobs,
+        text=r.message.content or "",
+        delta=r.delta,
+        raw=r.raw,
+        logprobs=r.logprobs,
         additional_kwargs=extra,
     )
 
 
 def _closed(schema: Any) -> Any:
-    """The schema with every object closed to undeclared keys (unless it says otherwise).
+    """Close every object of a JSON schema to undeclared keys (unless it says otherwise).
 
     A pydantic model ignores extra keys, so letting the grammar allow them only invites
     a small model to ramble inside the object until the token limit.
