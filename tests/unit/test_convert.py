@@ -351,6 +351,32 @@ def test_progress_reports_all_bytes(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- HF specifics
 
 
+def test_sharded_checkpoint_with_index(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    w = make_qwen3_moe(src)
+    names = sorted(w)
+    halves = {
+        "model-00001-of-00002.safetensors": names[::2],
+        "model-00002-of-00002.safetensors": names[1::2],
+    }
+    (src / "model.safetensors").unlink()
+    for fn, part in halves.items():
+        write_st(src / fn, {n: _f32(w[n]) for n in part})
+    index = {"metadata": {}, "weight_map": {n: fn for fn, part in halves.items() for n in part}}
+    (src / "model.safetensors.index.json").write_text(json.dumps(index))
+    c = read_container(convert(src, tmp_path / "m.warp", experts="f32", trunk="f32"))
+    np.testing.assert_array_equal(
+        c["trunk"]["blk.1.attn_k.weight"], w["model.layers.1.self_attn.k_proj.weight"]
+    )
+    np.testing.assert_array_equal(
+        c["experts"][0][1][1], w["model.layers.0.mlp.experts.1.up_proj.weight"]
+    )
+    index["weight_map"]["model.norm.weight"] = "model-00009-of-00002.safetensors"
+    (src / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(ConvertError, match="model-00009-of-00002.safetensors"):
+        convert(src, tmp_path / "o")
+
+
 def test_fused_experts_equal_per_expert(tmp_path: Path) -> None:
     make_qwen3_moe(tmp_path / "a", fused=False, seed=3)
     make_qwen3_moe(tmp_path / "b", fused=True, seed=3)

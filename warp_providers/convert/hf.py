@@ -296,6 +296,9 @@ class SafetensorsDir:
         else:
             wm = None
             files = sorted(p.name for p in model_dir.glob("*.safetensors"))
+            # Some repos also ship Mistral-format consolidated*.safetensors; prefer HF's.
+            hf_files = [f for f in files if f.startswith("model")]
+            files = hf_files or files
         if not files:
             raise ConvertError(f"{model_dir}: no *.safetensors files")
         self.entries: dict[str, _StEntry] = {}
