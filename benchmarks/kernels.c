@@ -14,6 +14,9 @@
  * clock instead of the wall clock: on an oversubscribed machine that leaves out the
  * time the thread waited for a core (but not the cache and core sharing).
  */
+#if !defined(_GNU_SOURCE) && !defined(_POSIX_C_SOURCE)
+#define _POSIX_C_SOURCE 200809L /* clock_gettime, CLOCK_THREAD_CPUTIME_ID */
+#endif
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

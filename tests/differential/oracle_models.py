@@ -17,10 +17,11 @@ import torch
 from fake_engine import CHATML_TEMPLATE, tokenizer_json
 
 VOCAB = 272  # >= the 265 ids of the test tokenizer
+STD = 0.1  # weight std: within 0.1-0.2 so routing errors show
 COMMON: dict[str, Any] = dict(
-    vocab_size=VOCAB, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+    vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
     num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-5,
-    tie_word_embeddings=False, initializer_range=0.15, bos_token_id=1, eos_token_id=2,
+    tie_word_embeddings=False, initializer_range=STD, bos_token_id=1, eos_token_id=2,
     pad_token_id=0,
 )
 
@@ -67,7 +68,7 @@ def build(name: str, seed: int = 0) -> torch.nn.Module:
             elif p.dim() == 1:  # biases
                 p.copy_(0.1 * torch.randn_like(p))
             else:
-                p.copy_(0.15 * torch.randn_like(p))
+                p.copy_(STD * torch.randn_like(p))
     return model.eval()
 
 

@@ -43,15 +43,64 @@ def _convert(src: Path, out: Path, **kw: str) -> Path:
     return convert(src, out, **kw)
 
 
+MIN_GAP = 0.25  # top-1 minus top-2 logit along the reference's greedy path
+
+
+def _well_conditioned(oracle_env, name):
+    """The first seed whose reference greedy path has no near-tie.
+
+    A random model at a near-tie flips its greedy token under any perturbation, so the
+    Q8_0 "same continuation" criterion would test the draw, not the engine. The choice
+    looks at the PyTorch reference only, never at the engine.
+    """
+    for seed in range(32):
+        m = oracle_env.build(name, seed)
+        ids = list(PROMPT)
+        ok = True
+        for _ in range(16):
+            last = np.sort(oracle_env.logits(m, ids)[-1].numpy())[::-1]
+            if last[0] - last[1] < MIN_GAP:
+                ok = False
+                break
+            ids.append(int(np.argmax(oracle_env.logits(m, ids)[-1].numpy())))
+        if ok:
+            return m
+    raise AssertionError(f"no well-conditioned {name} model in 32 seeds")
+
+
 @pytest.fixture(scope="module")
 def models(oracle_env, tmp_path_factory):
     """name -> (torch model, HF dir); built once per module."""
     built = {}
     for name in ARCH_PARAMS:
-        m = oracle_env.build(name)
+        m = _well_conditioned(oracle_env, name)
         d = oracle_env.save(m, tmp_path_factory.mktemp(f"hf-{name}"))
         built[name] = (m, d)
     return built
+
+
+def _quant_dequant(model, dtype_name: str, experts_only: bool):
+    """A copy of model whose matrices went through GGUF quantize -> dequantize."""
+    import copy
+
+    import torch
+    from gguf import GGMLQuantizationType, quants
+
+    qt = GGMLQuantizationType[dtype_name.upper()]
+    m = copy.deepcopy(model)
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if p.dim() < 2 or p.shape[-1] % 32 or "norm" in name:
+                continue
+            is_router = name.endswith(("mlp.gate.weight", "block_sparse_moe.gate.weight",
+                                       "shared_expert_gate.weight"))
+            is_expert = ".experts." in name
+            if is_router or (experts_only and not is_expert):
+                continue
+            a = p.detach().numpy().reshape(-1, p.shape[-1])
+            q = quants.dequantize(quants.quantize(a, qt), qt)
+            p.copy_(torch.from_numpy(q.reshape(p.shape)))
+    return m
 
 
 def _greedy_ref(oracle_env, model, prompt: list[int], n: int) -> tuple[list[int], np.ndarray]:
@@ -117,3 +166,27 @@ def test_q4_0_experts_kl(arch, models, oracle_env, tmp_path):
     with Engine.open(out, threads=2) as eng:
         kl = _kl(ref_all, eng.eval(PROMPT, all_logits=True))
     assert kl <= 3e-2, f"{arch}: q4_0 experts mean KL {kl:.3g}"
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("arch,experts,trunk", [
+    ("qwen3_moe", "q8_0", "q8_0"), ("qwen2_moe", "q4_0", "f32"), ("mixtral", "q4_0", "f32"),
+    ("olmoe", "q8_0", "q8_0"), ("llama", "f32", "q8_0"),
+])
+def test_quantized_container_is_exact_on_its_own_weights(arch, experts, trunk, models,
+                                                        oracle_env, tmp_path):
+    """The engine computes exactly on quantized blocks: same logits as transformers running
+    the quantize->dequantize of the same weights (kernels never change results)."""
+    from warp_providers import Engine
+
+    model, hf_dir = models[arch]
+    out = _convert(hf_dir, tmp_path / "q.warp", experts=experts, trunk=trunk)
+    qdq = _quant_dequant(model, experts if experts != "f32" else trunk,
+                         experts_only=trunk == "f32")
+    ref = oracle_env.logits(qdq, PROMPT).numpy()
+    ref_tokens, _ = _greedy_ref(oracle_env, qdq, PROMPT, 16)
+    with Engine.open(out, threads=2) as eng:
+        d = np.abs(eng.eval(PROMPT, all_logits=True) - ref).max()
+        assert d <= 1e-4, f"{arch} {experts}/{trunk}: max |d| = {d:.3g}"
+        eng.reset()
+        assert eng.generate(PROMPT, max_tokens=16, stop_ids=[]).token_ids == ref_tokens

@@ -315,7 +315,7 @@ def test_existing_out_and_resume(tmp_path: Path) -> None:
     (tmp_path / "m.warp").mkdir()
     with pytest.raises(ConvertError, match="already exists"):
         convert(tmp_path / "src", tmp_path / "m.warp")
-    with pytest.raises(ConvertError, match="not a complete container"):
+    with pytest.raises(ConvertError, match="not a finished container"):
         convert(tmp_path / "src", tmp_path / "m.warp", resume=True)
     (tmp_path / "m.warp").rmdir()
     stale = tmp_path / "m.warp.partial-0123"

@@ -603,7 +603,8 @@ def _hparams(mt: str, cfg: Mapping[str, Any], gen: Mapping[str, Any]) -> dict[st
         for i in _ids(src.get("eos_token_id"), "eos_token_id", where):
             if i not in eos:
                 eos.append(i)
-    bos_l = _ids(cfg.get("bos_token_id", gen.get("bos_token_id")), "bos_token_id", "config.json")
+    bos_v = cfg.get("bos_token_id")
+    bos_l = _ids(gen.get("bos_token_id") if bos_v is None else bos_v, "bos_token_id", "config.json")
     vocab = _int(cfg, "vocab_size")
     for i in eos + bos_l:
         if i >= vocab:

@@ -27,7 +27,7 @@ import secrets
 import shutil
 import struct
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Final
@@ -612,7 +612,6 @@ class Plan:
     tokenizer: dict[str, Any]
     chat: dict[str, Any]
     source: str  # "hf" | "gguf"
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def _fallback(dtype: str, cols: int) -> str:
@@ -729,7 +728,6 @@ def write_container(
             "chat": plan.chat,
             "converter": {"name": "warp-providers", "version": _VERSION, "source": plan.source},
         }
-        manifest.update(plan.extra)
         return w.commit(manifest)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from fake_engine import ScriptedEngine, tool_call_text
+from fake_engine import ScriptedEngine, make_tokenizer, tool_call_text
 from llama_index.core.agent.workflow import (
     AgentOutput,
     AgentStream,
@@ -35,9 +35,11 @@ def celsius_to_fahrenheit(celsius: float) -> str:
     return f"{celsius * 9 / 5 + 32:.1f} F"
 
 
-def script(engine: ScriptedEngine) -> Any:
+def script() -> Any:
+    decode = make_tokenizer().decode  # the scripted engine's vocabulary
+
     def reply(prompt: list[int]) -> str:
-        text = engine.tokenizer.decode(prompt)
+        text = decode(prompt)
         if FAHRENHEIT in text:
             return "<think>I have both results.</think>" + ANSWER
         if WEATHER in text:
@@ -56,8 +58,7 @@ async def run_agent(agent: FunctionAgent, question: str) -> tuple[list[Any], Any
 
 
 def make_agent() -> tuple[FunctionAgent, ScriptedEngine]:
-    engine = ScriptedEngine()
-    engine._replies = script(engine)
+    engine = ScriptedEngine(script())
     llm = Warp(engine=engine)
     tools = [
         FunctionTool.from_defaults(fn=get_weather),

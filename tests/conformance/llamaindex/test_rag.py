@@ -13,7 +13,7 @@ import asyncio
 from typing import Any
 
 import pytest
-from fake_engine import ScriptedEngine
+from fake_engine import ScriptedEngine, make_tokenizer
 from llama_index.core import Document, VectorStoreIndex
 from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.base.response.schema import StreamingResponse
@@ -75,16 +75,15 @@ def index() -> VectorStoreIndex:
 
 
 def scripted_rag_engine() -> ScriptedEngine:
-    engine = ScriptedEngine()
+    decode = make_tokenizer().decode  # the scripted engine's vocabulary
 
     def reply(prompt: list[int]) -> str:
-        text = engine.tokenizer.decode(prompt)
+        text = decode(prompt)
         if DOCS["reactor"] in text and QUESTION in text:
             return "<think>The context says liquid sodium.</think>" + ANSWER
         return "I do not know."
 
-    engine._replies = reply
-    return engine
+    return ScriptedEngine(reply)
 
 
 def retrieved(response: Any) -> list[str]:

@@ -14,7 +14,7 @@ import json
 from typing import Any
 
 import pytest
-from fake_engine import ScriptedEngine, tool_call_text
+from fake_engine import ScriptedEngine, make_tokenizer, tool_call_text
 from llama_index.core.callbacks import CallbackManager, TokenCountingHandler
 from llama_index.core.chat_engine import SimpleChatEngine
 from llama_index.core.llms import ChatMessage, ChatResponse, CompletionResponse
@@ -35,18 +35,17 @@ class Capital(BaseModel):
 
 
 def scripted_llm(**fields: Any) -> Warp:
-    engine = ScriptedEngine()
+    decode = make_tokenizer().decode  # the scripted engine's vocabulary
 
     def reply(prompt: list[int]) -> str:
-        text = engine.tokenizer.decode(prompt)
+        text = decode(prompt)
         if "raw JSON" in text:
             return json.dumps({"city": "Paris", "country": "France"})
         if "get_weather" in text:
             return tool_call_text("get_weather", {"city": "Paris"})
         return "<think>Easy.</think>" + SCRIPTED_ANSWER
 
-    engine._replies = reply
-    return Warp(engine=engine, max_tokens=200, **fields)
+    return Warp(engine=ScriptedEngine(reply), max_tokens=200, **fields)
 
 
 @pytest.fixture(params=["scripted", "smollm2"])

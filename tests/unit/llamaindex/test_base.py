@@ -345,6 +345,7 @@ def test_chat_with_tools_single_call() -> None:
     r = llm.chat_with_tools(TOOLS, user_msg="What is 2 + 3?", tool_required=True)
     request, _ = seen[-1]
     assert request["tool_choice"] == "required"
+    assert request["parallel_tool_calls"] is False
     assert [t["function"]["name"] for t in request["tools"]] == ["add", "multiply"]
     assert "multiply" in prompt_text(engine)  # the tools were rendered
     calls = llm.get_tool_calls_from_response(r)
@@ -355,7 +356,9 @@ def test_chat_with_tools_single_call() -> None:
 
 def test_parallel_tool_calls() -> None:
     llm, _ = make((TWO_CALLS,))
+    seen = spy_requests(llm)
     r = llm.chat_with_tools(TOOLS, user_msg="2+3 and 4*5?", allow_parallel_tool_calls=True)
+    assert seen[-1][0]["parallel_tool_calls"] is True
     calls = llm.get_tool_calls_from_response(r)
     assert [(c.tool_name, c.tool_kwargs) for c in calls] == [
         ("add", {"a": 2, "b": 3}),

@@ -67,7 +67,14 @@ _ROLES = {
     MessageRole.FUNCTION: "tool",
 }
 # Keys of chat()/complete() kwargs that belong to the request rather than to generation.
-_REQUEST_KEYS = ("tools", "tool_choice", "response_format", "reasoning_effort", "thinking")
+_REQUEST_KEYS = (
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "response_format",
+    "reasoning_effort",
+    "thinking",
+)
 # Generation keys accepted per call; they override the instance's fields for that call.
 _SAMPLING_KEYS = (
     "temperature",
@@ -268,7 +275,6 @@ class Warp(FunctionCallingLLM):
                 self.stop if stop is None else ([stop] if isinstance(stop, str) else stop)
             ),
         }
-        kwargs.pop("formatted", None)  # complete(): the chat template always applies
         if kwargs:
             raise TypeError(f"Warp got unexpected keyword argument(s): {sorted(kwargs)}")
         return request, options
@@ -302,7 +308,11 @@ class Warp(FunctionCallingLLM):
 
     @llm_completion_callback()
     def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
-        """Answer `prompt` as one user turn (through the model's chat template)."""
+        """Answer `prompt` as one user turn.
+
+        The model's chat template always applies; `formatted` is accepted for the
+        LlamaIndex interface and has no effect.
+        """
         return _completion(_last(self._responses(_user(prompt), kwargs)))
 
     @llm_completion_callback()
@@ -358,7 +368,9 @@ class Warp(FunctionCallingLLM):
         """Build chat() arguments offering `tools` (OpenAI tool entries) to the model.
 
         `tool_choice` may be "auto", "none", "required", a tool name, or an OpenAI
-        named-function object; `tool_required=True` means "required".
+        named-function object; `tool_required=True` means "required". A forced call is
+        enforced by the core's grammar, limited to one call unless
+        `allow_parallel_tool_calls`.
         """
         messages = list(chat_history or [])
         if user_msg is not None:
@@ -371,6 +383,7 @@ class Warp(FunctionCallingLLM):
         out: dict[str, Any] = {"messages": messages, **kwargs}
         if specs:
             out["tools"] = specs
+            out["parallel_tool_calls"] = allow_parallel_tool_calls  # the core's grammar reads it
             if tool_choice is not None:
                 out["tool_choice"] = tool_choice
         return out
