@@ -22,7 +22,7 @@ _skips: list[str] = []
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    if report.skipped:
+    if report.skipped and not hasattr(report, "wasxfail"):
         reason = str(report.longrepr[-1]) if isinstance(report.longrepr, tuple) else ""
         _skips.append(f"{report.nodeid}: {reason}")
 

@@ -23,13 +23,39 @@ from warp_providers.errors import (
     UnsupportedModelError,
     WarpError,
 )
+from warp_providers.chat.base import (
+    ChatFormatError,
+    Delta,
+    DeltaAccumulator,
+    ToolCallArguments,
+    ToolCallEnd,
+    ToolCallStart,
+)
+from warp_providers.models import shared_engine, shared_session
 from warp_providers.sampling import LogitsProcessor, Sampler, SamplingParams
+from warp_providers.session import ChatChunk, ChatResult, ChatSession
 from warp_providers.tokenizer import Tokenizer
+from warp_providers.types import AssistantMessage, ChatRequest, ToolCall, Usage
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AssistantMessage",
     "Cancelled",
+    "ChatChunk",
+    "ChatFormatError",
+    "ChatRequest",
+    "ChatResult",
+    "ChatSession",
+    "Delta",
+    "DeltaAccumulator",
+    "ToolCall",
+    "ToolCallArguments",
+    "ToolCallEnd",
+    "ToolCallStart",
+    "Usage",
+    "shared_engine",
+    "shared_session",
     "ContextOverflowError",
     "Engine",
     "EngineIOError",
