@@ -92,10 +92,15 @@ def cmd_convert(a: argparse.Namespace) -> int:
 
     from warp_providers.convert import convert
 
-    bar = None if a.json else tqdm(total=0, unit="B", unit_scale=True, desc="convert")
+    if not Path(a.src).exists():
+        raise _UserError(f"source not found: {a.src}")
+    bar = None
 
     def progress(done: int, total: int, label: str) -> None:
-        if bar is not None:
+        nonlocal bar
+        if not a.json:
+            if bar is None:
+                bar = tqdm(total=total, unit="B", unit_scale=True, desc="convert")
             bar.total = total
             bar.n = done
             bar.set_postfix_str(label[-40:], refresh=False)

@@ -163,7 +163,7 @@ BUDGET_SCRIPT = textwrap.dedent("""
     import json, resource, sys
     from warp_providers import Engine
     path, budget = sys.argv[1], int(sys.argv[2])
-    with Engine.open(path, budget=budget, threads=2) as eng:
+    with Engine.open(path, budget=budget, threads=2, ctx=256) as eng:
         res = eng.generate(list(range(10, 74)), max_tokens=32, stop_ids=[])
         peak_engine = eng.stats()["peak_bytes"]
     print(json.dumps({"tokens": len(res.token_ids), "peak_engine": peak_engine,
