@@ -1,7 +1,8 @@
 """GGUF importer: a .gguf file -> a Plan, with its tokenizer rebuilt for ``tokenizers``.
 
 Owns: hparams from the ``llama.*`` metadata (dense llama and llama-architecture MoE such
-as Mixtral, whose experts are stacked in ``ffn_*_exps``), tensor import (F32, F16, BF16,
+as Mixtral, whose experts are stacked in ``ffn_*_exps``) and the ``qwen3moe.*`` metadata
+(Qwen3-MoE: q/k rows not permuted, per-head q/k RMSNorm), tensor import (F32, F16, BF16,
 Q4_0, Q4_1 and Q8_0 keep their bytes; other types such as K-quants are dequantized and
 re-encoded), undoing llama.cpp's row permutation of ``attn_q``/``attn_k`` (GGML's
 interleaved rope pairs back to HF's "rotate_half" halves; rows move whole, so quantized
@@ -32,7 +33,7 @@ from .writer import ExpertLayerSrc, Plan, SrcTensor, const_rows
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "build_tokenizer_json", "load_gguf", "unpermute_rows"]
 
-SUPPORTED_ARCHITECTURES: Final[tuple[str, ...]] = ("llama",)
+SUPPORTED_ARCHITECTURES: Final[tuple[str, ...]] = ("llama", "qwen3moe")
 _ID_DTYPE: Final[dict[int, str]] = {v: k for k, v in DTYPE_IDS.items()}
 
 # Pre-tokenizer split patterns by ``tokenizer.ggml.pre``. ``None``: the GPT-2 pattern
@@ -68,6 +69,8 @@ _LAYER_TENSORS: Final[tuple[tuple[str, str], ...]] = (
     ("attn_v.bias", "f32"),
     ("attn_output.weight", "trunk"),
     ("attn_output.bias", "f32"),
+    ("attn_q_norm.weight", "f32"),
+    ("attn_k_norm.weight", "f32"),
     ("ffn_norm.weight", "f32"),
     ("ffn_gate.weight", "trunk"),
     ("ffn_up.weight", "trunk"),
@@ -507,7 +510,9 @@ def load_gguf(path: Path) -> Plan:
         "moe_intermediate_size": moe_inter,
         "n_experts": n_experts,
         "top_k": top_k,
-        "norm_topk_prob": bool(n_experts),  # llama-architecture MoE is Mixtral's router
+        # llama-architecture MoE is Mixtral's router; llama.cpp's qwen3moe graph always
+        # renormalizes the top-k weights.
+        "norm_topk_prob": bool(n_experts),
         "shared_expert_intermediate_size": 0,
         "shared_expert_gate": False,
         "layer_kinds": kinds,
@@ -515,7 +520,7 @@ def load_gguf(path: Path) -> Plan:
         "rope_dim": rope_dim,
         "rope_theta": theta,
         "rope_attn_factor": attn_factor,
-        "qk_norm": "none",
+        "qk_norm": "head" if a == "qwen3moe" else "none",
         "attn_scale": head_dim**-0.5,
         "max_position_embeddings": max_pos,
         "tie_word_embeddings": tied,
@@ -541,6 +546,8 @@ def load_gguf(path: Path) -> Plan:
         "ffn_up.weight": (ffn, hidden),
         "ffn_down.weight": (hidden, ffn),
         "ffn_gate_inp.weight": (n_experts, hidden),
+        "attn_q_norm.weight": (head_dim,),
+        "attn_k_norm.weight": (head_dim,),
     }
 
     def take(name: str, kind: str, shape: tuple[int, ...], permute_heads: int = 0) -> SrcTensor:
@@ -577,6 +584,8 @@ def load_gguf(path: Path) -> Plan:
                 continue
             if suffix == "ffn_gate_inp.weight" and not n_experts:
                 continue
+            if suffix in ("attn_q_norm.weight", "attn_k_norm.weight") and a != "qwen3moe":
+                continue
             if optional and name not in gts:
                 continue
             heads = 0
@@ -596,7 +605,7 @@ def load_gguf(path: Path) -> Plan:
         raise ConvertError(f"{path}: tensors not used by {a}: {', '.join(extra[:5])}")
     files, tokenizer, chat = _tokenizer(meta, vocab)
     return Plan(
-        model_type="mixtral" if n_experts else "llama",
+        model_type="qwen3_moe" if a == "qwen3moe" else ("mixtral" if n_experts else "llama"),
         source_config=_source_config(reader, meta),
         hparams=hp,
         trunk=trunk,
