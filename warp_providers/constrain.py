@@ -5,7 +5,9 @@ Owns: turning `response_format` (json_object, json_schema) and a forced tool cal
 whole reply (the reasoning channel stays free text; the answer or the call must match),
 the llguidance tokenizer built from our `Tokenizer`, and `GrammarProcessor`, which masks
 the logits so every sampled reply parses, validates, and then ends (only stop ids are
-allowed once the grammar is complete).
+allowed once the grammar is complete); and the converse, `TokenBan`: with `tool_choice`
+"none" or no tools, a format whose calls open with one control token (Hermes
+`<tool_call>`) may not emit it, so such a reply never carries a tool call.
 Refuses: a schema feature llguidance cannot enforce (ChatFormatError, HTTP 400, naming
 the feature and `param`); never silently drops a constraint.
 Does not: write a JSON-schema grammar engine (llguidance does that).
@@ -35,6 +37,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "GrammarProcessor",
+    "TokenBan",
     "answer_grammar",
     "check_schema",
     "llg_tokenizer",
@@ -231,6 +234,29 @@ def answer_grammar(fmt: ChatFormat, prompt: Prompt, schema: Mapping[str, Any]) -
     )
 
 
+_ARGS = "/properties/arguments"
+"""Where a tool's parameter schema sits inside the Hermes call object's schema."""
+
+
+def _nested(schema: Any, at: str) -> Any:
+    """`schema` with its local `$ref`s rewritten for being placed at JSON pointer `at`.
+
+    A parameter schema refers to its own root (`#/$defs/Point`, as pydantic writes nested
+    models, or `#` for recursion); inside the call object that root is `#` + `at`.
+    """
+    if isinstance(schema, Mapping):
+        out = {}
+        for key, value in schema.items():
+            if key == "$ref" and isinstance(value, str) and value.startswith("#"):
+                out[key] = "#" + at + value[1:]
+            else:
+                out[key] = _nested(value, at)
+        return out
+    if isinstance(schema, list):
+        return [_nested(v, at) for v in schema]
+    return schema
+
+
 def _call_schema(tools: Sequence[Mapping[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
     out = []
     for i, tool in enumerate(tools):
@@ -293,7 +319,7 @@ def tool_call_grammar(
         for k, (fname, params) in enumerate(entries):
             call = {
                 "type": "object",
-                "properties": {"name": {"const": fname}, "arguments": params},
+                "properties": {"name": {"const": fname}, "arguments": _nested(params, _ARGS)},
                 "required": ["name", "arguments"],
                 "additionalProperties": False,
                 "x-guidance": dict(_JSON_OPTIONS),
@@ -396,6 +422,27 @@ class GrammarProcessor:
         logits[~allowed] = -np.inf
 
 
+class TokenBan:
+    """A `LogitsProcessor` that forbids a fixed set of ids at every position."""
+
+    def __init__(self, ids: Sequence[int], reason: str = "") -> None:
+        """Forbid `ids` (`reason` says why, for logs and tests)."""
+        self.ids = np.asarray(sorted(set(int(i) for i in ids)), dtype=np.int64)
+        self.reason = reason
+
+    def __call__(self, generated: Sequence[int], logits: np.ndarray) -> None:
+        """Sets the banned logits to -inf in place."""
+        logits[self.ids[self.ids < logits.shape[-1]]] = -np.inf
+
+
+def _tool_call_ban(fmt: ChatFormat) -> TokenBan | None:
+    """Forbids opening a tool call, where the format opens calls with one control token."""
+    if _family(fmt) != "hermes":
+        return None
+    tid = fmt.tokenizer.marker_id(_HERMES_MARKERS[0])
+    return None if tid is None else TokenBan([tid], reason="no tool may be called")
+
+
 # --------------------------------------------------------------------------- requests
 def _get(request: Any, key: str) -> Any:
     if isinstance(request, Mapping):
@@ -443,12 +490,16 @@ def response_schema(response_format: Any) -> dict[str, Any] | None:
     )
 
 
-def processor_for_request(fmt: ChatFormat, prompt: Prompt, request: Any) -> GrammarProcessor | None:
+def processor_for_request(
+    fmt: ChatFormat, prompt: Prompt, request: Any
+) -> GrammarProcessor | TokenBan | None:
     """The constraint a request implies, or None when its output is free.
 
     A forced tool call (`tool_choice` "required" or a named function, with tools) wins
     over `response_format`; `tool_choice` "none" with a response_format constrains the
-    answer.
+    answer. A request that may not call a tool (`tool_choice` "none", or no tools) and
+    has no grammar gets a `TokenBan` of the call-opening marker where the format has one,
+    so even a model that emits markers at random never returns `tool_calls`.
 
     Args:
         fmt: the bound chat format.
@@ -474,5 +525,5 @@ def processor_for_request(fmt: ChatFormat, prompt: Prompt, request: Any) -> Gram
     if grammar is None and schema is not None:
         grammar = answer_grammar(fmt, prompt, schema)
     if grammar is None:
-        return None
+        return _tool_call_ban(fmt) if choice == "none" or not tools else None
     return GrammarProcessor.from_grammar(fmt.tokenizer, grammar, fmt.stop_ids)

@@ -26,6 +26,7 @@ from warp_providers.errors import (
     ContextOverflowError,
     ModelFormatError,
     ModelNotFoundError,
+    StateMismatchError,
 )
 from warp_providers.sampling import LogitsProcessor, Sampler, SamplingParams
 from warp_providers.tokenizer import Tokenizer
@@ -186,8 +187,18 @@ class EngineLike(Protocol):
 
     tokenizer: Tokenizer
 
-    def stream(self, prompt: str | Sequence[int], **kwargs: Any) -> Iterator[TokenEvent]:
-        """Yields TokenEvents; see `Engine.stream`."""
+    def stream(
+        self,
+        prompt: str | Sequence[int],
+        *,
+        max_tokens: int = ...,
+        sampling: SamplingParams | None = ...,
+        stop: Sequence[str] = ...,
+        stop_ids: Sequence[int] | None = ...,
+        processors: Sequence[LogitsProcessor] = ...,
+        should_stop: Callable[[], bool] | None = ...,
+    ) -> Iterator[TokenEvent]:
+        """Yield TokenEvents; see `Engine.stream` (the keywords are the ones it takes)."""
         ...
 
     def info(self) -> dict[str, Any]:
@@ -356,7 +367,11 @@ class Engine:
             common += 1
         common = min(common, len(prompt) - 1)  # at least one token gives the logits
         if common < len(self._ids):
-            self.truncate(common)
+            try:
+                self.truncate(common)
+            except StateMismatchError:  # a recurrent (KDA) state cannot rewind: start over
+                self.reset()
+                common = 0
         return self.eval(prompt[common:]), common
 
     def stream(

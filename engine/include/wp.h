@@ -60,7 +60,7 @@ typedef struct wp_cfg {
     uint64_t budget_bytes;      /* hard ceiling on engine memory; 0 = resolve automatically */
     uint32_t ctx_tokens;        /* context length; 0 = min(max_position_embeddings, 4096) */
     uint32_t n_threads;         /* compute threads; 0 = physical cores */
-    uint32_t reader_threads;    /* expert reader threads; 0 = 1 */
+    uint32_t reader_threads;    /* expert reader threads; 0 = 4 */
     uint32_t prefill_chunk;     /* tokens per prefill chunk; 0 = 64 */
     int32_t cache_policy;       /* wp_cache_policy; default WP_CACHE_LFRU */
     int32_t direct_io;          /* 1 = O_DIRECT when the file system accepts it (default) */

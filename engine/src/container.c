@@ -400,7 +400,7 @@ static wp_status parse_hparams(ectx *e, const wpi_json *h, wpi_hparams *hp)
             return st;
         hp->eos_token_ids[k] = (int32_t)x;
     }
-    return WP_OK;
+    return wpi_hparams_ext(h, hp, e->err, e->cap);
 }
 
 /* ---- trunk --------------------------------------------------------------------------- */

@@ -254,6 +254,10 @@ wp_status wp_state_truncate(wp_ctx *ctx, uint32_t pos)
     ctx->err[0] = '\0';
     if (pos > ctx->pos)
         return fail(ctx, WP_E_ARG, "truncate to %u beyond the position %u", pos, ctx->pos);
+    if (pos > 0 && pos < ctx->pos && wpi_kda_layers(&ctx->c->hp))
+        return fail(ctx, WP_E_STATE,
+                    "a recurrent (KDA) state cannot be truncated to %u of %u tokens; reset",
+                    pos, ctx->pos);
     ctx->pos = pos;
     return WP_OK;
 }

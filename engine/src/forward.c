@@ -21,6 +21,11 @@ static uint32_t umax(uint32_t a, uint32_t b) { return a > b ? a : b; }
 
 uint64_t wpi_kv_bytes(const wpi_hparams *hp, uint32_t ctx)
 {
+    if (hp->kv_lora_rank) /* MLA: one latent row (kv_lora_rank + rope_dim) per token */
+        /* KDA layers (kimi_linear) keep a fixed recurrent state instead (kda.c) */
+        return (uint64_t)(hp->n_layers - wpi_kda_layers(hp)) * ctx *
+                   (hp->kv_lora_rank + hp->rope_dim) * sizeof(float) +
+               (uint64_t)wpi_kda_layers(hp) * wpi_kda_state_floats(hp) * sizeof(float);
     return 2ull * hp->n_layers * ctx * hp->n_kv_heads * hp->head_dim * sizeof(float);
 }
 
@@ -62,6 +67,11 @@ static uint64_t layout(const wpi_hparams *hp, uint32_t chunk, wpi_model *m, char
     CARVE(la_probs, float, E);
     CARVE(la_ids, int32_t, K);
     CARVE(la_w, float, K);
+    CARVE(route_tmp, float, 2 * E);
+    CARVE(mla_qa, float, C * hp->q_lora_rank);
+    CARVE(mla_q, float, hp->kv_lora_rank ? C * hp->n_heads * (hp->kv_lora_rank + hp->rope_dim) : 0);
+    CARVE(mla_o, float, C * hp->n_heads * hp->kv_lora_rank);
+    CARVE(kda_buf, float, wpi_kda_scratch_floats(hp, chunk));
 #undef CARVE
     return off;
 }
@@ -109,6 +119,11 @@ wp_status wpi_model_init(wpi_model *m, const wpi_container *c, void *kv, void *s
     size_t half = (size_t)hp->n_layers * ctx * hp->n_kv_heads * hp->head_dim;
     m->kcache = kv;
     m->vcache = (float *)kv + half;
+    if (hp->kv_lora_rank) m->vcache = NULL; /* MLA: kcache holds the latent rows */
+    if (hp->kv_lora_rank) /* then the KDA layers' recurrent states */
+        m->kda_state = (float *)kv + (size_t)(hp->n_layers - wpi_kda_layers(hp)) * ctx *
+                                         (hp->kv_lora_rank + hp->rope_dim);
+    uint32_t n_att = 0, n_kda = 0;
     m->tok_embd = wmat(wpi_container_tensor(c, "token_embd.weight"));
     m->output = wmat(wpi_container_tensor(c, "output.weight"));
     m->lm_head = hp->tie_word_embeddings || !m->output.data ? &m->tok_embd : &m->output;
@@ -131,13 +146,39 @@ wp_status wpi_model_init(wpi_model *m, const wpi_container *c, void *kv, void *s
             L->k_norm = vec(find(c, "blk.%u.attn_k_norm.weight", l));
         }
         L->is_moe = hp->layer_is_moe[l];
+        L->kv_slot = hp->layer_attn[l] == WPI_ATTN_KDA ? n_kda++ : n_att++;
+        if (hp->layer_attn[l] == WPI_ATTN_KDA) {
+            L->kda_f_a = wmat(find(c, "blk.%u.kda_f_a.weight", l));
+            L->kda_f_b = wmat(find(c, "blk.%u.kda_f_b.weight", l));
+            L->kda_b = wmat(find(c, "blk.%u.kda_b.weight", l));
+            L->kda_g_a = wmat(find(c, "blk.%u.kda_g_a.weight", l));
+            L->kda_g_b = wmat(find(c, "blk.%u.kda_g_b.weight", l));
+            L->kda_conv = vec(find(c, "blk.%u.kda_conv.weight", l));
+            L->kda_dt_bias = vec(find(c, "blk.%u.kda_dt_bias", l));
+            L->kda_a_log = vec(find(c, "blk.%u.kda_a_log", l));
+            L->kda_o_norm = vec(find(c, "blk.%u.kda_o_norm.weight", l));
+        }
+        L->sinks = vec(find(c, "blk.%u.attn_sinks", l));
+        L->wq_a = wmat(find(c, "blk.%u.attn_q_a.weight", l));
+        L->wq_b = wmat(find(c, "blk.%u.attn_q_b.weight", l));
+        L->wkv_a = wmat(find(c, "blk.%u.attn_kv_a_mqa.weight", l));
+        L->wkv_b = wmat(find(c, "blk.%u.attn_kv_b.weight", l));
+        L->q_a_norm = vec(find(c, "blk.%u.attn_q_a_norm.weight", l));
+        L->kv_a_norm = vec(find(c, "blk.%u.attn_kv_a_norm.weight", l));
+        L->bq_a = vec(find(c, "blk.%u.attn_q_a.bias", l));
+        L->bkv_a = vec(find(c, "blk.%u.attn_kv_a_mqa.bias", l));
         if (L->is_moe) {
+            L->router_b = vec(find(c, "blk.%u.ffn_gate_inp.bias", l));
+            L->exp_gate_b = vec(find(c, "blk.%u.ffn_gate_exps.bias", l));
+            L->exp_up_b = vec(find(c, "blk.%u.ffn_up_exps.bias", l));
+            L->exp_down_b = vec(find(c, "blk.%u.ffn_down_exps.bias", l));
             L->router = vec(find(c, "blk.%u.ffn_gate_inp.weight", l));
             L->sh_gate = wmat(find(c, "blk.%u.ffn_gate_shexp.weight", l));
             L->sh_up = wmat(find(c, "blk.%u.ffn_up_shexp.weight", l));
             L->sh_down = wmat(find(c, "blk.%u.ffn_down_shexp.weight", l));
             if (hp->shared_expert_gate)
                 L->sh_gate_inp = vec(find(c, "blk.%u.ffn_gate_inp_shexp.weight", l));
+            L->exp_bias = vec(find(c, "blk.%u.exp_probs_b.bias", l));
         } else {
             L->ffn_gate = wmat(find(c, "blk.%u.ffn_gate.weight", l));
             L->ffn_up = wmat(find(c, "blk.%u.ffn_up.weight", l));
@@ -342,20 +383,23 @@ wp_status wpi_check_decoder(const wpi_container *c, char *err, size_t cap)
 #define NAME(s) (snprintf(n, sizeof n, "blk.%u." s, l), n)
         TRY(wpi_need_vector(c, NAME("attn_norm.weight"), H, err, cap));
         TRY(wpi_need_vector(c, NAME("ffn_norm.weight"), H, err, cap));
-        TRY(wpi_need_matrix(c, NAME("attn_q.weight"), QD, H, err, cap));
-        TRY(wpi_need_matrix(c, NAME("attn_k.weight"), KD, H, err, cap));
-        TRY(wpi_need_matrix(c, NAME("attn_v.weight"), KD, H, err, cap));
-        TRY(wpi_need_matrix(c, NAME("attn_output.weight"), H, QD, err, cap));
-        TRY(wpi_opt_vector(c, NAME("attn_q.bias"), QD, err, cap));
-        TRY(wpi_opt_vector(c, NAME("attn_k.bias"), KD, err, cap));
-        TRY(wpi_opt_vector(c, NAME("attn_v.bias"), KD, err, cap));
-        TRY(wpi_opt_vector(c, NAME("attn_output.bias"), H, err, cap));
-        if (hp->qk_norm != WPI_QK_NONE) {
-            int full = hp->qk_norm == WPI_QK_FULL;
-            TRY(wpi_need_vector(c, NAME("attn_q_norm.weight"), full ? QD : hp->head_dim,
-                                err, cap));
-            TRY(wpi_need_vector(c, NAME("attn_k_norm.weight"), full ? KD : hp->head_dim,
-                                err, cap));
+        /* MLA layers (kv_lora_rank > 0) have no q/k/v: their arch checks them. */
+        if (!hp->kv_lora_rank) {
+            TRY(wpi_need_matrix(c, NAME("attn_q.weight"), QD, H, err, cap));
+            TRY(wpi_need_matrix(c, NAME("attn_k.weight"), KD, H, err, cap));
+            TRY(wpi_need_matrix(c, NAME("attn_v.weight"), KD, H, err, cap));
+            TRY(wpi_need_matrix(c, NAME("attn_output.weight"), H, QD, err, cap));
+            TRY(wpi_opt_vector(c, NAME("attn_q.bias"), QD, err, cap));
+            TRY(wpi_opt_vector(c, NAME("attn_k.bias"), KD, err, cap));
+            TRY(wpi_opt_vector(c, NAME("attn_v.bias"), KD, err, cap));
+            TRY(wpi_opt_vector(c, NAME("attn_output.bias"), H, err, cap));
+            if (hp->qk_norm != WPI_QK_NONE) {
+                int full = hp->qk_norm == WPI_QK_FULL;
+                TRY(wpi_need_vector(c, NAME("attn_q_norm.weight"), full ? QD : hp->head_dim,
+                                    err, cap));
+                TRY(wpi_need_vector(c, NAME("attn_k_norm.weight"), full ? KD : hp->head_dim,
+                                    err, cap));
+            }
         }
         if (!hp->layer_is_moe[l]) {
             uint64_t I = hp->intermediate_size;

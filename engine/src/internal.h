@@ -76,7 +76,26 @@ typedef struct wpi_hparams {
     uint32_t n_eos;
     int32_t eos_token_ids[WPI_MAX_EOS];
     float clip_qkv;                         /* clamp q, k, v to +-clip_qkv; 0 = none */
+    /* Optional keys (hparams_ext.c), zero when absent. attn_kinds gives layer_attn. */
+    uint32_t sliding_window;                /* keys a WPI_ATTN_SLIDING layer sees, incl. its own */
+    uint8_t layer_attn[WPI_MAX_LAYERS];     /* WPI_ATTN_* per layer */
+    float swiglu_alpha, swiglu_limit;       /* gpt_oss clamped SwiGLU of the experts */
+    uint32_t kda_heads, kda_head_dim, kda_conv; /* kimi_linear KDA layers */
+    /* Multi-head latent attention (hparams_mla.c, blocks/mla.c) when kv_lora_rank > 0:
+     * head_dim is the q/k head width qk_nope_head_dim + rope_dim; the KV cache holds per
+     * token and layer the latent (kv_lora_rank normed + rope_dim rotated key floats). */
+    uint32_t q_lora_rank, kv_lora_rank, qk_nope_head_dim, v_head_dim;
+    int32_t rope_interleave;                /* bool: rope pairs (2i, 2i+1) (GPT-J) */
+    /* Routing (blocks/route_noaux.c): scores, group-limited selection on scores plus the
+     * layer's exp_probs_b bias, weights from the unbiased scores. */
+    int32_t scoring;                        /* WPI_SCORE_*; softmax when absent */
+    uint32_t n_group, topk_group;           /* 0 or 1 group: no group limit */
+    float routed_scaling_factor;            /* multiplies the routed weights; 1 when absent */
 } wpi_hparams;
+
+enum { WPI_SCORE_SOFTMAX = 0, WPI_SCORE_SIGMOID = 1 };
+
+enum { WPI_ATTN_FULL = 0, WPI_ATTN_SLIDING = 1, WPI_ATTN_KDA = 2 };
 
 /* A trunk tensor. shape[0] = rows (or length of a vector), shape[1] = cols (1 for a vector). */
 typedef struct wpi_tensor {
@@ -125,6 +144,15 @@ wp_status wpi_container_open(const char *dir, wpi_container **out, char *err, si
 /* Reads every trunk tensor into memory accounted to m, tensor by tensor with pread,
  * checking each CRC32C. Errors: WP_E_IO, WP_E_FORMAT (CRC mismatch names the tensor), OOM. */
 wp_status wpi_container_load_trunk(wpi_container *c, wpi_mem *m, char *err, size_t cap);
+
+/* hparams_ext.c: the optional hparams keys (sliding_window, attn_kinds, swiglu_*, kda_*)
+ * of the object h into hp, after the required ones. WP_E_FORMAT naming the key. */
+struct wpi_json;
+wp_status wpi_hparams_ext(const struct wpi_json *h, wpi_hparams *hp, char *err, size_t cap);
+/* hparams_mla.c: the optional MLA and routing keys (q_lora_rank, kv_lora_rank,
+ * qk_nope_head_dim, v_head_dim, rope_interleave, scoring_func, n_group, topk_group,
+ * routed_scaling_factor); called by wpi_hparams_ext. */
+wp_status wpi_hparams_mla(const struct wpi_json *h, wpi_hparams *hp, char *err, size_t cap);
 
 /* The tensor of that name, or NULL. */
 const wpi_tensor *wpi_container_tensor(const wpi_container *c, const char *name);
@@ -182,7 +210,7 @@ typedef struct wpi_reader wpi_reader;
  * detail such as "layer 3 expert 17: payload checksum mismatch". */
 typedef void (*wpi_read_done_fn)(void *user, uint32_t tag, wp_status st, const char *detail);
 
-/* Opens every bank of c and starts cfg->reader_threads threads (0 = 1, at most 8).
+/* Opens every bank of c and starts cfg->reader_threads threads (0 = 4, at most 8).
  * queue_cap bounds the jobs waiting in each of the two queues. Errors: WP_E_IO, WP_E_ARG,
  * WP_E_OOM. */
 wp_status wpi_reader_open(const wpi_container *c, const wp_cfg *cfg, uint32_t queue_cap,
@@ -268,6 +296,20 @@ typedef struct wpi_layer {
     wpi_wmat sh_gate, sh_up, sh_down;             /* shared expert (data NULL if none) */
     const float *sh_gate_inp;                     /* [hidden] or NULL */
     uint8_t is_moe;
+    /* gpt_oss (NULL otherwise) */
+    const float *sinks;                           /* attn_sinks [n_heads] */
+    const float *router_b;                        /* ffn_gate_inp.bias [n_experts] */
+    const float *exp_gate_b, *exp_up_b, *exp_down_b; /* ffn_*_exps.bias [n_experts, I|H] */
+    /* MLA (blocks/mla.c): q = q_b(rmsnorm(q_a x)) or wq x; latent = kv_a x; kv_b up. */
+    wpi_wmat wq_a, wq_b, wkv_a, wkv_b;
+    const float *q_a_norm, *kv_a_norm;            /* [q_lora_rank], [kv_lora_rank] */
+    const float *bq_a, *bkv_a;                    /* biases or NULL */
+    const float *exp_bias;                        /* exp_probs_b [n_experts] or NULL */
+    /* kimi_linear KDA layers (blocks/kda.c); q/k/v/o are wq, wk, wv, wo [D, hidden] */
+    wpi_wmat kda_f_a, kda_f_b, kda_b, kda_g_a, kda_g_b;
+    const float *kda_conv;                        /* [3D, kda_conv] depthwise, f32 */
+    const float *kda_dt_bias, *kda_a_log, *kda_o_norm; /* [D], [kda_heads], [kda_head_dim] */
+    uint32_t kv_slot;             /* this layer's block of the KV cache (or of kda_state) */
 } wpi_layer;
 
 /* Everything the forward pass reads and writes. Buffers are carved from one scratch
@@ -306,6 +348,12 @@ typedef struct wpi_model {
     float *la_probs;             /* [n_experts] lookahead router */
     int32_t *la_ids;             /* [top_k] */
     float *la_w;                 /* [top_k] */
+    float *route_tmp;            /* [2 * n_experts] grouped selection (route_noaux.c) */
+    float *mla_qa;               /* [C, q_lora_rank] */
+    float *mla_q;                /* [C, n_heads, kv_lora_rank + rope_dim] absorbed query */
+    float *mla_o;                /* [C, n_heads, kv_lora_rank] latent attention output */
+    float *kda_buf;              /* wpi_kda_scratch_floats (kda.c) */
+    float *kda_state;            /* [kda layers][wpi_kda_state_floats], after the KV rows */
     char *err;                   /* detail of the last error */
     size_t err_cap;
 } wpi_model;
@@ -347,6 +395,12 @@ wp_status wpi_check_decoder(const wpi_container *c, char *err, size_t cap);
 void wpi_attention_block(wpi_model *mdl, uint32_t layer, uint32_t n, uint32_t pos);
 void wpi_ffn_block(wpi_model *mdl, uint32_t layer, uint32_t n);
 wp_status wpi_moe_block(wpi_model *mdl, uint32_t layer, uint32_t n);
+/* attention_sw.c: attention with per-head sinks (layer's attn_sinks, if any) over keys
+ * p-window+1..p of each position p (window 0: all); biases, RoPE, no qk norm. */
+void wpi_attention_sw_block(wpi_model *mdl, uint32_t layer, uint32_t n, uint32_t pos,
+                            uint32_t window);
+/* moe_oss.c: gpt_oss MoE (router bias, top-k softmax, biased clamped-SwiGLU experts). */
+wp_status wpi_moe_oss_block(wpi_model *mdl, uint32_t layer, uint32_t n);
 /* out[t] = down(silu(gate x_t) * up x_t) for m tokens (ffn.c). */
 void wpi_swiglu(wpi_model *mdl, const wpi_wmat *gate, const wpi_wmat *up,
                 const wpi_wmat *down, const float *x, size_t ldx, uint32_t m,
@@ -358,6 +412,26 @@ void wpi_rope_apply(float *v, uint32_t n_heads, uint32_t head_dim, uint32_t rope
                     const float *cos, const float *sin);
 /* Router top-k of probs[n] (ties to the lower id), in descending order (moe.c). */
 void wpi_topk(const float *probs, uint32_t n, uint32_t k, int32_t *ids, float *w);
+/* kda.c: Kimi Delta Attention block (recurrent state zeroed at pos 0); its state floats
+ * per KDA layer; the number of KDA layers; its scratch floats for chunks of `chunk`. */
+void wpi_kda_block(wpi_model *mdl, uint32_t layer, uint32_t n, uint32_t pos);
+uint64_t wpi_kda_state_floats(const wpi_hparams *hp);
+uint32_t wpi_kda_layers(const wpi_hparams *hp);
+uint64_t wpi_kda_scratch_floats(const wpi_hparams *hp, uint32_t chunk);
+/* Multi-head latent attention over the latent KV cache, absorbed up-projections (mla.c). */
+void wpi_mla_block(wpi_model *mdl, uint32_t layer, uint32_t n, uint32_t pos);
+/* Rotates rope_dim dims of n_heads heads, head_dim apart, in GPT-J pairs (2i, 2i+1). */
+void wpi_rope_apply_interleaved(float *v, uint32_t n_heads, uint32_t head_dim,
+                                uint32_t rope_dim, const float *cos, const float *sin);
+/* route_noaux.c: 1 when hparams or the layer need wpi_route_noaux instead of plain top-k. */
+int wpi_route_noaux_used(const wpi_hparams *hp, const wpi_layer *L);
+/* Selection of top_k experts from scores[n_experts] (sigmoid or softmax, unbiased):
+ * choice = scores + bias (bias may be NULL); with n_group > 1 only the experts of the
+ * topk_group groups with the largest sums of their two best choices compete; top_k by
+ * choice (ties to the lower id); weights = the unbiased scores, renormalized when
+ * norm_topk_prob (sum + 1e-20), times routed_scaling_factor. tmp: 2 * n_experts floats. */
+void wpi_route_noaux(const wpi_hparams *hp, const float *scores, const float *bias,
+                     float *tmp, int32_t *ids, float *w);
 
 /* arch/registry.c: an architecture is found by its model_type. */
 struct wpi_arch {

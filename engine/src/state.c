@@ -12,7 +12,9 @@
  *     88  u32 position                 92..123 zero
  *     124 u32 CRC32C of bytes 0..123
  *   payload: per layer, K rows [0, position) then V rows [0, position), f32
- *            [n_kv_heads * head_dim] each
+ *            [n_kv_heads * head_dim] each; an MLA model (kv_lora_rank > 0) has one latent
+ *            row [kv_lora_rank + rope_dim] per position and no V rows; a KDA layer
+ *            (kimi_linear) has its recurrent state instead (kda.c), whatever the position
  *   trailer: u32 CRC32C of the payload
  * A header of another model or shape is WP_E_STATE; anything truncated or garbled is
  * WP_E_FORMAT, found before the context is touched (the payload CRC is checked in a
@@ -85,11 +87,36 @@ static wp_status fail(wp_ctx *ctx, wp_status st, const char *fmt, ...)
     return st;
 }
 
+/* Bytes of one K (v = 0) or V (v = 1) row: MLA keeps one latent row and no V. */
+static size_t row_bytes(const wpi_hparams *hp, int v)
+{
+    if (hp->kv_lora_rank) return v ? 0 : (size_t)(hp->kv_lora_rank + hp->rope_dim) * sizeof(float);
+    return (size_t)hp->n_kv_heads * hp->head_dim * sizeof(float);
+}
+
 /* Rows of layer l, K or V, from row 0. */
 static float *kv_rows(wp_ctx *ctx, uint32_t l, int v)
 {
-    size_t kvd = (size_t)ctx->c->hp.n_kv_heads * ctx->c->hp.head_dim;
-    return (v ? ctx->mdl.vcache : ctx->mdl.kcache) + (size_t)l * ctx->mdl.ctx * kvd;
+    size_t kvd = row_bytes(&ctx->c->hp, v) / sizeof(float);
+    return (v ? ctx->mdl.vcache : ctx->mdl.kcache) +
+           (size_t)ctx->mdl.layers[l].kv_slot * ctx->mdl.ctx * kvd;
+}
+
+/* Saved bytes of layer l's part v at position pos, and where they live: a KDA layer
+ * (kimi_linear) saves its recurrent state (kda.c) as part 0, whatever the position. */
+static size_t part_bytes(wp_ctx *ctx, uint32_t l, int v, uint32_t pos)
+{
+    const wpi_hparams *hp = &ctx->c->hp;
+    if (hp->layer_attn[l] == WPI_ATTN_KDA) return v ? 0 : wpi_kda_state_floats(hp) * sizeof(float);
+    return row_bytes(hp, v) * pos;
+}
+
+static float *part_ptr(wp_ctx *ctx, uint32_t l, int v)
+{
+    if (ctx->c->hp.layer_attn[l] == WPI_ATTN_KDA)
+        return ctx->mdl.kda_state +
+               (size_t)ctx->mdl.layers[l].kv_slot * wpi_kda_state_floats(&ctx->c->hp);
+    return kv_rows(ctx, l, v);
 }
 
 wp_status wp_state_save(wp_ctx *ctx, const char *path)
@@ -98,7 +125,6 @@ wp_status wp_state_save(wp_ctx *ctx, const char *path)
     ctx->err[0] = '\0';
     if (!path) return fail(ctx, WP_E_ARG, "path is NULL");
     const wpi_hparams *hp = &ctx->c->hp;
-    const size_t row = (size_t)hp->n_kv_heads * hp->head_dim * sizeof(float);
     unsigned char h[HDR], b[4];
     make_header(ctx, ctx->pos, h);
     FILE *f = fopen(path, "wb");
@@ -107,8 +133,9 @@ wp_status wp_state_save(wp_ctx *ctx, const char *path)
     uint32_t crc = 0;
     for (uint32_t l = 0; ok && l < hp->n_layers; l++)
         for (int v = 0; ok && v < 2; v++) {
-            const float *p = kv_rows(ctx, l, v);
-            size_t bytes = row * ctx->pos;
+            size_t bytes = part_bytes(ctx, l, v, ctx->pos);
+            if (!bytes) continue;
+            const float *p = part_ptr(ctx, l, v);
             crc = wpi_crc32c(crc, p, bytes);
             ok = fwrite(p, 1, bytes, f) == bytes;
         }
@@ -149,7 +176,7 @@ wp_status wp_state_load(wp_ctx *ctx, const char *path)
     ctx->err[0] = '\0';
     if (!path) return fail(ctx, WP_E_ARG, "path is NULL");
     const wpi_hparams *hp = &ctx->c->hp;
-    const size_t row = (size_t)hp->n_kv_heads * hp->head_dim * sizeof(float);
+    const size_t row = row_bytes(hp, 0) + row_bytes(hp, 1); /* K and V of one token */
     unsigned char h[HDR], b[4];
     FILE *f = fopen(path, "rb");
     if (!f) return fail(ctx, WP_E_IO, "cannot open state file '%s'", path);
@@ -178,7 +205,10 @@ wp_status wp_state_load(wp_ctx *ctx, const char *path)
                   ctx->mdl.ctx);
         goto out;
     }
-    const uint64_t payload = 2ull * hp->n_layers * row * pos;
+    uint64_t payload = 0;
+    for (uint32_t l = 0; l < hp->n_layers; l++)
+        payload += part_bytes(ctx, l, 0, pos) + part_bytes(ctx, l, 1, pos);
+    (void)row;
     if (fseeko(f, 0, SEEK_END) != 0 || (uint64_t)ftello(f) != HDR + payload + 4) {
         st = fail(ctx, WP_E_FORMAT, "state file is %lld bytes, expected %llu",
                   (long long)ftello(f), (unsigned long long)(HDR + payload + 4));
@@ -209,8 +239,8 @@ wp_status wp_state_load(wp_ctx *ctx, const char *path)
     fseeko(f, HDR, SEEK_SET);
     for (uint32_t l = 0; l < hp->n_layers; l++)
         for (int v = 0; v < 2; v++) {
-            size_t bytes = row * pos;
-            if (fread(kv_rows(ctx, l, v), 1, bytes, f) != bytes) {
+            size_t bytes = part_bytes(ctx, l, v, pos);
+            if (bytes && fread(part_ptr(ctx, l, v), 1, bytes, f) != bytes) {
                 ctx->pos = 0;
                 st = fail(ctx, WP_E_IO, "short read from state file '%s'; context reset", path);
                 goto out;

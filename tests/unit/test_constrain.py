@@ -7,12 +7,14 @@ import json
 import numpy as np
 import pytest
 from fake_engine import CHATML_TEMPLATE, MARKERS
+from json_schemas import SCHEMAS
 from support import has_module, requires
 
 from warp_providers import Sampler, SamplingParams, Tokenizer
 from warp_providers.chat import ChatFormatError, registry
 from warp_providers.constrain import (
     GrammarProcessor,
+    TokenBan,
     check_schema,
     processor_for_request,
     tool_call_grammar,
@@ -94,218 +96,6 @@ def parse(fmt, prompt, ids):
     return parser.finish()
 
 
-SCHEMAS = [
-    {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
-    {
-        "type": "object",
-        "properties": {
-            "name": {"type": "string", "maxLength": 12},
-            "age": {"type": "integer", "minimum": 0, "maximum": 130},
-        },
-        "required": ["name", "age"],
-        "additionalProperties": False,
-    },
-    {
-        "type": "object",
-        "properties": {"color": {"enum": ["red", "green", "blue"]}},
-        "required": ["color"],
-        "additionalProperties": False,
-    },
-    {
-        "type": "object",
-        "properties": {
-            "tags": {"type": "array", "items": {"type": "string", "maxLength": 5}, "maxItems": 4}
-        },
-        "required": ["tags"],
-        "additionalProperties": False,
-    },
-    {
-        "type": "object",
-        "properties": {
-            "p": {
-                "type": "object",
-                "properties": {"x": {"type": "number"}, "y": {"type": "number"}},
-                "required": ["x", "y"],
-                "additionalProperties": False,
-            }
-        },
-        "required": ["p"],
-        "additionalProperties": False,
-    },
-    {
-        "type": "object",
-        "properties": {
-            "ok": {"type": "boolean"},
-            "note": {"type": ["string", "null"], "maxLength": 8},
-        },
-        "required": ["ok", "note"],
-        "additionalProperties": False,
-    },
-    {
-        "type": "object",
-        "properties": {"score": {"type": "number", "minimum": 0.5, "maximum": 2.5}},
-        "required": ["score"],
-        "additionalProperties": False,
-    },
-    {
-        "type": "object",
-        "properties": {"n": {"type": "integer", "exclusiveMinimum": 10, "exclusiveMaximum": 20}},
-        "required": ["n"],
-        "additionalProperties": False,
-    },
-    {
-        "type": "object",
-        "properties": {
-            "items": {
-                "type": "array",
-                "minItems": 2,
-                "maxItems": 3,
-                "items": {"type": "integer", "minimum": -5, "maximum": 5},
-            }
-        },
-        "required": ["items"],
-        "additionalProperties": False,
-    },
-    {
-        "type": "object",
-        "properties": {"code": {"type": "string", "pattern": "^[A-Z]{2}[0-9]{3}$"}},
-        "required": ["code"],
-        "additionalProperties": False,
-    },
-    {
-        "type": "object",
-        "properties": {
-            "kind": {"const": "point"},
-            "v": {"type": "integer", "minimum": 0, "maximum": 9},
-        },
-        "required": ["kind", "v"],
-        "additionalProperties": False,
-    },
-    {
-        "type": "object",
-        "properties": {
-            "a": {"type": "string", "maxLength": 4},
-            "b": {"type": "integer", "maximum": 99, "minimum": 0},
-        },
-        "required": ["a"],
-        "additionalProperties": False,
-    },
-    {
-        "type": "object",
-        "properties": {
-            "v": {
-                "anyOf": [
-                    {"type": "integer", "minimum": 0, "maximum": 9},
-                    {"type": "string", "maxLength": 3},
-                ]
-            }
-        },
-        "required": ["v"],
-        "additionalProperties": False,
-    },
-    {
-        "type": "object",
-        "$defs": {
-            "pt": {
-                "type": "object",
-                "properties": {"x": {"type": "integer", "maximum": 9, "minimum": 0}},
-                "required": ["x"],
-                "additionalProperties": False,
-            }
-        },
-        "properties": {"from": {"$ref": "#/$defs/pt"}, "to": {"$ref": "#/$defs/pt"}},
-        "required": ["from", "to"],
-        "additionalProperties": False,
-    },
-    {
-        "type": "object",
-        "properties": {
-            "rows": {
-                "type": "array",
-                "maxItems": 3,
-                "items": {"type": "array", "maxItems": 3, "items": {"type": "boolean"}},
-            }
-        },
-        "required": ["rows"],
-        "additionalProperties": False,
-    },
-    {
-        "type": "object",
-        "properties": {
-            "level": {"type": "integer", "enum": [1, 2, 3]},
-            "label": {"enum": ["lo", "hi", None]},
-        },
-        "required": ["level", "label"],
-        "additionalProperties": False,
-    },
-    {
-        "type": "object",
-        "properties": {"date": {"type": "string", "format": "date"}},
-        "required": ["date"],
-        "additionalProperties": False,
-    },
-    {
-        "type": "object",
-        "properties": {"m": {"type": "number", "multipleOf": 0.5, "minimum": 0, "maximum": 10}},
-        "required": ["m"],
-        "additionalProperties": False,
-    },
-    {
-        "type": "object",
-        "properties": {
-            "d": {
-                "type": "object",
-                "additionalProperties": {"type": "integer", "minimum": 0, "maximum": 9},
-                "maxProperties": 3,
-            }
-        },
-        "required": ["d"],
-        "additionalProperties": False,
-    },
-    {
-        "type": "object",
-        "properties": {
-            "user": {
-                "type": "object",
-                "properties": {
-                    "name": {"type": "string", "minLength": 1, "maxLength": 6},
-                    "roles": {"type": "array", "maxItems": 2, "items": {"enum": ["admin", "dev"]}},
-                    "address": {
-                        "type": "object",
-                        "properties": {"zip": {"type": "string", "pattern": "^[0-9]{5}$"}},
-                        "required": ["zip"],
-                        "additionalProperties": False,
-                    },
-                },
-                "required": ["name", "roles", "address"],
-                "additionalProperties": False,
-            }
-        },
-        "required": ["user"],
-        "additionalProperties": False,
-    },
-    {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 99}, "maxItems": 5},
-    {"type": "object", "properties": {"q": {"type": "string", "maxLength": 10}}},
-    {
-        "type": "object",
-        "properties": {
-            "s": {"type": "string", "minLength": 2, "maxLength": 3},
-            "t": {
-                "oneOf": [
-                    {
-                        "type": "object",
-                        "properties": {"k": {"const": 1}},
-                        "required": ["k"],
-                        "additionalProperties": False,
-                    },
-                    {"type": "array", "maxItems": 1, "items": {"type": "null"}},
-                ]
-            },
-        },
-        "required": ["s", "t"],
-        "additionalProperties": False,
-    },
-]
 
 
 def test_at_least_twenty_schemas():
@@ -405,6 +195,35 @@ def test_forced_tool_calls(chatml):
                 jsonschema.validate(json.loads(call.arguments), params[call.name])
 
 
+RECURSIVE = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 3},
+        "kids": {"type": "array", "maxItems": 2, "items": {"$ref": "#"}},
+    },
+    "required": ["name"],
+    "additionalProperties": False,
+}
+
+
+@pytest.mark.parametrize("params", [SCHEMAS[13], RECURSIVE], ids=["defs", "recursive"])
+def test_tool_parameters_with_refs(chatml, params):
+    """`$ref`s of a parameter schema (pydantic's `#/$defs/...`, `#`) point at its own root,
+    which sits under `arguments` in the call object: they are rewritten, not broken."""
+    import jsonschema
+
+    tools = [{"type": "function", "function": {"name": "t", "parameters": params}}]
+    messages = [{"role": "user", "content": "go"}]
+    request = {"messages": messages, "tools": tools, "tool_choice": "required"}
+    prompt = chatml.render({"messages": messages, "tools": tools})
+    for seed in range(3):
+        ids = sample(chatml, processor_for_request(chatml, prompt, request), seed=seed)
+        msg = parse(chatml, prompt, ids)
+        assert msg.tool_calls
+        for call in msg.tool_calls:
+            jsonschema.validate(json.loads(call.arguments), params)
+
+
 @pytest.mark.parametrize(
     "schema,feature",
     [
@@ -438,18 +257,35 @@ def test_unknown_tool_in_named_choice(chatml):
 
 def test_no_constraint_for_free_requests(chatml):
     prompt = chatml.render({"messages": [{"role": "user", "content": "x"}]})
+    tools = [{"function": {"name": "a"}}]
+    assert processor_for_request(chatml, prompt, {"messages": [], "tools": tools}) is None
     assert (
-        processor_for_request(chatml, prompt, {"messages": [], "response_format": {"type": "text"}})
+        processor_for_request(chatml, prompt, {"messages": [], "tool_choice": "auto", "tools": tools})
         is None
     )
-    assert (
-        processor_for_request(
-            chatml,
-            prompt,
-            {"messages": [], "tool_choice": "auto", "tools": [{"function": {"name": "a"}}]},
-        )
-        is None
-    )
+
+
+@pytest.mark.parametrize(
+    "request_",
+    [
+        {"messages": [], "response_format": {"type": "text"}},
+        {"messages": [], "tools": [{"function": {"name": "a"}}], "tool_choice": "none"},
+    ],
+    ids=["no-tools", "tool_choice-none"],
+)
+def test_no_tool_call_when_none_may_be_called(chatml, request_):
+    """No grammar, but the Hermes call marker is banned: random logits never open a call."""
+    prompt = chatml.render({"messages": [{"role": "user", "content": "x"}]})
+    ban = processor_for_request(chatml, prompt, request_)
+    assert isinstance(ban, TokenBan)
+    opener = chatml.tokenizer.marker_id("<tool_call>")
+    assert ban.ids.tolist() == [opener]
+    bias = np.zeros(chatml.tokenizer.vocab_size, dtype=np.float32)
+    bias[opener] = 40.0  # the model wants to call a tool
+    for seed in range(3):
+        ids = sample(chatml, ban, seed=seed, bias=bias, max_tokens=20000)
+        assert opener not in ids
+        assert parse(chatml, prompt, ids).tool_calls == []
 
 
 def test_processor_resets_for_a_new_reply(chatml):

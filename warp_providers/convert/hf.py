@@ -45,6 +45,8 @@ SUPPORTED_MODEL_TYPES: Final[tuple[str, ...]] = (
     "olmoe",
     "qwen2_moe",
     "qwen3_moe",
+    "deepseek_v3",
+    "glm4_moe",
 )
 
 # --------------------------------------------------------------------------- rope
@@ -200,6 +202,7 @@ _ST_DTYPES: Final[dict[str, tuple[str, int]]] = {
     "F16": ("<f2", 2),
     "BF16": ("<u2", 2),
     "F8_E4M3": ("u1", 1),
+    "U8": ("u1", 1),  # packed MXFP4 blocks/scales (gpt_oss, hf_ext.py); never a float weight
 }
 _MAX_HEADER: Final[int] = 100 << 20
 
@@ -335,6 +338,8 @@ def _to_f32(a: np.ndarray, st_dtype: str) -> np.ndarray:
         return bf16_to_f32(a)
     if st_dtype == "F8_E4M3":
         return fp8_e4m3_to_f32(a)
+    if st_dtype == "U8":
+        raise ConvertError("a U8 tensor is not a float weight (only MXFP4 blocks are U8)")
     return np.asarray(a, dtype=np.float32)
 
 
@@ -397,6 +402,19 @@ _LAYER: Final[dict[str, tuple[str, str]]] = {
     "mlp.shared_expert.up_proj.weight": ("ffn_up_shexp.weight", "trunk"),
     "mlp.shared_expert.down_proj.weight": ("ffn_down_shexp.weight", "trunk"),
     "mlp.shared_expert_gate.weight": ("ffn_gate_inp_shexp.weight", "f32"),
+    # deepseek_v3 / glm4_moe: shared experts, routing bias, multi-head latent attention
+    "mlp.shared_experts.gate_proj.weight": ("ffn_gate_shexp.weight", "trunk"),
+    "mlp.shared_experts.up_proj.weight": ("ffn_up_shexp.weight", "trunk"),
+    "mlp.shared_experts.down_proj.weight": ("ffn_down_shexp.weight", "trunk"),
+    "mlp.gate.e_score_correction_bias": ("exp_probs_b.bias", "f32"),
+    "self_attn.q_a_proj.weight": ("attn_q_a.weight", "trunk"),
+    "self_attn.q_a_proj.bias": ("attn_q_a.bias", "f32"),
+    "self_attn.q_a_layernorm.weight": ("attn_q_a_norm.weight", "f32"),
+    "self_attn.q_b_proj.weight": ("attn_q_b.weight", "trunk"),
+    "self_attn.kv_a_proj_with_mqa.weight": ("attn_kv_a_mqa.weight", "trunk"),
+    "self_attn.kv_a_proj_with_mqa.bias": ("attn_kv_a_mqa.bias", "f32"),
+    "self_attn.kv_a_layernorm.weight": ("attn_kv_a_norm.weight", "f32"),
+    "self_attn.kv_b_proj.weight": ("attn_kv_b.weight", "trunk"),
 }
 # Canonical order of a layer's trunk tensors in trunk.bin.
 _LAYER_ORDER: Final[tuple[str, ...]] = (
@@ -420,6 +438,15 @@ _LAYER_ORDER: Final[tuple[str, ...]] = (
     "ffn_up_shexp.weight",
     "ffn_down_shexp.weight",
     "ffn_gate_inp_shexp.weight",
+    "attn_q_a.weight",
+    "attn_q_a.bias",
+    "attn_q_a_norm.weight",
+    "attn_q_b.weight",
+    "attn_kv_a_mqa.weight",
+    "attn_kv_a_mqa.bias",
+    "attn_kv_a_norm.weight",
+    "attn_kv_b.weight",
+    "exp_probs_b.bias",
 )
 _LAYER_RE: Final[re.Pattern[str]] = re.compile(r"model\.layers\.(\d+)\.(.+)")
 _EXPERT_RE: Final[re.Pattern[str]] = re.compile(
@@ -540,7 +567,57 @@ def _flag(cfg: Mapping[str, Any], key: str, default: bool) -> bool:
     return v
 
 
+# transformers' defaults of the keys a deepseek_v3 / glm4_moe config.json may omit.
+_NOAUX_DEFAULTS: Final[dict[str, dict[str, Any]]] = {
+    "deepseek_v3": {"n_group": 8, "topk_group": 4, "first_k_dense_replace": 3,
+                    "routed_scaling_factor": 2.5, "n_shared_experts": 1, "rope_interleave": True,
+                    "norm_topk_prob": True},
+    "glm4_moe": {"n_group": 1, "topk_group": 1, "first_k_dense_replace": 1,
+                 "routed_scaling_factor": 1.0, "n_shared_experts": 1, "norm_topk_prob": True,
+                 "use_qk_norm": False},
+}
+
+
+def _noaux_hparams(mt: str, cfg: Mapping[str, Any], n_experts: int, top_k: int) -> dict[str, Any]:
+    """Routing keys of deepseek_v3 / glm4_moe: sigmoid scores, groups, scaling (noaux_tc)."""
+    scoring = cfg.get("scoring_func")
+    if scoring not in (None, "sigmoid"):
+        raise ConvertError(
+            f"config.json: scoring_func {scoring!r}: {mt} routes with sigmoid scores (noaux_tc)"
+        )
+    method = cfg.get("topk_method")
+    if method not in (None, "noaux_tc"):
+        raise ConvertError(f"config.json: topk_method {method!r}: only noaux_tc is supported")
+    n_group = _int(cfg, "n_group", default=1) or 1
+    topk_group = _int(cfg, "topk_group", default=1) or 1
+    if n_group > 1:
+        if n_experts % n_group or n_experts // n_group < 2:
+            raise ConvertError(
+                f"config.json: n_group={n_group} must split {n_experts} experts into groups of >= 2"
+            )
+        if not 1 <= topk_group <= n_group or topk_group * (n_experts // n_group) < top_k:
+            raise ConvertError(
+                f"config.json: topk_group={topk_group} must be in 1..{n_group} and its groups "
+                f"must hold num_experts_per_tok={top_k} experts"
+            )
+    rsf = cfg.get("routed_scaling_factor")
+    if not isinstance(rsf, (int, float)) or isinstance(rsf, bool) or not rsf > 0:
+        raise ConvertError(f"config.json: routed_scaling_factor must be > 0, got {rsf!r}")
+    return {
+        "scoring_func": "sigmoid",
+        "n_group": n_group,
+        "topk_group": min(topk_group, n_group),
+        "routed_scaling_factor": float(rsf),
+    }
+
+
 def _hparams(mt: str, cfg: Mapping[str, Any], gen: Mapping[str, Any]) -> dict[str, Any]:
+    if mt in _NOAUX_DEFAULTS:
+        cfg = {**_NOAUX_DEFAULTS[mt], **{k: v for k, v in cfg.items() if v is not None}}
+        rp = cfg.get("rope_parameters") or cfg.get("rope_scaling")
+        if (mt == "glm4_moe" and "partial_rotary_factor" not in cfg
+                and not (isinstance(rp, Mapping) and "partial_rotary_factor" in rp)):
+            cfg["partial_rotary_factor"] = 0.5  # transformers' Glm4MoeConfig default
     hidden = _int(cfg, "hidden_size")
     n_layers = _int(cfg, "num_hidden_layers")
     n_heads = _int(cfg, "num_attention_heads")
@@ -554,6 +631,20 @@ def _hparams(mt: str, cfg: Mapping[str, Any], gen: Mapping[str, Any]) -> dict[st
             f"config.json: num_key_value_heads={n_kv} does not divide num_attention_heads={n_heads}"
         )
     head_dim = _int(cfg, "head_dim", default=hidden // n_heads) or hidden // n_heads
+    rope_head = head_dim
+    mla: dict[str, Any] = {}
+    if mt == "deepseek_v3":  # MLA: head_dim is the q/k width, rope on qk_rope_head_dim dims
+        nope, rope_head = _int(cfg, "qk_nope_head_dim"), _int(cfg, "qk_rope_head_dim")
+        head_dim, n_kv = nope + rope_head, n_heads
+        mla = {
+            "q_lora_rank": _int(cfg, "q_lora_rank", default=0),
+            "kv_lora_rank": _int(cfg, "kv_lora_rank"),
+            "qk_nope_head_dim": nope,
+            "v_head_dim": _int(cfg, "v_head_dim"),
+            "rope_interleave": _flag(cfg, "rope_interleave", True),
+        }
+        if mla["kv_lora_rank"] == 0 or mla["v_head_dim"] == 0 or head_dim == 0:
+            raise ConvertError("config.json: kv_lora_rank, v_head_dim and the qk head dims must be > 0")
     inter = _int(cfg, "intermediate_size", default=0)
     if mt == "llama":
         if _flag(cfg, "mlp_bias", False):
@@ -570,6 +661,12 @@ def _hparams(mt: str, cfg: Mapping[str, Any], gen: Mapping[str, Any]) -> dict[st
         top_k = _int(cfg, "num_experts_per_tok")
         moe_inter, inter, shared = inter, 0, 0
         norm_topk = _flag(cfg, "norm_topk_prob", False)
+    elif mt in _NOAUX_DEFAULTS:  # deepseek_v3, glm4_moe
+        n_experts = _n_experts(cfg)
+        top_k = _int(cfg, "num_experts_per_tok")
+        moe_inter = _int(cfg, "moe_intermediate_size")
+        shared = moe_inter * _int(cfg, "n_shared_experts")
+        norm_topk = _flag(cfg, "norm_topk_prob", True)
     else:  # qwen2_moe, qwen3_moe
         n_experts = _n_experts(cfg)
         top_k = _int(cfg, "num_experts_per_tok")
@@ -585,7 +682,7 @@ def _hparams(mt: str, cfg: Mapping[str, Any], gen: Mapping[str, Any]) -> dict[st
         inter = 0
     elif inter == 0:
         raise ConvertError("config.json: intermediate_size is needed for the dense layers")
-    rope_type, theta, rope_dim, rope_params = rope_from_config(cfg, head_dim)
+    rope_type, theta, rope_dim, rope_params = rope_from_config(cfg, rope_head)
     max_pos = _int(cfg, "max_position_embeddings", default=2048)
     _, attn_factor = rope_inv_freq(rope_type, theta, rope_dim, rope_params, max_pos)
     eps = cfg.get("rms_norm_eps")
@@ -611,7 +708,19 @@ def _hparams(mt: str, cfg: Mapping[str, Any], gen: Mapping[str, Any]) -> dict[st
             raise ConvertError(
                 f"config.json: token id {i} (bos/eos) is outside the vocabulary of {vocab}"
             )
-    return {
+    attn_scale = head_dim**-0.5
+    extra: dict[str, Any] = dict(mla)
+    if mt in _NOAUX_DEFAULTS:
+        extra.update(_noaux_hparams(mt, cfg, n_experts, top_k))
+    msa = rope_params.get("mscale_all_dim")
+    if mt == "deepseek_v3" and rope_type != "default" and msa:
+        # transformers' yarn_apply_mscale: the softmax scale carries mscale(factor, all_dim)^2
+        m = _yarn_mscale(float(_need(rope_params, "factor", rope_type)), float(msa))
+        attn_scale *= m * m
+    qk_norm = {"qwen3_moe": "head", "olmoe": "full"}.get(mt, "none")
+    if mt == "glm4_moe" and _flag(cfg, "use_qk_norm", False):
+        qk_norm = "head"
+    return extra | {
         "vocab_size": vocab,
         "hidden_size": hidden,
         "n_layers": n_layers,
@@ -630,8 +739,8 @@ def _hparams(mt: str, cfg: Mapping[str, Any], gen: Mapping[str, Any]) -> dict[st
         "rope_dim": rope_dim,
         "rope_theta": theta,
         "rope_attn_factor": attn_factor,
-        "qk_norm": {"qwen3_moe": "head", "olmoe": "full"}.get(mt, "none"),
-        "attn_scale": head_dim**-0.5,
+        "qk_norm": qk_norm,
+        "attn_scale": attn_scale,
         "max_position_embeddings": max_pos,
         "tie_word_embeddings": _flag(cfg, "tie_word_embeddings", False),
         "bos_token_id": bos_l[0] if bos_l else None,
@@ -645,7 +754,7 @@ def _expected_shapes(hp: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
     h, hd = hp["hidden_size"], hp["head_dim"]
     q, kv = hp["n_heads"] * hd, hp["n_kv_heads"] * hd
     full = hp["qk_norm"] == "full"
-    return {
+    shapes = {
         "attn_norm.weight": (h,),
         "ffn_norm.weight": (h,),
         "attn_q.weight": (q, h),
@@ -666,11 +775,31 @@ def _expected_shapes(hp: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
         "ffn_up_shexp.weight": (hp["shared_expert_intermediate_size"], h),
         "ffn_down_shexp.weight": (h, hp["shared_expert_intermediate_size"]),
         "ffn_gate_inp_shexp.weight": (1, h),
+        "exp_probs_b.bias": (hp["n_experts"],),
     }
+    if hp.get("kv_lora_rank"):  # MLA (deepseek_v3)
+        ql, r, nh = hp["q_lora_rank"], hp["kv_lora_rank"], hp["n_heads"]
+        shapes |= {
+            "attn_q_a.weight": (ql, h),
+            "attn_q_a.bias": (ql,),
+            "attn_q_a_norm.weight": (ql,),
+            "attn_q_b.weight": (q, ql),
+            "attn_kv_a_mqa.weight": (r + hp["rope_dim"], h),
+            "attn_kv_a_mqa.bias": (r + hp["rope_dim"],),
+            "attn_kv_a_norm.weight": (r,),
+            "attn_kv_b.weight": (nh * (hp["qk_nope_head_dim"] + hp["v_head_dim"]), r),
+            "attn_output.weight": (h, nh * hp["v_head_dim"]),
+        }
+    return shapes
 
 
 def _required(hp: Mapping[str, Any], kind: str) -> list[str]:
     req = ["attn_norm.weight", "ffn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight"]
+    if hp.get("kv_lora_rank"):  # MLA
+        req = ["attn_norm.weight", "ffn_norm.weight", "attn_kv_a_mqa.weight",
+               "attn_kv_a_norm.weight", "attn_kv_b.weight"]
+        req += (["attn_q_a.weight", "attn_q_a_norm.weight", "attn_q_b.weight"]
+                if hp["q_lora_rank"] else ["attn_q.weight"])
     req.append("attn_output.weight")
     if hp["qk_norm"] != "none":
         req += ["attn_q_norm.weight", "attn_k_norm.weight"]
@@ -692,6 +821,10 @@ def _allowed(hp: Mapping[str, Any], kind: str) -> set[str]:
         "attn_v.bias",
         "attn_output.bias",
     }
+    if hp.get("kv_lora_rank"):
+        ok |= {"attn_q_a.bias", "attn_kv_a_mqa.bias"}
+    if kind == "moe" and hp.get("scoring_func") == "sigmoid":
+        ok.add("exp_probs_b.bias")
     return ok
 
 
@@ -867,6 +1000,10 @@ def load_hf(src: Path) -> Plan:
         raise ConvertError(f"{src}: no config.json (not an HF checkpoint directory)")
     cfg = _load_json(cfg_path)
     mt = cfg.get("model_type")
+    from .hf_ext import EXT_MODEL_TYPES, load_ext
+
+    if mt in EXT_MODEL_TYPES:
+        return load_ext(src, cfg)
     if mt not in SUPPORTED_MODEL_TYPES:
         raise ConvertError(
             f"{cfg_path}: model_type {mt!r} is not supported; "
@@ -876,6 +1013,7 @@ def load_hf(src: Path) -> Plan:
     gen = _load_json(gen_path) if gen_path.is_file() else {}
     hp = _hparams(str(mt), cfg, gen)
     rope_type, rope_params = hp.pop("_rope")
+    mtp = _int(cfg, "num_nextn_predict_layers", default=0) if mt in _NOAUX_DEFAULTS else 0
     st = SafetensorsDir(src)
     b = _Builder(st, cfg)
     n_layers = hp["n_layers"]
@@ -892,6 +1030,8 @@ def load_hf(src: Path) -> Plan:
             top[_TOP[name][0]] = name
             continue
         m = _LAYER_RE.fullmatch(name)
+        if m is not None and n_layers <= int(m.group(1)) < n_layers + mtp:
+            continue  # multi-token-prediction layers: not part of the decoder
         if m is None or int(m.group(1)) >= n_layers:
             unknown.append(name)
             continue

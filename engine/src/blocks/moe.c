@@ -2,7 +2,9 @@
  * moe.c -- routed mixture-of-experts: router, top-k, expert application, shared expert.
  *
  * Flow over a chunk of tokens: softmax over all experts (f32), top-k with ties to the
- * lower id, optional renormalization; then the chunk's distinct experts are requested
+ * lower id, optional renormalization (sigmoid scores, a selection bias, expert groups or
+ * a routed scaling factor select through route_noaux.c instead); then the chunk's
+ * distinct experts are requested
  * from the cache in groups of at most wpi_experts_max_pinned, each applied once to every
  * token that chose it. Each (token, choice) output is kept apart and summed per token in
  * router order at the end, so results do not depend on arrival order or cache state.
@@ -40,6 +42,11 @@ static void route(wpi_model *m, const float *router, const float *xs, size_t ldx
     wpi_wmat r = {router, WPI_F32, hp->n_experts, hp->hidden_size};
     wpi_mm job = {&r, probs, hp->n_experts};
     wpi_matmul(m, &job, 1, xs, ldx, n);
+    if (hp->scoring == WPI_SCORE_SIGMOID) {
+        for (size_t i = 0; i < (size_t)n * hp->n_experts; i++)
+            probs[i] = 1.0f / (1.0f + expf(-probs[i]));
+        return;
+    }
     for (uint32_t t = 0; t < n; t++) wpi_softmax(probs + (size_t)t * hp->n_experts, hp->n_experts);
 }
 
@@ -59,7 +66,10 @@ static void lookahead(wpi_model *m, uint32_t l)
     const wpi_layer *N = &m->layers[l + 1];
     wpi_rmsnorm(m->xg, m->x, N->ffn_norm, hp->hidden_size, hp->rms_norm_eps);
     route(m, N->router, m->xg, hp->hidden_size, 1, m->la_probs);
-    wpi_topk(m->la_probs, hp->n_experts, hp->top_k, m->la_ids, m->la_w);
+    if (wpi_route_noaux_used(hp, N))
+        wpi_route_noaux(hp, m->la_probs, N->exp_bias, m->route_tmp, m->la_ids, m->la_w);
+    else
+        wpi_topk(m->la_probs, hp->n_experts, hp->top_k, m->la_ids, m->la_w);
     wpi_experts_prefetch(m->experts, l + 1, m->la_ids, hp->top_k);
 }
 
@@ -84,6 +94,84 @@ static void apply_expert(wpi_model *m, const wpi_expert_view *v, int32_t p0, int
         memcpy(m->eo + (size_t)m->ex_pick[p0 + i] * H, m->yg + i * H, H * sizeof(float));
 }
 
+/*
+ * Decode (one token, so one pick per expert): all experts of a group in two parallel
+ * sections, gate/up (+ silu * up) over row blocks of every expert, then down over row
+ * blocks of every expert, instead of two sections per expert. On 2 cores a fork-join
+ * costs about what a 16-row block of a small expert does, so 2*top_k sections per layer
+ * were a large share of a token (ENGINE_LESSONS section 8). Every row is computed by
+ * the same kernel call on the same inputs as apply_expert's, so results are identical
+ * and do not depend on the thread count.
+ */
+#define GROUP_MAX 64
+
+typedef struct group_ctx {
+    wpi_model *m;
+    const wpi_expert_view *v; /* [cnt] */
+    const float *x;           /* the token's normed hidden state */
+    float *g, *u;             /* [cnt, inter] */
+    float *out[GROUP_MAX];    /* each expert's output row (H floats) */
+    wpi_matmul_fn fn;
+    uint32_t blk, tasks_gu, tasks_down; /* tasks per expert */
+} group_ctx;
+
+static void group_gu_task(void *arg, uint32_t t)
+{
+    const group_ctx *c = arg;
+    const uint32_t e = t / c->tasks_gu, I = c->v[e].inter, H = c->v[e].hidden;
+    size_t r0 = (size_t)(t % c->tasks_gu) * c->blk, r1 = r0 + c->blk < I ? r0 + c->blk : I;
+    float *g = c->g + (size_t)e * I, *u = c->u + (size_t)e * I;
+    c->fn(c->v[e].gate, H, r0, r1, c->x, H, 1, g, I);
+    c->fn(c->v[e].up, H, r0, r1, c->x, H, 1, u, I);
+    for (size_t r = r0; r < r1; r++) g[r] = g[r] / (1.0f + expf(-g[r])) * u[r];
+}
+
+static void group_down_task(void *arg, uint32_t t)
+{
+    const group_ctx *c = arg;
+    const uint32_t e = t / c->tasks_down, I = c->v[e].inter, H = c->v[e].hidden;
+    size_t r0 = (size_t)(t % c->tasks_down) * c->blk, r1 = r0 + c->blk < H ? r0 + c->blk : H;
+    c->fn(c->v[e].down, I, r0, r1, c->g + (size_t)e * I, I, 1, c->out[e], H);
+}
+
+/* Whether apply_group_decode can take this group: one token, views of one dtype and
+ * shape, and room for cnt * inter floats in ff_g / ff_u. */
+static int group_decode_ok(const wpi_model *m, const wpi_expert_view *v, uint32_t cnt)
+{
+    const wpi_hparams *hp = m->hp;
+    uint32_t ff = hp->intermediate_size;
+    if (hp->moe_intermediate_size > ff) ff = hp->moe_intermediate_size;
+    if (hp->shared_expert_intermediate_size > ff) ff = hp->shared_expert_intermediate_size;
+    if (cnt < 2 || cnt > GROUP_MAX || wpi_pool_threads(m->pool) < 2) return 0;
+    if ((uint64_t)cnt * v[0].inter > (uint64_t)m->chunk * ff) return 0;
+    for (uint32_t s = 1; s < cnt; s++)
+        if (v[s].dtype != v[0].dtype || v[s].inter != v[0].inter ||
+            v[s].hidden != v[0].hidden)
+            return 0;
+    return wpi_kernels_matmul(m->k, v[0].dtype) != NULL;
+}
+
+static void apply_group_decode(wpi_model *m, const wpi_expert_view *v, uint32_t s0,
+                               uint32_t cnt)
+{
+    const size_t H = m->hp->hidden_size;
+    const uint32_t I = v[0].inter, nt = wpi_pool_threads(m->pool);
+    group_ctx c = {m, v, m->xn, m->ff_g, m->ff_u, {0}, wpi_kernels_matmul(m->k, v[0].dtype),
+                   0, 0, 0};
+    for (uint32_t s = 0; s < cnt; s++)
+        c.out[s] = m->eo + (size_t)m->ex_pick[m->ex_start[s0 + s]] * H;
+    /* About four tasks per thread over all rows, in whole 16-row blocks. */
+    uint64_t target = (uint64_t)nt * 4;
+    uint64_t blk = ((uint64_t)cnt * I + target - 1) / target;
+    c.blk = (uint32_t)((blk + 15) / 16 * 16);
+    c.tasks_gu = (I + c.blk - 1) / c.blk;
+    wpi_parallel_for(m->pool, cnt * c.tasks_gu, group_gu_task, &c);
+    blk = ((uint64_t)cnt * H + target - 1) / target;
+    c.blk = (uint32_t)((blk + 15) / 16 * 16);
+    c.tasks_down = (uint32_t)((H + c.blk - 1) / c.blk);
+    wpi_parallel_for(m->pool, cnt * c.tasks_down, group_down_task, &c);
+}
+
 wp_status wpi_moe_block(wpi_model *m, uint32_t l, uint32_t n)
 {
     const wpi_hparams *hp = m->hp;
@@ -94,7 +182,11 @@ wp_status wpi_moe_block(wpi_model *m, uint32_t l, uint32_t n)
         wpi_rmsnorm(m->xn + t * H, m->x + t * H, L->ffn_norm, H, hp->rms_norm_eps);
     route(m, L->router, m->xn, H, n, m->probs);
     for (uint32_t t = 0; t < n; t++)
-        select_topk(hp, m->probs + t * E, m->topk_id + t * K, m->topk_w + t * K);
+        if (wpi_route_noaux_used(hp, L)) /* sigmoid, bias, groups, scaling */
+            wpi_route_noaux(hp, m->probs + t * E, L->exp_bias, m->route_tmp,
+                            m->topk_id + t * K, m->topk_w + t * K);
+        else
+            select_topk(hp, m->probs + t * E, m->topk_id + t * K, m->topk_w + t * K);
 
     /* Distinct experts in order of first use (token-major, router order), and for each
      * the picks (token * K + slot) that chose it. */
@@ -120,6 +212,22 @@ wp_status wpi_moe_block(wpi_model *m, uint32_t l, uint32_t n)
         uint32_t cnt = nd - g0 < group ? nd - g0 : group;
         wp_status st = wpi_experts_request(m->experts, l, m->ex_ids + g0, cnt, m->err,
                                            m->err_cap);
+        if (st == WP_OK && n == 1 && cnt >= 2 && cnt <= GROUP_MAX &&
+            wpi_pool_threads(m->pool) >= 2) {
+            wpi_expert_view vs[GROUP_MAX];
+            for (uint32_t s = 0; st == WP_OK && s < cnt; s++)
+                st = wpi_experts_acquire(m->experts, l, m->ex_ids[g0 + s], &vs[s], m->err,
+                                         m->err_cap);
+            if (st == WP_OK && group_decode_ok(m, vs, cnt)) {
+                apply_group_decode(m, vs, g0, cnt);
+            } else {
+                for (uint32_t s = 0; st == WP_OK && s < cnt; s++)
+                    apply_expert(m, &vs[s], m->ex_start[g0 + s], m->ex_start[g0 + s + 1]);
+            }
+            wpi_experts_release(m->experts);
+            if (st != WP_OK) return st;
+            continue;
+        }
         for (uint32_t s = g0; st == WP_OK && s < g0 + cnt; s++) {
             wpi_expert_view v;
             st = wpi_experts_acquire(m->experts, l, m->ex_ids[s], &v, m->err, m->err_cap);

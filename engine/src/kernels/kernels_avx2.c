@@ -124,6 +124,35 @@ static inline void widen_q4(const uint8_t *q, int bias, __m256 w[4])
     w[3] = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(b1, 4), b));
 }
 
+/*
+ * The 32 nibbles of a q4_0 block as (q - 8) * 2^28, four float vectors: the caller scales
+ * by d * 2^-28 (exact: a power of two), so products and sums equal those of (q - 8) * d
+ * bit for bit. XOR with 8 turns each nibble q into the 4-bit two's complement of q - 8;
+ * the byte shuffle puts byte j at the top of 32-bit lane j, where a left shift by 4 (low
+ * nibble) or a mask (high nibble) leaves a sign-correct int32 with nothing below it. Four
+ * integer operations instead of widen_q4's eight (no subtraction, no separate nibble
+ * extraction): 12% fewer vector micro-ops per block.
+ */
+static inline void widen_q4_0_top(const uint8_t *q, __m256 w[4])
+{
+    const __m256i top_lo = _mm256_setr_epi8(-1, -1, -1, 0, -1, -1, -1, 1, -1, -1, -1, 2,
+                                            -1, -1, -1, 3, -1, -1, -1, 4, -1, -1, -1, 5,
+                                            -1, -1, -1, 6, -1, -1, -1, 7);
+    const __m256i top_hi = _mm256_setr_epi8(-1, -1, -1, 8, -1, -1, -1, 9, -1, -1, -1, 10,
+                                            -1, -1, -1, 11, -1, -1, -1, 12, -1, -1, -1, 13,
+                                            -1, -1, -1, 14, -1, -1, -1, 15);
+    const __m256i hi_mask = _mm256_set1_epi32((int32_t)0xF0000000u);
+    __m256i raw = _mm256_xor_si256(
+        _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)q)),
+        _mm256_set1_epi8((char)0x88));
+    __m256i b0 = _mm256_shuffle_epi8(raw, top_lo); /* bytes 0..7 at the top of each lane */
+    __m256i b1 = _mm256_shuffle_epi8(raw, top_hi); /* bytes 8..15 */
+    w[0] = _mm256_cvtepi32_ps(_mm256_slli_epi32(b0, 4));
+    w[1] = _mm256_cvtepi32_ps(_mm256_slli_epi32(b1, 4));
+    w[2] = _mm256_cvtepi32_ps(_mm256_and_si256(b0, hi_mask));
+    w[3] = _mm256_cvtepi32_ps(_mm256_and_si256(b1, hi_mask));
+}
+
 /* sum over the block of w[k] * x[8k..8k+8), as a vector. */
 static inline __m256 block_dot(const __m256 w[4], const float *x)
 {
@@ -221,19 +250,48 @@ static inline __m256 block_q8_0(const uint8_t *blk, const float *x, __m256 acc)
 static inline __m256 block_q4_0(const uint8_t *blk, const float *x, __m256 acc)
 {
     __m256 w[4];
-    widen_q4(blk + 2, 8, w);
-    return _mm256_fmadd_ps(_mm256_set1_ps(load_f16(blk)), block_dot(w, x), acc);
+    widen_q4_0_top(blk + 2, w);
+    return _mm256_fmadd_ps(_mm256_set1_ps(load_f16(blk) * 0x1p-28f), block_dot(w, x), acc);
 }
 
-/* q4_1 weights are d*q + m, so a block adds d*sum(q*x) + m*sum(x). */
-static inline __m256 block_q4_1(const uint8_t *blk, const float *x, __m256 acc)
+/* The lane-wise sum of a 32-float block of x, as block_q4_1 needs it. */
+static inline __m256 block_xsum(const float *x)
+{
+    return _mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(x), _mm256_loadu_ps(x + 8)),
+                         _mm256_add_ps(_mm256_loadu_ps(x + 16), _mm256_loadu_ps(x + 24)));
+}
+
+/* q4_1 weights are d*q + m, so a block adds d*sum(q*x) + m*sum(x); sx is the block's
+ * block_xsum, computed once per call for all rows (row_q4_1_sx). */
+static inline __m256 block_q4_1_sx(const uint8_t *blk, const float *x, __m256 sx, __m256 acc)
 {
     __m256 w[4];
     widen_q4(blk + 4, 0, w);
-    __m256 sx = _mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(x), _mm256_loadu_ps(x + 8)),
-                              _mm256_add_ps(_mm256_loadu_ps(x + 16), _mm256_loadu_ps(x + 24)));
     acc = _mm256_fmadd_ps(_mm256_set1_ps(load_f16(blk + 2)), sx, acc);
     return _mm256_fmadd_ps(_mm256_set1_ps(load_f16(blk)), block_dot(w, x), acc);
+}
+
+static inline __m256 block_q4_1(const uint8_t *blk, const float *x, __m256 acc)
+{
+    return block_q4_1_sx(blk, x, block_xsum(x), acc);
+}
+
+/* Blocks of x whose sums a q4_1 matvec keeps on the stack (16 KiB: cols <= 16384). */
+#define XSUM_BLOCKS 512
+
+/* row_q4_1 with the block sums of x precomputed: the same operations in the same order,
+ * so the same result bit for bit, with 4 loads and 3 adds per block fewer. */
+static float row_q4_1_sx(const uint8_t *row, const float *x, const __m256 *sx, size_t nb)
+{
+    __m256 e = _mm256_setzero_ps(), o = e;
+    size_t b = 0;
+    for (; b + 2 <= nb; b += 2) {
+        e = block_q4_1_sx(row + b * 20, x + b * 32, sx[b], e);
+        o = block_q4_1_sx(row + (b + 1) * 20, x + (b + 1) * 32, sx[b + 1], o);
+    }
+    if (b < nb)
+        e = block_q4_1_sx(row + b * 20, x + b * 32, sx[b], e);
+    return hsum(_mm256_add_ps(e, o));
 }
 
 /* Even blocks into one accumulator, odd into another: two independent add chains. */
@@ -259,6 +317,13 @@ static void matvec(int dtype, const void *w, size_t cols, size_t r0, size_t r1,
                    const float *x, float *y)
 {
     size_t rb = wpi_row_bytes(dtype, cols);
+    if (dtype == WPI_Q4_1 && cols / 32 <= XSUM_BLOCKS && r1 > r0 + 1) {
+        __m256 sx[XSUM_BLOCKS];
+        for (size_t b = 0; b < cols / 32; b++) sx[b] = block_xsum(x + b * 32);
+        for (size_t r = r0; r < r1; r++)
+            y[r] = row_q4_1_sx((const uint8_t *)w + r * rb, x, sx, cols / 32);
+        return;
+    }
     for (size_t r = r0; r < r1; r++) {
         const uint8_t *row = (const uint8_t *)w + r * rb;
         switch (dtype) {
@@ -300,8 +365,8 @@ static void dequant_chunk(int dtype, const uint8_t *row, size_t c, size_t n, flo
                 widen_q8(row + b * 34 + 2, w);
                 d = _mm256_set1_ps(load_f16(row + b * 34));
             } else if (dtype == WPI_Q4_0) {
-                widen_q4(row + b * 18 + 2, 8, w);
-                d = _mm256_set1_ps(load_f16(row + b * 18));
+                widen_q4_0_top(row + b * 18 + 2, w);
+                d = _mm256_set1_ps(load_f16(row + b * 18) * 0x1p-28f);
             } else {
                 widen_q4(row + b * 20 + 4, 0, w);
                 d = _mm256_set1_ps(load_f16(row + b * 20));

@@ -25,7 +25,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from operator import itemgetter
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.exceptions import OutputParserException
@@ -51,11 +51,16 @@ from langchain_core.utils.function_calling import convert_to_json_schema, conver
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 from pydantic import ValidationError as _ValidationError
 
-from warp_providers import SamplingParams
-
-if TYPE_CHECKING:
-    from warp_providers.session import ChatChunk, ChatSession
-    from warp_providers.session import ChatResult as WarpResult
+from warp_providers import (
+    ChatChunk,
+    ChatSession,
+    SamplingParams,
+    ToolCallArguments,
+    ToolCallStart,
+    shared_engine,
+    shared_session,
+)
+from warp_providers import ChatResult as WarpResult
 
 __all__ = ["ChatWarp"]
 
@@ -352,8 +357,6 @@ class _Converter:
         return self._block
 
     def feed(self, chunk: ChatChunk) -> ChatGenerationChunk | None:
-        from warp_providers.chat.base import ToolCallArguments, ToolCallStart
-
         if chunk.result is not None:
             self.result = chunk.result
             last: dict[str, Any] = {"chunk_position": "last"} if _HAS_CHUNK_POSITION else {}
@@ -493,6 +496,29 @@ class _ToolArgsParser(BaseGenerationOutputParser[Any]):
                 f"the arguments of {self.name} do not fit its schema: {exc}",
                 llm_output=json.dumps(call["args"]),
             ) from exc
+
+
+def _closed(schema: Any) -> Any:
+    """Return `schema` with every object schema closed (additionalProperties false).
+
+    What strict=True means for a response schema, as OpenAI's strict mode requires it and
+    langchain-openai writes it: the reply holds the declared keys and no others.
+    """
+    if isinstance(schema, list):
+        return [_closed(s) for s in schema]
+    if not isinstance(schema, Mapping):
+        return schema
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key in ("properties", "$defs", "definitions", "patternProperties") and isinstance(
+            value, Mapping
+        ):  # name -> schema tables: close each schema, never the table
+            out[key] = {name: _closed(sub) for name, sub in value.items()}
+        else:
+            out[key] = _closed(value)
+    if out.get("type") == "object" or "properties" in out:
+        out.setdefault("additionalProperties", False)
+    return out
 
 
 def _schema_name(json_schema: Mapping[str, Any]) -> str:
@@ -701,13 +727,9 @@ class ChatWarp(BaseChatModel):
 
     def _open_session(self) -> ChatSession:
         if self.engine is not None:
-            from warp_providers.session import ChatSession
-
             return ChatSession(self.engine, chat_format=self.chat_format)
         if not self.model_path:
             raise ValueError("ChatWarp needs model_path (or $WARP_MODEL_PATH, or an open engine)")
-        from warp_providers.models import shared_engine, shared_session
-
         options: dict[str, Any] = dict(self.engine_options or {})
         for key in ("budget", "threads", "ctx"):
             value = getattr(self, key)
@@ -715,11 +737,8 @@ class ChatWarp(BaseChatModel):
                 options[key] = value
         if self.chat_format is None:
             return shared_session(self.model_path, **options)
-        from warp_providers.session import ChatSession
-
         # A forced format gets its own session over the shared engine (same weights).
-        engine: Any = shared_engine(self.model_path, **options)  # an EngineLike
-        return ChatSession(engine, chat_format=self.chat_format)
+        return ChatSession(shared_engine(self.model_path, **options), chat_format=self.chat_format)
 
     # ----------------------------------------------------------------- one request path
     def _stops(self, stop: Sequence[str] | None) -> list[str]:
@@ -949,6 +968,8 @@ class ChatWarp(BaseChatModel):
                 if schema is None:
                     raise ValueError("method='json_schema' needs a schema")
                 json_schema = convert_to_json_schema(schema)
+                if strict:
+                    json_schema = _closed(json_schema)
                 spec: dict[str, Any] = {"name": _schema_name(json_schema), "schema": json_schema}
                 if strict is not None:
                     spec["strict"] = strict

@@ -3,8 +3,10 @@
 Owns: socket-level rules of PROTOCOLS.md §7.2-§7.3 and §7.14 (bearer auth before the body
 is read, Content-Length required and capped at 64 MiB before reading, refused connections
 closed), SSE framing with chunked transfer encoding and `data: [DONE]`, cancellation when
-the client disconnects (a failed write stops generation), a warning when bound beyond
-loopback without a key, and `/metrics` in Prometheus text format.
+the client disconnects (before each generated token the connection is polled for the
+client's end of stream, blocking and streamed requests alike; a failed write stops
+generation too), a warning when bound beyond loopback without a key, and `/metrics` in
+Prometheus text format.
 Why the standard library: one request runs at a time per engine anyway (the engine lock
 serialises them), generation is CPU-bound in C with the GIL released, and stdlib threads
 keep the package free of an ASGI stack; `ThreadingHTTPServer` gives one thread per client.
@@ -17,6 +19,7 @@ import hmac
 import json
 import logging
 import os
+import select
 import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -94,8 +97,11 @@ class _Handler(BaseHTTPRequestHandler):
         if close:
             self.send_header("Connection", "close")
             self.close_connection = True
-        self.end_headers()
-        self.wfile.write(data)
+        try:
+            self.end_headers()
+            self.wfile.write(data)
+        except OSError:  # the client has gone: nobody reads the reply
+            self.close_connection = True
         self.server.metrics.record(self.path.split("?")[0], status, body.get("warp"))
 
     def _error(self, status: int, message: str, type: str = "invalid_request_error", *,
@@ -115,14 +121,14 @@ class _Handler(BaseHTTPRequestHandler):
             stream.close()
             self._error(500, str(exc) or type(exc).__name__, "engine_error")
             return
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Cache-Control", "no-cache")
-        self.send_header("Connection", "keep-alive")
-        self.send_header("Transfer-Encoding", "chunked")
-        self.end_headers()
         stats = None
         try:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Cache-Control", "no-cache")
+            self.send_header("Connection", "keep-alive")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
             chunk = first
             while chunk is not None:
                 stats = chunk.get("warp", stats)
@@ -135,6 +141,9 @@ class _Handler(BaseHTTPRequestHandler):
                     body = error_body(str(exc) or type(exc).__name__, "engine_error")
                     self._chunk(b"data: " + json.dumps(body).encode() + b"\n\n")
                     break
+            if self._client_gone():  # generation stopped for it: nobody reads the end
+                self.close_connection = True
+                return
             self._chunk(b"data: [DONE]\n\n")
             self.wfile.write(b"0\r\n\r\n")
             self.wfile.flush()
@@ -144,6 +153,20 @@ class _Handler(BaseHTTPRequestHandler):
         finally:
             stream.close()
         self.server.metrics.record(self.path.split("?")[0], 200, stats)
+
+    def _client_gone(self) -> bool:
+        """Whether the client closed its end of the connection (polled before each token).
+
+        A readable socket with nothing to read is an orderly close; a reset raises. Bytes
+        the client pipelined are left in place.
+        """
+        try:
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            if not readable:
+                return False
+            return self.connection.recv(1, socket.MSG_PEEK) == b""
+        except (OSError, ValueError):
+            return True
 
     # ------------------------------------------------------------------ verbs
     def _authorized(self) -> bool:
@@ -194,7 +217,8 @@ class _Handler(BaseHTTPRequestHandler):
                         close=True)
             return
         body = self.rfile.read(n) if n else b""
-        status, out = self.server.api.handle("POST", self.path, body)
+        status, out = self.server.api.handle("POST", self.path, body,
+                                             should_stop=self._client_gone)
         if isinstance(out, ChunkStream):
             self._sse(out)
         else:

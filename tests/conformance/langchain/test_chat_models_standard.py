@@ -125,47 +125,13 @@ def script(prompt_ids: list[int]) -> str:
     return "<think>\nA greeting.\n</think>\n\nHello! How can I help you today?"
 
 
-# The suite's async tests carry no asyncio mark (partner packages run pytest-asyncio with
-# asyncio_mode=auto); marking the class runs them, and the sync tests ignore the mark.
-@pytest.mark.asyncio
-@pytest.mark.filterwarnings("ignore:The test <Function .* is marked with '@pytest.mark.asyncio'")
-class TestChatWarpStandard(ChatModelIntegrationTests):
-    @property
-    def chat_model_class(self) -> type[ChatWarp]:
-        return ChatWarp
+class LocalModalityInputs:
+    """The suite's modality tests with small local inputs, as strict xfails.
 
-    @property
-    def chat_model_params(self) -> dict[str, Any]:
-        return {"engine": ScriptedEngine(script)}
-
-    @property
-    def standard_chat_model_params(self) -> dict[str, Any]:
-        # No API key and no network retries for an in-process engine (ChatWarp rejects
-        # unknown arguments).
-        params = super().standard_chat_model_params
-        return {k: v for k, v in params.items() if k not in ("api_key", "max_retries")}
-
-    @property
-    def has_tool_choice(self) -> bool:
-        return True
-
-    @property
-    def supports_json_mode(self) -> bool:
-        return True
-
-    @property
-    def supports_anthropic_inputs(self) -> bool:
-        return True
-
-    @property
-    def model_override_value(self) -> str:
-        return "scripted-override"
-
-    @property
-    def enable_vcr_tests(self) -> bool:
-        # test_stream_time wraps the stream in a VCR cassette; an in-process engine makes
-        # no HTTP calls, so there is nothing to record and the stream is timed as is.
-        return True
+    The suite's own versions download their image/PDF/audio (sockets are off here); these
+    send the same message shapes with tiny inline files and expect ChatWarp's clean
+    refusal, a ValueError naming what the model cannot take. Only modalities are xfailed.
+    """
 
     # -- modalities the model lacks: each sends a small local input (the suite's own versions
     # -- download theirs) and expects ChatWarp's clean refusal, a ValueError naming it.
@@ -206,7 +172,7 @@ class TestChatWarpStandard(ChatModelIntegrationTests):
     @pytest.mark.xfail(
         strict=True,
         raises=ValueError,
-        reason="no image input: the scripted model has no vision tower",
+        reason="no image input: the test models have no vision tower",
     )
     def test_image_inputs(self, model: BaseChatModel) -> None:
         model.invoke(
@@ -223,7 +189,7 @@ class TestChatWarpStandard(ChatModelIntegrationTests):
     @pytest.mark.xfail(
         strict=True,
         raises=ValueError,
-        reason="no image input: the scripted model has no vision tower",
+        reason="no image input: the test models have no vision tower",
     )
     def test_image_tool_message(self, model: BaseChatModel) -> None:
         def random_image() -> str:
@@ -270,3 +236,46 @@ class TestChatWarpStandard(ChatModelIntegrationTests):
                 ),
             ]
         )
+
+
+# The suite's async tests carry no asyncio mark (partner packages run pytest-asyncio with
+# asyncio_mode=auto); marking the class runs them, and the sync tests ignore the mark.
+@pytest.mark.asyncio
+@pytest.mark.filterwarnings("ignore:The test <Function .* is marked with '@pytest.mark.asyncio'")
+class TestChatWarpStandard(LocalModalityInputs, ChatModelIntegrationTests):
+    @property
+    def chat_model_class(self) -> type[ChatWarp]:
+        return ChatWarp
+
+    @property
+    def chat_model_params(self) -> dict[str, Any]:
+        return {"engine": ScriptedEngine(script)}
+
+    @property
+    def standard_chat_model_params(self) -> dict[str, Any]:
+        # No API key and no network retries for an in-process engine (ChatWarp rejects
+        # unknown arguments).
+        params = super().standard_chat_model_params
+        return {k: v for k, v in params.items() if k not in ("api_key", "max_retries")}
+
+    @property
+    def has_tool_choice(self) -> bool:
+        return True
+
+    @property
+    def supports_json_mode(self) -> bool:
+        return True
+
+    @property
+    def supports_anthropic_inputs(self) -> bool:
+        return True
+
+    @property
+    def model_override_value(self) -> str:
+        return "scripted-override"
+
+    @property
+    def enable_vcr_tests(self) -> bool:
+        # test_stream_time wraps the stream in a VCR cassette; an in-process engine makes
+        # no HTTP calls, so there is nothing to record and the stream is timed as is.
+        return True

@@ -9,6 +9,8 @@ from fake_engine import ScriptedEngine
 from openai_cases import TIME, USER, WEATHER, CountingEngine, tool_call_text
 from pydantic import BaseModel
 
+from warp_providers.constrain import TokenBan
+
 
 def test_plain_create(make_client):
     client = make_client(ScriptedEngine(["Hello there!"]))
@@ -112,7 +114,24 @@ def test_tool_choice_none_drops_tools(make_client):
     )
     assert r.choices[0].message.content == "No tools."
     assert "get_weather" not in engine.tokenizer.decode(engine.prompts[-1])
-    assert not engine.calls[-1]["processors"]
+    # No grammar; only the call-opening marker is banned, so no call can appear.
+    (ban,) = engine.calls[-1]["processors"]
+    assert isinstance(ban, TokenBan)
+    assert ban.ids.tolist() == [engine.tokenizer.marker_id("<tool_call>")]
+
+
+def test_tool_choice_none_never_returns_calls(make_client):
+    """A model that opens a call anyway cannot: the marker is masked, not parsed away."""
+    import numpy as np
+
+    engine = ScriptedEngine([tool_call_text("get_weather", {"city": "Paris"})])
+    client = make_client(engine)
+    client.chat.completions.create(model="m", messages=USER, tools=[WEATHER], tool_choice="none")
+    (ban,) = engine.calls[-1]["processors"]
+    logits = np.zeros(engine.tokenizer.vocab_size, dtype=np.float32)
+    ban([], logits)
+    assert logits[engine.tokenizer.marker_id("<tool_call>")] == -np.inf
+    assert np.isfinite(np.delete(logits, ban.ids)).all()
 
 
 def test_tool_history_round_trip(make_client):

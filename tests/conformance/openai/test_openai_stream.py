@@ -8,25 +8,14 @@ import threading
 
 import pytest
 from fake_engine import ScriptedEngine
-from openai_cases import TIME, USER, WEATHER, CountingEngine, tool_call_text
-
-
-def check_invariants(chunks, *, usage: bool) -> None:
-    assert chunks, "no chunks"
-    assert len({c.id for c in chunks}) == 1
-    assert len({c.created for c in chunks}) == 1
-    assert len({c.model for c in chunks}) == 1
-    assert all(c.object == "chat.completion.chunk" for c in chunks)
-    choice_chunks = [c for c in chunks if c.choices]
-    assert choice_chunks[0].choices[0].delta.role == "assistant"
-    assert all(c.choices[0].delta.role is None for c in choice_chunks[1:])
-    finishes = [c.choices[0].finish_reason for c in choice_chunks]
-    assert all(f is None for f in finishes[:-1]) and finishes[-1] is not None
-    if usage:
-        assert chunks[-1].choices == [] and chunks[-1].usage is not None
-        assert all(c.usage is None for c in chunks[:-1])
-    else:
-        assert all(c.choices for c in chunks)
+from openai_cases import (
+    TIME,
+    USER,
+    WEATHER,
+    CountingEngine,
+    check_invariants,
+    tool_call_text,
+)
 
 
 @pytest.mark.parametrize("usage", [False, True])
@@ -253,20 +242,60 @@ def test_concurrent_threads_and_tasks(make_client, make_async_client):
     assert sync_out == [alone] * 16 and async_out == [alone] * 16
 
 
-def test_no_socket_is_opened(make_client, monkeypatch):
+def _flavors() -> list[str]:
+    import openai
+
+    # openai 2.x takes only httpx clients; 3.x takes httpx2 and (given it) httpx.
+    return ["httpx", "httpx2"] if int(openai.__version__.split(".")[0]) >= 3 else ["httpx"]
+
+
+@pytest.mark.parametrize("http", _flavors())
+def test_no_socket_is_opened(make_client, make_async_client, monkeypatch, http):
+    """No network: pytest-socket blocks inet sockets suite-wide (asserted here), and a
+    guard records every inet socket, DNS lookup and connect while each call style runs."""
     import socket
 
-    opened = []
+    import pytest_socket
+
+    with pytest.warns(UserWarning), pytest.raises(pytest_socket.SocketBlockedError):
+        socket.socket(socket.AF_INET, socket.SOCK_STREAM)  # the suite-wide block is on
+
+    opened: list[object] = []
     real = socket.socket
 
     class Guard(real):  # type: ignore[misc, valid-type]
-        def __init__(self, *a, **kw):
-            opened.append((a, kw))
-            super().__init__(*a, **kw)
+        def __init__(self, family=-1, *a, **kw):
+            if family in (socket.AF_INET, socket.AF_INET6, -1):  # not the loop's AF_UNIX pair
+                opened.append(("socket", family))
+            super().__init__(family, *a, **kw)
+
+    def refuse(name):
+        def call(*a, **kw):
+            opened.append((name, a))
+            raise OSError(f"{name} called in-process")
+
+        return call
 
     monkeypatch.setattr(socket, "socket", Guard)
-    client = make_client(ScriptedEngine(["quiet"]))
+    for name in ("getaddrinfo", "create_connection", "gethostbyname"):
+        monkeypatch.setattr(socket, name, refuse(name))
+
+    client = make_client(ScriptedEngine(["quiet"]), http=http)
     list(client.chat.completions.create(model="m", messages=USER, stream=True))
     client.chat.completions.create(model="m", messages=USER)
     client.models.list()
+
+    async def go() -> None:
+        aclient = make_async_client(ScriptedEngine(["quiet"]), http=http)
+        stream = await aclient.chat.completions.create(model="m", messages=USER, stream=True)
+        [c async for c in stream]
+        await aclient.chat.completions.create(model="m", messages=USER)
+        await aclient.close()
+
+    asyncio.run(go())
     assert opened == []
+    import httpx  # the guard does see a real client's attempt
+
+    with pytest.raises(httpx.ConnectError):
+        httpx.get("http://warp.invalid/")
+    assert opened

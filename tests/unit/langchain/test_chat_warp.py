@@ -28,7 +28,6 @@ from langchain_warp.chat_models import _tool_choice
 from pydantic import BaseModel, Field, ValidationError
 from typing_extensions import TypedDict
 
-import warp_providers.models
 from warp_providers import ContextOverflowError
 from warp_providers.session import ChatSession
 
@@ -528,7 +527,10 @@ def test_weights_load_lazily_once_through_the_registry(monkeypatch: pytest.Monke
         opened.append((path, options))
         return ChatSession(engine)
 
-    monkeypatch.setattr(warp_providers.models, "shared_session", shared_session)
+    # ChatWarp takes the registry from warp_providers' public names (bound at import).
+    import langchain_warp.chat_models
+
+    monkeypatch.setattr(langchain_warp.chat_models, "shared_session", shared_session)
     llm = ChatWarp(
         model_path="/models/m.warp",
         budget="6G",

@@ -17,7 +17,7 @@ import json
 import threading
 from collections.abc import AsyncGenerator, AsyncIterator, Generator, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from llama_index.core.base.llms.types import (
     CachePoint,
@@ -45,11 +45,15 @@ from llama_index.core.program.utils import process_streaming_objects
 from llama_index.core.prompts import BasePromptTemplate
 from llama_index.core.types import PydanticProgramMode
 
-from warp_providers import EngineLike, SamplingParams
-from warp_providers.chat.base import DeltaAccumulator
-from warp_providers.models import shared_engine
-from warp_providers.session import ChatChunk, ChatSession
-from warp_providers.types import AssistantMessage
+from warp_providers import (
+    AssistantMessage,
+    ChatChunk,
+    ChatSession,
+    DeltaAccumulator,
+    EngineLike,
+    SamplingParams,
+    shared_engine,
+)
 
 if TYPE_CHECKING:
     from llama_index.core.tools.types import BaseTool
@@ -222,8 +226,7 @@ class Warp(FunctionCallingLLM):
                 engine = self._engine
                 if engine is None:
                     assert self.model_path is not None  # checked in __init__
-                    # Engine satisfies EngineLike at run time; mypy cannot see it (see report)
-                    engine = cast(EngineLike, shared_engine(self.model_path, **self.engine_options))
+                    engine = shared_engine(self.model_path, **self.engine_options)
                 self._session = ChatSession(
                     engine, chat_format=self.chat_format, model_name=self.model_name
                 )

@@ -1,0 +1,130 @@
+/*
+ * attention_sw.c -- grouped-query attention with a sliding window and attention sinks
+ * (gpt_oss), over the same f32 KV cache as attention.c.
+ *
+ * h = x + o(attn(rmsnorm(x))) + bo: q/k/v projected with biases, RoPE (rotate_half on the
+ * first rope_dim dims), then per (token, head) a causal softmax over the keys
+ * max(0, p - window + 1) .. p (all keys when window is 0) plus one extra logit per head,
+ * the sink, which takes probability mass but contributes no value:
+ *   out = sum_j e^(s_j - M) v_j / (sum_j e^(s_j - M) + e^(sink_h - M)).
+ * The cache keeps every position (the window only masks), so state save/load and the
+ * memory plan are those of plain attention. Thread count never changes a result.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "internal.h"
+
+#define KEY_BLOCK 256
+
+typedef struct sw_ctx {
+    const wpi_model *m;
+    const float *kc, *vc;   /* this layer's cache, row 0 */
+    const float *sinks;     /* [n_heads] or NULL */
+    uint32_t pos, window;
+} sw_ctx;
+
+static void sw_task(void *arg, uint32_t task)
+{
+    const sw_ctx *a = arg;
+    const wpi_model *m = a->m;
+    const wpi_hparams *hp = m->hp;
+    const uint32_t hd = hp->head_dim, t = task / hp->n_heads, h = task % hp->n_heads;
+    const size_t qd = (size_t)hp->n_heads * hd, kvd = (size_t)hp->n_kv_heads * hd;
+    const size_t kvh = h / (hp->n_heads / hp->n_kv_heads);
+    const float *q = m->q + t * qd + (size_t)h * hd;
+    const float *kc = a->kc + kvh * hd, *vc = a->vc + kvh * hd;
+    float *out = m->att + t * qd + (size_t)h * hd;
+    const uint32_t p = a->pos + t;
+    const uint32_t lo = a->window && p + 1 > a->window ? p + 1 - a->window : 0;
+    const float scale = hp->attn_scale;
+    float s[KEY_BLOCK];
+    float mx = -INFINITY, sum = 0;
+    memset(out, 0, hd * sizeof(float));
+    for (uint32_t j0 = lo; j0 <= p; j0 += KEY_BLOCK) {
+        uint32_t nb = p + 1 - j0 < KEY_BLOCK ? p + 1 - j0 : KEY_BLOCK;
+        float bmax = -INFINITY;
+        for (uint32_t j = 0; j < nb; j++) {
+            s[j] = m->k->dot_f32(q, kc + (j0 + j) * kvd, hd) * scale;
+            if (s[j] > bmax) bmax = s[j];
+        }
+        if (bmax > mx) {
+            if (mx != -INFINITY) {
+                float r = expf(mx - bmax);
+                sum *= r;
+                for (uint32_t i = 0; i < hd; i++) out[i] *= r;
+            }
+            mx = bmax;
+        }
+        for (uint32_t j = 0; j < nb; j++) {
+            float e = expf(s[j] - mx);
+            sum += e;
+            m->k->axpy_f32(e, vc + (j0 + j) * kvd, out, hd);
+        }
+    }
+    if (a->sinks) {
+        const float sk = a->sinks[h];
+        if (sk > mx) {
+            float r = expf(mx - sk);
+            sum = sum * r + 1.0f;
+            for (uint32_t i = 0; i < hd; i++) out[i] *= r;
+        } else {
+            sum += expf(sk - mx);
+        }
+    }
+    const float inv = 1.0f / sum;
+    for (uint32_t i = 0; i < hd; i++) out[i] *= inv;
+}
+
+static void add(float *y, const float *b, size_t n)
+{
+    for (size_t i = 0; i < n; i++) y[i] += b[i];
+}
+
+void wpi_attention_sw_block(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos,
+                            uint32_t window)
+{
+    const wpi_hparams *hp = m->hp;
+    const wpi_layer *L = &m->layers[l];
+    const size_t H = hp->hidden_size, hd = hp->head_dim;
+    const size_t qd = (size_t)hp->n_heads * hd, kvd = (size_t)hp->n_kv_heads * hd;
+    const size_t layer_rows = (size_t)l * m->ctx;
+    float *kc = m->kcache + (layer_rows + pos) * kvd;
+    float *vc = m->vcache + (layer_rows + pos) * kvd;
+    const uint32_t half = hp->rope_dim / 2;
+
+    for (uint32_t t = 0; t < n; t++)
+        wpi_rmsnorm(m->xn + t * H, m->x + t * H, L->attn_norm, H, hp->rms_norm_eps);
+    wpi_mm qkv[3] = {{&L->wq, m->q, qd}, {&L->wk, kc, kvd}, {&L->wv, vc, kvd}};
+    wpi_matmul(m, qkv, 3, m->xn, H, n);
+
+    for (uint32_t t = 0; t < n; t++) {
+        float *q = m->q + t * qd, *k = kc + t * kvd, *v = vc + t * kvd;
+        if (L->bq) add(q, L->bq, qd);
+        if (L->bk) add(k, L->bk, kvd);
+        if (L->bv) add(v, L->bv, kvd);
+        if (half) {
+            const float *c = m->rope_cos + t * half, *s = m->rope_sin + t * half;
+            wpi_rope_apply(q, hp->n_heads, (uint32_t)hd, hp->rope_dim, c, s);
+            wpi_rope_apply(k, hp->n_kv_heads, (uint32_t)hd, hp->rope_dim, c, s);
+        }
+    }
+
+    sw_ctx a = {m, m->kcache + layer_rows * kvd, m->vcache + layer_rows * kvd, L->sinks, pos,
+                window};
+    uint32_t tasks = n * hp->n_heads;
+    uint64_t keys = window && pos + n > window ? window : pos + n;
+    uint64_t work = (uint64_t)tasks * keys * hd * 2;
+    if (work < (1u << 15)) {
+        for (uint32_t i = 0; i < tasks; i++) sw_task(&a, i);
+    } else {
+        wpi_parallel_for(m->pool, tasks, sw_task, &a);
+    }
+
+    wpi_mm o = {&L->wo, m->xn, H};
+    wpi_matmul(m, &o, 1, m->att, qd, n);
+    for (uint32_t t = 0; t < n; t++) {
+        if (L->bo) add(m->xn + t * H, L->bo, H);
+        add(m->x + t * H, m->xn + t * H, H);
+    }
+}

@@ -1,0 +1,174 @@
+/*
+ * kda.c -- Kimi Delta Attention (kimi_linear's linear-attention layers), recurrent form.
+ *
+ * One block: h = x + o(gated_norm(kda(rmsnorm(x)))) over a chunk of n tokens, one token
+ * at a time (the recurrent form; transformers' chunked prefill computes the same sums).
+ * With D = kda_heads * d (d = kda_head_dim), per token:
+ *   mixed = [Wq x | Wk x | Wv x]                          [3D]
+ *   mixed = silu(causal depthwise conv over the last kda_conv inputs)
+ *   q, k  = per-head l2norm (x / sqrt(sum x^2 + 1e-6)); q *= d^-1/2
+ *   g     = -exp(A_log_h) * softplus(f_b f_a x + dt_bias)  [D]  (softplus(y) = y above 20)
+ *   beta  = sigmoid(b x)                                  [heads]
+ *   per head: S = S * exp(g)[:, None]; delta = (v - S^T k) * beta;
+ *             S += k delta^T; o = S^T q                  S: [d (k), d (v)]
+ *   out   = Wo (rmsnorm_h(o_h; o_norm, rms_norm_eps) * sigmoid(g_b g_a x))
+ * State per layer, constant in context (the memory plan's "recurrent state"):
+ *   S [heads][d][d] then the conv window [kda_conv - 1][3D] (oldest first), f32.
+ * At position 0 the state starts from zero. Heads are independent tasks, so the thread
+ * count never changes a result.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "internal.h"
+
+uint64_t wpi_kda_state_floats(const wpi_hparams *hp)
+{
+    if (!hp->kda_heads) return 0;
+    const uint64_t d = hp->kda_head_dim, D = (uint64_t)hp->kda_heads * d;
+    return hp->kda_heads * d * d + (uint64_t)(hp->kda_conv - 1) * 3 * D;
+}
+
+uint32_t wpi_kda_layers(const wpi_hparams *hp)
+{
+    uint32_t n = 0;
+    for (uint32_t l = 0; l < hp->n_layers; l++) n += hp->layer_attn[l] == WPI_ATTN_KDA;
+    return n;
+}
+
+uint64_t wpi_kda_scratch_floats(const wpi_hparams *hp, uint32_t chunk)
+{
+    if (!hp->kda_heads) return 0;
+    const uint64_t d = hp->kda_head_dim, D = (uint64_t)hp->kda_heads * d;
+    /* mixed [3D], g [D], gate [D], o [D], fa [d], ga [d], beta [heads] per token */
+    return (uint64_t)chunk * (6 * D + 2 * d + hp->kda_heads);
+}
+
+typedef struct kda_ctx {
+    const wpi_model *m;
+    const wpi_layer *L;
+    float *S;               /* [heads][d][d] */
+    float *mixed, *g, *o, *beta;
+    uint32_t n;
+} kda_ctx;
+
+/* Head h over the chunk's tokens in order. */
+static void head_task(void *arg, uint32_t h)
+{
+    const kda_ctx *a = arg;
+    const wpi_hparams *hp = a->m->hp;
+    const uint32_t d = hp->kda_head_dim, nh = hp->kda_heads;
+    const size_t D = (size_t)nh * d;
+    const float scale = 1.0f / sqrtf((float)d);
+    const float decay = expf(a->L->kda_a_log[h]);
+    float *S = a->S + (size_t)h * d * d;
+    float q[1024], k[1024], delta[1024];
+    for (uint32_t t = 0; t < a->n; t++) {
+        const float *mx = a->mixed + t * 3 * D;
+        const float *qi = mx + (size_t)h * d, *ki = mx + D + (size_t)h * d;
+        const float *vi = mx + 2 * D + (size_t)h * d;
+        const float *gi = a->g + t * D + (size_t)h * d;
+        float sq = 0, sk = 0;
+        for (uint32_t i = 0; i < d; i++) {
+            sq += qi[i] * qi[i];
+            sk += ki[i] * ki[i];
+        }
+        const float iq = 1.0f / sqrtf(sq + 1e-6f), ik = 1.0f / sqrtf(sk + 1e-6f);
+        for (uint32_t i = 0; i < d; i++) {
+            q[i] = qi[i] * iq * scale;
+            k[i] = ki[i] * ik;
+        }
+        /* S *= exp(g) per key row; kv_mem = S^T k */
+        for (uint32_t j = 0; j < d; j++) delta[j] = 0;
+        for (uint32_t i = 0; i < d; i++) {
+            float y = gi[i];
+            float sp = y > 20.0f ? y : logf(1.0f + expf(y));
+            float e = expf(-decay * sp);
+            float *row = S + (size_t)i * d;
+            for (uint32_t j = 0; j < d; j++) {
+                row[j] *= e;
+                delta[j] += row[j] * k[i];
+            }
+        }
+        const float b = a->beta[t * nh + h];
+        for (uint32_t j = 0; j < d; j++) delta[j] = (vi[j] - delta[j]) * b;
+        float *o = a->o + t * D + (size_t)h * d;
+        for (uint32_t j = 0; j < d; j++) o[j] = 0;
+        for (uint32_t i = 0; i < d; i++) {
+            float *row = S + (size_t)i * d;
+            for (uint32_t j = 0; j < d; j++) {
+                row[j] += k[i] * delta[j];
+                o[j] += row[j] * q[i];
+            }
+        }
+    }
+}
+
+void wpi_kda_block(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
+{
+    const wpi_hparams *hp = m->hp;
+    const wpi_layer *L = &m->layers[l];
+    const size_t H = hp->hidden_size;
+    const uint32_t d = hp->kda_head_dim, nh = hp->kda_heads, K = hp->kda_conv;
+    const size_t D = (size_t)nh * d;
+    float *S = m->kda_state + (size_t)L->kv_slot * wpi_kda_state_floats(hp);
+    float *conv = S + (size_t)nh * d * d; /* [K-1][3D], oldest first */
+    float *mixed = m->kda_buf, *g = mixed + (size_t)n * 3 * D, *gate = g + (size_t)n * D;
+    float *o = gate + (size_t)n * D, *fa = o + (size_t)n * D, *ga = fa + (size_t)n * d;
+    float *beta = ga + (size_t)n * d;
+
+    if (pos == 0) memset(S, 0, wpi_kda_state_floats(hp) * sizeof(float));
+    for (uint32_t t = 0; t < n; t++)
+        wpi_rmsnorm(m->xn + t * H, m->x + t * H, L->attn_norm, H, hp->rms_norm_eps);
+    wpi_mm in[7] = {{&L->wq, mixed, 3 * D},      {&L->wk, mixed + D, 3 * D},
+                    {&L->wv, mixed + 2 * D, 3 * D}, {&L->kda_f_a, fa, d},
+                    {&L->kda_b, beta, nh},         {&L->kda_g_a, ga, d}};
+    wpi_matmul(m, in, 3, m->xn, H, n);
+    wpi_matmul(m, in + 3, 3, m->xn, H, n);
+    wpi_mm up[2] = {{&L->kda_f_b, g, D}, {&L->kda_g_b, gate, D}};
+    wpi_matmul(m, up, 1, fa, d, n);
+    wpi_matmul(m, up + 1, 1, ga, d, n);
+
+    /* short convolution + silu, token by token through the window */
+    const size_t C3 = 3 * D;
+    for (uint32_t t = 0; t < n; t++) {
+        float *x = mixed + t * C3;
+        for (size_t c = 0; c < C3; c++) {
+            const float *w = L->kda_conv + c * K;
+            float s = w[K - 1] * x[c];
+            for (uint32_t i = 0; i + 1 < K; i++) s += w[i] * conv[i * C3 + c];
+            /* shift the window: drop the oldest, append this input */
+            for (uint32_t i = 0; i + 2 < K; i++) conv[i * C3 + c] = conv[(i + 1) * C3 + c];
+            if (K > 1) conv[(size_t)(K - 2) * C3 + c] = x[c];
+            x[c] = s / (1.0f + expf(-s));
+        }
+    }
+    for (uint32_t t = 0; t < n; t++) {
+        for (size_t i = 0; i < D; i++) g[t * D + i] += L->kda_dt_bias[i];
+        for (uint32_t h = 0; h < nh; h++)
+            beta[t * nh + h] = 1.0f / (1.0f + expf(-beta[t * nh + h]));
+    }
+
+    kda_ctx a = {m, L, S, mixed, g, o, beta, n};
+    if ((uint64_t)n * nh * d * d < (1u << 14) || wpi_pool_threads(m->pool) <= 1) {
+        for (uint32_t h = 0; h < nh; h++) head_task(&a, h);
+    } else {
+        wpi_parallel_for(m->pool, nh, head_task, &a);
+    }
+
+    /* gated per-head RMSNorm, then the output projection */
+    for (uint32_t t = 0; t < n; t++)
+        for (uint32_t h = 0; h < nh; h++) {
+            float *oh = o + t * D + (size_t)h * d;
+            const float *gh = gate + t * D + (size_t)h * d;
+            wpi_rmsnorm(oh, oh, L->kda_o_norm, d, hp->rms_norm_eps);
+            for (uint32_t i = 0; i < d; i++) oh[i] *= 1.0f / (1.0f + expf(-gh[i]));
+        }
+    wpi_mm out = {&L->wo, m->xn, H};
+    wpi_matmul(m, &out, 1, o, D, n);
+    for (uint32_t t = 0; t < n; t++) {
+        float *x = m->x + t * H;
+        const float *y = m->xn + t * H;
+        for (size_t i = 0; i < H; i++) x[i] += y[i];
+    }
+}

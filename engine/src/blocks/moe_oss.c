@@ -1,0 +1,149 @@
+/*
+ * moe_oss.c -- the gpt_oss mixture of experts: a router with a bias, softmax over the
+ * top-k router logits, and experts with biases and a clamped SwiGLU:
+ *   g = min(Wg x + bg, limit);  u = clamp(Wu x + bu, -limit, limit)
+ *   y = Wd ((u + 1) * g * sigmoid(alpha * g)) + bd
+ * Expert matrices stream through wpi_experts_* exactly as in moe.c (distinct experts of a
+ * chunk, each read once and applied to every token that chose it; outputs summed per token
+ * in router order, so results never depend on cache state). The biases are trunk tensors
+ * (docs/FORMAT.md section 4), so expert records keep their three matrices.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "internal.h"
+
+/* Router logits (with bias) of n tokens into out [n, n_experts]. */
+static void route(wpi_model *m, const wpi_layer *L, const float *xs, uint32_t n, float *out)
+{
+    const wpi_hparams *hp = m->hp;
+    wpi_wmat r = {L->router, WPI_F32, hp->n_experts, hp->hidden_size};
+    wpi_mm job = {&r, out, hp->n_experts};
+    wpi_matmul(m, &job, 1, xs, hp->hidden_size, n);
+    if (L->router_b)
+        for (uint32_t t = 0; t < n; t++)
+            for (uint32_t e = 0; e < hp->n_experts; e++)
+                out[(size_t)t * hp->n_experts + e] += L->router_b[e];
+}
+
+/* Top-k of the logits, then softmax over the k selected values. */
+static void select_topk(const wpi_hparams *hp, const float *logits, int32_t *ids, float *w)
+{
+    wpi_topk(logits, hp->n_experts, hp->top_k, ids, w);
+    const float mx = w[0];
+    float s = 0;
+    for (uint32_t j = 0; j < hp->top_k; j++) {
+        w[j] = expf(w[j] - mx);
+        s += w[j];
+    }
+    for (uint32_t j = 0; j < hp->top_k; j++) w[j] /= s;
+}
+
+/* out[i] = expert(x_i) for cnt tokens (rows of xs, H apart). */
+static void expert_ffn(wpi_model *m, const wpi_layer *L, const wpi_expert_view *v, int32_t id,
+                       const float *xs, uint32_t cnt, float *out)
+{
+    const wpi_hparams *hp = m->hp;
+    const size_t H = hp->hidden_size, I = v->inter;
+    const float alpha = hp->swiglu_alpha, lim = hp->swiglu_limit;
+    wpi_wmat gate = {v->gate, v->dtype, v->inter, v->hidden};
+    wpi_wmat up = {v->up, v->dtype, v->inter, v->hidden};
+    wpi_wmat down = {v->down, v->dtype, v->hidden, v->inter};
+    wpi_mm gu[2] = {{&gate, m->ff_g, I}, {&up, m->ff_u, I}};
+    wpi_matmul(m, gu, 2, xs, H, cnt);
+    const float *bg = L->exp_gate_b ? L->exp_gate_b + (size_t)id * I : NULL;
+    const float *bu = L->exp_up_b ? L->exp_up_b + (size_t)id * I : NULL;
+    for (uint32_t t = 0; t < cnt; t++) {
+        float *g = m->ff_g + t * I;
+        const float *u = m->ff_u + t * I;
+        for (size_t r = 0; r < I; r++) {
+            float a = g[r] + (bg ? bg[r] : 0.0f);
+            float b = u[r] + (bu ? bu[r] : 0.0f);
+            a = a > lim ? lim : a;
+            b = b > lim ? lim : (b < -lim ? -lim : b);
+            g[r] = (b + 1.0f) * (a / (1.0f + expf(-a * alpha)));
+        }
+    }
+    wpi_mm d = {&down, out, H};
+    wpi_matmul(m, &d, 1, m->ff_g, I, cnt);
+    if (L->exp_down_b) {
+        const float *bd = L->exp_down_b + (size_t)id * H;
+        for (uint32_t t = 0; t < cnt; t++)
+            for (size_t i = 0; i < H; i++) out[t * H + i] += bd[i];
+    }
+}
+
+static void lookahead(wpi_model *m, uint32_t l)
+{
+    const wpi_hparams *hp = m->hp;
+    const wpi_layer *N = &m->layers[l + 1];
+    wpi_rmsnorm(m->xg, m->x, N->ffn_norm, hp->hidden_size, hp->rms_norm_eps);
+    route(m, N, m->xg, 1, m->la_probs);
+    wpi_topk(m->la_probs, hp->n_experts, hp->top_k, m->la_ids, m->la_w);
+    wpi_experts_prefetch(m->experts, l + 1, m->la_ids, hp->top_k);
+}
+
+wp_status wpi_moe_oss_block(wpi_model *m, uint32_t l, uint32_t n)
+{
+    const wpi_hparams *hp = m->hp;
+    const wpi_layer *L = &m->layers[l];
+    const size_t H = hp->hidden_size, K = hp->top_k, E = hp->n_experts;
+
+    for (uint32_t t = 0; t < n; t++)
+        wpi_rmsnorm(m->xn + t * H, m->x + t * H, L->ffn_norm, H, hp->rms_norm_eps);
+    route(m, L, m->xn, n, m->probs);
+    for (uint32_t t = 0; t < n; t++)
+        select_topk(hp, m->probs + t * E, m->topk_id + t * K, m->topk_w + t * K);
+
+    uint32_t nd = 0, np = n * (uint32_t)K;
+    for (size_t e = 0; e < E; e++) m->ex_slot[e] = -1;
+    for (uint32_t p = 0; p < np; p++) {
+        int32_t e = m->topk_id[p];
+        if (m->ex_slot[e] < 0) {
+            m->ex_slot[e] = (int32_t)nd;
+            m->ex_ids[nd++] = e;
+        }
+    }
+    int32_t cur = 0;
+    for (uint32_t s = 0; s < nd; s++) {
+        m->ex_start[s] = cur;
+        for (uint32_t p = 0; p < np; p++)
+            if (m->topk_id[p] == m->ex_ids[s]) m->ex_pick[cur++] = (int32_t)p;
+    }
+    m->ex_start[nd] = cur;
+
+    const uint32_t group = wpi_experts_max_pinned(m->experts);
+    for (uint32_t g0 = 0; g0 < nd; g0 += group) {
+        uint32_t cnt = nd - g0 < group ? nd - g0 : group;
+        wp_status st = wpi_experts_request(m->experts, l, m->ex_ids + g0, cnt, m->err,
+                                           m->err_cap);
+        for (uint32_t s = g0; st == WP_OK && s < g0 + cnt; s++) {
+            wpi_expert_view v;
+            st = wpi_experts_acquire(m->experts, l, m->ex_ids[s], &v, m->err, m->err_cap);
+            if (st != WP_OK) break;
+            const int32_t p0 = m->ex_start[s], p1 = m->ex_start[s + 1];
+            const uint32_t c = (uint32_t)(p1 - p0);
+            for (uint32_t i = 0; i < c; i++)
+                memcpy(m->xg + i * H, m->xn + (size_t)(m->ex_pick[p0 + i] / K) * H,
+                       H * sizeof(float));
+            expert_ffn(m, L, &v, m->ex_ids[s], m->xg, c, m->yg);
+            for (uint32_t i = 0; i < c; i++)
+                memcpy(m->eo + (size_t)m->ex_pick[p0 + i] * H, m->yg + i * H, H * sizeof(float));
+        }
+        wpi_experts_release(m->experts);
+        if (st != WP_OK) return st;
+    }
+
+    for (uint32_t t = 0; t < n; t++) {
+        float *acc = m->moe_out + t * H;
+        memset(acc, 0, H * sizeof(float));
+        for (size_t j = 0; j < K; j++)
+            m->k->axpy_f32(m->topk_w[t * K + j], m->eo + (t * K + j) * H, acc, H);
+        float *x = m->x + t * H;
+        for (size_t i = 0; i < H; i++) x[i] += acc[i];
+    }
+
+    if (m->lookahead && n == 1 && l + 1 < hp->n_layers && m->layers[l + 1].is_moe)
+        lookahead(m, l);
+    return WP_OK;
+}
