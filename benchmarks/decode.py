@@ -89,15 +89,21 @@ class LlamaArm:
 
         self.llm = Llama(model_path=str(gguf), n_ctx=512, n_threads=threads,
                          n_threads_batch=threads, n_batch=PROMPT_TOKENS, verbose=False)
+        self.n_vocab = self.llm.n_vocab()
+
+    def logits(self) -> np.ndarray:
+        # Llama.eval keeps no scores unless logits_all: read the last output row directly
+        # (a view, no copy, as warp's eval returns its own array).
+        return np.ctypeslib.as_array(self.llm._ctx.get_logits(), shape=(self.n_vocab,))
 
     def prefill(self, prompt: list[int]) -> np.ndarray:
         self.llm.reset()
         self.llm.eval(prompt)
-        return np.asarray(self.llm.scores[self.llm.n_tokens - 1])
+        return self.logits()
 
     def step(self, tok: int) -> np.ndarray:
         self.llm.eval([tok])
-        return self.llm.scores[self.llm.n_tokens - 1]
+        return self.logits()
 
     def close(self) -> None:
         self.llm.close()

@@ -239,7 +239,7 @@ _ARGS = "/properties/arguments"
 
 
 def _nested(schema: Any, at: str) -> Any:
-    """`schema` with its local `$ref`s rewritten for being placed at JSON pointer `at`.
+    """Return `schema` with its local `$ref`s rewritten for its place at JSON pointer `at`.
 
     A parameter schema refers to its own root (`#/$defs/Point`, as pydantic writes nested
     models, or `#` for recursion); inside the call object that root is `#` + `at`.
@@ -431,7 +431,7 @@ class TokenBan:
         self.reason = reason
 
     def __call__(self, generated: Sequence[int], logits: np.ndarray) -> None:
-        """Sets the banned logits to -inf in place."""
+        """Set the banned logits to -inf in place."""
         logits[self.ids[self.ids < logits.shape[-1]]] = -np.inf
 
 

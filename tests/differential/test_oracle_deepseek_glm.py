@@ -23,7 +23,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-
 from support import has_module, requires
 
 PROMPT = [(17 * i + 5) % 250 + 3 for i in range(32)]
@@ -205,8 +204,9 @@ def test_draws_exercise_groups_and_bias(models):
                 gs = np.sort(row_c.reshape(g, e // g), axis=1)[:, -2:].sum(1)
                 keep = np.argsort(-gs)[:cfg.topk_group]
                 masked = np.full(e, -np.inf)
+                per = e // g
                 for gi in keep:
-                    masked[gi * (e // g):(gi + 1) * (e // g)] = row_c[gi * (e // g):(gi + 1) * (e // g)]
+                    masked[gi * per:(gi + 1) * per] = row_c[gi * per:(gi + 1) * per]
                 by_group += set(np.argsort(-masked)[:k]) != plain
         assert by_bias > 0, f"{name}: the bias never changes a selection"
         if need_groups:
@@ -270,7 +270,8 @@ def _quant_dequant(model: Any) -> Any:
     m = copy.deepcopy(model)
     with torch.no_grad():
         for name, p in m.named_parameters():
-            if p.dim() < 2 or p.shape[-1] % 32 or "norm" in name or name.endswith("mlp.gate.weight"):
+            is_router = name.endswith("mlp.gate.weight")
+            if p.dim() < 2 or p.shape[-1] % 32 or "norm" in name or is_router:
                 continue
             a = p.detach().numpy().reshape(-1, p.shape[-1])
             q = quants.dequantize(quants.quantize(a, qt), qt)
@@ -395,3 +396,40 @@ def test_manifest_hparams(models, f32_containers):
     assert "kv_lora_rank" not in glm
     names = {t["name"] for t in _manifest(f32_containers["glm4_moe"])["trunk"]["tensors"]}
     assert {"blk.1.exp_probs_b.bias", "blk.0.attn_q.bias", "blk.2.ffn_gate_shexp.weight"} <= names
+
+
+@pytest.mark.oracle
+def test_original_config_spelling_and_mtp_layer(models, f32_containers, tmp_path):
+    """A DeepSeek-V3 checkpoint as published: rope_scaling + top-level rope_theta,
+    scoring_func/topk_method spelled out, an MTP layer after the decoder (skipped). It
+    converts to the same hparams and logits; a softmax scoring_func is refused."""
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    from warp_providers import Engine
+    from warp_providers.convert.quant import ConvertError
+
+    src = tmp_path / "hf"
+    shutil.copytree(models["deepseek_v3"][1], src)
+    cfg = json.loads((src / "config.json").read_text())
+    rp = cfg.pop("rope_parameters")
+    cfg["rope_theta"] = rp.pop("rope_theta")
+    rp["type"] = rp.pop("rope_type")
+    cfg.update(rope_scaling=rp, scoring_func="sigmoid", topk_method="noaux_tc",
+               num_nextn_predict_layers=1)
+    (src / "config.json").write_text(json.dumps(cfg))
+    (st,) = src.glob("*.safetensors")
+    tensors = load_file(st)
+    tensors["model.layers.3.eh_proj.weight"] = np.zeros((64, 128), np.float32)
+    tensors["model.layers.3.enorm.weight"] = np.ones(64, np.float32)
+    save_file(tensors, st, metadata={"format": "pt"})
+    out = _convert(src, tmp_path / "m.warp", experts="f32", trunk="f32")
+    want = _manifest(f32_containers["deepseek_v3"])["hparams"]
+    assert _manifest(out)["hparams"] == want
+    with Engine.open(out, threads=2) as a, Engine.open(f32_containers["deepseek_v3"]) as b:
+        assert np.array_equal(a.eval(PROMPT, all_logits=True), b.eval(PROMPT, all_logits=True))
+    cfg["scoring_func"] = "softmax"
+    (src / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ConvertError, match="scoring_func"):
+        _convert(src, tmp_path / "bad.warp", experts="f32", trunk="f32")

@@ -96,8 +96,6 @@ def parse(fmt, prompt, ids):
     return parser.finish()
 
 
-
-
 def test_at_least_twenty_schemas():
     assert len(SCHEMAS) >= 20
 
@@ -259,10 +257,8 @@ def test_no_constraint_for_free_requests(chatml):
     prompt = chatml.render({"messages": [{"role": "user", "content": "x"}]})
     tools = [{"function": {"name": "a"}}]
     assert processor_for_request(chatml, prompt, {"messages": [], "tools": tools}) is None
-    assert (
-        processor_for_request(chatml, prompt, {"messages": [], "tool_choice": "auto", "tools": tools})
-        is None
-    )
+    auto = {"messages": [], "tool_choice": "auto", "tools": tools}
+    assert processor_for_request(chatml, prompt, auto) is None
 
 
 @pytest.mark.parametrize(

@@ -4,8 +4,10 @@ Owns: reading sharded or single-file safetensors lazily (the header is parsed he
 tensors are memory-mapped, so bf16 and fp8 need no framework), DeepSeek-style fp8 e4m3
 weights with ``weight_scale_inv`` block scales (block size from
 ``quantization_config.weight_block_size``, never from shapes), the HF -> FORMAT.md
-tensor-name map for ``llama``, ``qwen3_moe``, ``qwen2_moe``, ``mixtral`` and ``olmoe``
-(per-expert tensors and transformers-5 fused ``gate_up_proj``/``down_proj``), the
+tensor-name map for ``llama``, ``qwen3_moe``, ``qwen2_moe``, ``mixtral``, ``olmoe``,
+``deepseek_v3`` (MLA tensors kept as stored, ``kv_b_proj`` included; multi-token-prediction
+layers skipped) and ``glm4_moe`` (per-expert tensors and transformers-5 fused
+``gate_up_proj``/``down_proj``; ``e_score_correction_bias`` -> ``exp_probs_b.bias``), the
 normalized hparams of FORMAT.md section 3 including ``rope_freqs`` for every rope type,
 and the tokenizer/chat-template side files.
 
@@ -644,7 +646,9 @@ def _hparams(mt: str, cfg: Mapping[str, Any], gen: Mapping[str, Any]) -> dict[st
             "rope_interleave": _flag(cfg, "rope_interleave", True),
         }
         if mla["kv_lora_rank"] == 0 or mla["v_head_dim"] == 0 or head_dim == 0:
-            raise ConvertError("config.json: kv_lora_rank, v_head_dim and the qk head dims must be > 0")
+            raise ConvertError(
+                "config.json: kv_lora_rank, v_head_dim and the qk head dims must be > 0"
+            )
     inter = _int(cfg, "intermediate_size", default=0)
     if mt == "llama":
         if _flag(cfg, "mlp_bias", False):

@@ -30,6 +30,7 @@ class CountingEngine(ScriptedEngine):
         self.saw_should_stop = False
         self.cancelled = False
         self.gate = gate
+        self.finished = threading.Event()
 
     def stream(self, prompt: Any, **kw: Any) -> Iterator[Any]:
         self.produced = 0
@@ -43,13 +44,17 @@ class CountingEngine(ScriptedEngine):
             return stop
 
         kw["should_stop"] = should_stop
-        for i, ev in enumerate(super().stream(prompt, **kw)):
-            if self.gate is not None and i == 1:
-                self.gate.wait(10)
-            self.produced += 1
-            yield ev
-        if self.last_result is not None and self.last_result.finish_reason == "cancelled":
-            self.cancelled = True
+        self.finished.clear()
+        try:
+            for i, ev in enumerate(super().stream(prompt, **kw)):
+                if self.gate is not None and i == 1:
+                    self.gate.wait(10)
+                self.produced += 1
+                yield ev
+            if self.last_result is not None and self.last_result.finish_reason == "cancelled":
+                self.cancelled = True
+        finally:  # exhausted, stopped, or closed by its consumer
+            self.finished.set()
 
 
 USER = [{"role": "user", "content": "hi"}]

@@ -184,16 +184,12 @@ def test_models_and_raw_response(target):
 
 
 def test_async_equivalents(target):
-    sync = target.client.chat.completions.create(
-        model=target.model_id, messages=ASK, max_tokens=5
-    )
+    sync = target.client.chat.completions.create(model=target.model_id, messages=ASK, max_tokens=5)
     ask = [{"role": "user", "content": "Paint the wall: which color, glossy or not?"}]
 
     async def go() -> None:
         client = target.aclient()
-        r = await client.chat.completions.create(
-            model=target.model_id, messages=ASK, max_tokens=5
-        )
+        r = await client.chat.completions.create(model=target.model_id, messages=ASK, max_tokens=5)
         assert r.choices[0].message.content == sync.choices[0].message.content
         stream = await client.chat.completions.create(
             model=target.model_id,
