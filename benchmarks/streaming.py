@@ -206,7 +206,7 @@ def child_warp(a: argparse.Namespace) -> dict:
     eng.close()
     return {"engine": "warp", "open_s": open_s, "prefill_s": prefill_s,
             "prefill_tok_s": len(prompt) / prefill_s, "prefill": p,
-            "decode_tok_s": a.decode_tokens / decode_s, "decode": d, "tokens": toks,
+            "decode_tok_s": a.decode_tokens / decode_s if a.decode_tokens else None, "decode": d, "tokens": toks,
             "budget_bytes": info["plan"]["budget_bytes"], "isa": info.get("isa"), "cache_bytes": s2.get("cache_bytes"),
             "cache_slots": s2.get("cache_slots"), "direct_io": s2.get("direct_io"),
             "peak_bytes": s2.get("peak_bytes"), "peak_rss": peak_rss()}
@@ -247,10 +247,12 @@ def child_llama(a: argparse.Namespace) -> dict:
 # ---- parent ------------------------------------------------------------------------------
 
 def run_child(args: argparse.Namespace, engine: str, *, python: str, budget: int | None = None,
-              cgroup: MemCgroup | None = None, extra: list[str] | None = None) -> dict:
+              cgroup: MemCgroup | None = None, extra: list[str] | None = None,
+              decode_tokens: int | None = None) -> dict:
+    n = args.decode_tokens if decode_tokens is None else decode_tokens
     cmd = [python, os.path.abspath(__file__), "--child", engine, "--container",
            str(args.container), "--threads", str(args.threads),
-           "--decode-tokens", str(args.decode_tokens), "--llama-max-s", str(args.llama_max_s)]
+           "--decode-tokens", str(n), "--llama-max-s", str(args.llama_max_s)]
     if args.gguf:
         cmd += ["--gguf", str(args.gguf)]
     if budget is not None:
@@ -377,24 +379,32 @@ def main() -> None:
     if "a" in runs and a.gguf:
         show("(a) llama.cpp no cap", run_child(a, "llama", python=a.llama_python))
     if "c" in runs:
-        for eng in ("warp", "llama") if a.gguf else ("warp",):
+        # warp at the budget it resolves from the cgroup limit (3/4 of it, whole working
+        # sets), and at floor + 1 working set given explicitly when that fits the limit
+        # with 384 MiB to spare for the interpreter.
+        arms = [("warp", "cap", None)]
+        if floor_ws + 384 * MIB <= cap:
+            arms.append(("warp", "cap floor+1ws", floor_ws))
+        if a.gguf:
+            arms.append(("llama", "cap", None))
+        for eng, tag, budget in arms:
             try:
                 cg = MemCgroup(cap)
             except OSError as e:
-                out["runs"][f"(c) {eng}"] = {"engine": eng, "error": f"no cgroup: {e}"}
+                out["runs"][f"(c) {eng} {tag}"] = {"engine": eng, "error": f"no cgroup: {e}"}
                 print(f"(c) {eng}: skipped, cannot create a cgroup ({e})", flush=True)
                 continue
             try:
                 out["cgroup"] = cg.kind
                 py = sys.executable if eng == "warp" else a.llama_python
-                show(f"(c) {eng} cap", run_child(a, eng, python=py, cgroup=cg,
-                                                 extra=rt if eng == "warp" else None))
+                show(f"(c) {eng} {tag}", run_child(a, eng, python=py, cgroup=cg, budget=budget,
+                                                   extra=rt if eng == "warp" else None))
             finally:
                 cg.remove()
     if "prefill" in runs:
         for chunk in (64, 1):
             r = run_child(a, "warp", python=sys.executable, budget=floor_ws,
-                          extra=rt + ["--prefill-chunk", str(chunk)])
+                          extra=rt + ["--prefill-chunk", str(chunk)], decode_tokens=0)
             out["runs"][f"prefill chunk={chunk}"] = r
             if "error" in r:
                 print(f"prefill chunk={chunk}: ERROR {r['error']}", flush=True)

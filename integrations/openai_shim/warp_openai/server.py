@@ -227,6 +227,9 @@ class _Handler(BaseHTTPRequestHandler):
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    # Clients queue on the engine, not on accept(): the stdlib's backlog of 5 resets
+    # connections when a burst of clients connects at once.
+    request_queue_size = 128
 
     def __init__(self, address: tuple[str, int], api: WarpAPI, api_key: str | None,
                  max_body: int) -> None:
