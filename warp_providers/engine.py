@@ -224,7 +224,17 @@ class Engine:
         self._info = ctx.info()
         self._info["name"] = Path(path).name.removesuffix(".warp")
         self.vocab_size: int = self._info["vocab_size"]
-        self.last_result: GenerationResult | None = None
+        self._tls = threading.local()
+
+    @property
+    def last_result(self) -> GenerationResult | None:
+        """The result of the last generation this thread ran to its end (per thread, so
+        concurrent callers on one shared engine never read each other's results)."""
+        return getattr(self._tls, "result", None)
+
+    @last_result.setter
+    def last_result(self, value: GenerationResult | None) -> None:
+        self._tls.result = value
 
     @classmethod
     def open(
