@@ -208,7 +208,9 @@ def main() -> None:
         f"{llama_cpp.llama_print_system_info().decode().strip()})",
         f"method: prompt {PROMPT_TOKENS} tok (one eval), decode {DECODE_TOKENS} greedy steps; "
         f"median [min-max] of {args.repeats} interleaved rounds after a warm-up",
-        "command: python " + " ".join(shlex.quote(a) for a in sys.argv),
+        "command: " + " ".join(f"{k}={os.environ[k]}" for k in ("OMP_WAIT_POLICY",)
+                               if k in os.environ) + " python "
+        + " ".join(shlex.quote(a) for a in sys.argv),
         f"load average at start: {load()}",
     ]
     print("\n".join(header), flush=True)

@@ -787,9 +787,9 @@ def test_refusals_name_the_fault(tmp_path: Path) -> None:
     def with_cfg(**kw: Any) -> None:
         (src / "config.json").write_text(json.dumps({**cfg, **kw}))
 
-    with_cfg(model_type="gpt_oss")
+    with_cfg(model_type="bloom")
     with pytest.raises(
-        ConvertError, match="gpt_oss.*supported: llama, mixtral, olmoe, qwen2_moe, qwen3_moe"
+        ConvertError, match="bloom.*supported: deepseek_v3, glm4_moe, gpt_oss, kimi_linear, llama, mixtral"
     ):
         convert(src, tmp_path / "o")
     with_cfg(hidden_size=None)

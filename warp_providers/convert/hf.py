@@ -1011,7 +1011,7 @@ def load_hf(src: Path) -> Plan:
     if mt not in SUPPORTED_MODEL_TYPES:
         raise ConvertError(
             f"{cfg_path}: model_type {mt!r} is not supported; "
-            f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
+            f"supported: {', '.join(sorted(SUPPORTED_MODEL_TYPES + EXT_MODEL_TYPES))}"
         )
     gen_path = src / "generation_config.json"
     gen = _load_json(gen_path) if gen_path.is_file() else {}
