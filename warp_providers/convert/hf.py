@@ -322,17 +322,20 @@ class SafetensorsDir:
                 found = self.entries.get(name)
                 if found is None or found.file.name != fn:
                     raise ConvertError(f"{index}: tensor {name!r} is not in shard {fn!r}")
-        self._maps: dict[Path, np.memmap] = {}
-
     def raw(self, name: str) -> np.ndarray:
-        """Return the tensor as stored (bf16 as uint16, fp8 as uint8), memory-mapped."""
+        """Return the tensor as stored (bf16 as uint16, fp8 as uint8), memory-mapped.
+
+        Each tensor gets its own mapping, released with the array: resident memory stays
+        bounded by the tensor being converted, not by the size of the checkpoint (one
+        long-lived mapping per shard kept every page read so far resident).
+        """
         ent = self.entries[name]
-        mm = self._maps.get(ent.file)
-        if mm is None:
-            mm = np.memmap(ent.file, dtype=np.uint8, mode="r")
-            self._maps[ent.file] = mm
         npdt = _ST_DTYPES[ent.dtype][0]
-        return mm[ent.begin : ent.begin + ent.nbytes].view(npdt).reshape(ent.shape)
+        if ent.nbytes == 0:
+            return np.zeros(ent.shape, dtype=npdt)
+        mm = np.memmap(ent.file, dtype=np.uint8, mode="r", offset=ent.begin,
+                       shape=(ent.nbytes,))
+        return mm.view(npdt).reshape(ent.shape)
 
 
 def _to_f32(a: np.ndarray, st_dtype: str) -> np.ndarray:
