@@ -4,13 +4,14 @@ On a generated Qwen3-MoE-shaped container (experts >= 90% of its bytes) and a GG
 same weights at the same quant type, it measures:
 
   disk     O_DIRECT random-read bandwidth over the container's expert banks (aligned
-           1-16 MiB preads, queue depth 1 and 4); the best figure is the disk bound's
-           denominator.
+           1-16 MiB preads, queue depth 1, 4 and 8, before and after the runs); the best
+           figure is the disk bound's denominator.
   (a)      warp, budget = the whole model (every expert record fits in the cache).
   (b)      warp, budget = floor + 1 working set.
   (c)      warp and llama.cpp, each in its own process under a cgroup memory limit of
            1/4 of the container (cgroup v1 memory.limit_in_bytes, or v2 memory.max);
-           warp at the budget the engine resolves from that limit.
+           warp at the budget the engine resolves from that limit, and at floor + 1
+           working set given explicitly when that fits the limit.
   prefill  expert bytes read by a 64-token prompt with prefill_chunk=64 vs 1, at (b).
 
 Every engine run is a subprocess (the cgroup limit applies per process), the page cache
@@ -21,7 +22,11 @@ demand misses + prefetched records that were then used). Needs root for the cgro
 drop_caches; without it those runs are reported as skipped.
 
     python benchmarks/streaming.py --container moe.warp --gguf moe-q8_0.gguf \
-        [--decode-tokens 16] [--threads 2] [--json out.json]
+        [--decode-tokens 16] [--threads 2] [--json out.json] [--runs disk,a,b,c,prefill]
+
+llama.cpp comes from llama-cpp-python (--llama-python names an interpreter that has it);
+set OMP_WAIT_POLICY=PASSIVE on a shared host (its spinning OpenMP threads otherwise
+collapse). Model recipe and figures: docs/BENCHMARKS.md, "Expert streaming beyond RAM".
 """
 
 from __future__ import annotations
@@ -206,8 +211,9 @@ def child_warp(a: argparse.Namespace) -> dict:
     eng.close()
     return {"engine": "warp", "open_s": open_s, "prefill_s": prefill_s,
             "prefill_tok_s": len(prompt) / prefill_s, "prefill": p,
-            "decode_tok_s": a.decode_tokens / decode_s if a.decode_tokens else None, "decode": d, "tokens": toks,
-            "budget_bytes": info["plan"]["budget_bytes"], "isa": info.get("isa"), "cache_bytes": s2.get("cache_bytes"),
+            "decode_tok_s": a.decode_tokens / decode_s if a.decode_tokens else None,
+            "decode": d, "tokens": toks, "budget_bytes": info["plan"]["budget_bytes"],
+            "isa": info.get("isa"), "cache_bytes": s2.get("cache_bytes"),
             "cache_slots": s2.get("cache_slots"), "direct_io": s2.get("direct_io"),
             "peak_bytes": s2.get("peak_bytes"), "peak_rss": peak_rss()}
 
@@ -420,9 +426,9 @@ def main() -> None:
             if "error" in r:
                 print(f"prefill chunk={chunk}: ERROR {r['error']}", flush=True)
                 continue
-            print(f"prefill chunk={chunk:<3} expert bytes {r['prefill']['bytes_read'] / GIB:7.2f} GiB"
-                  f"  misses {r['prefill']['expert_misses']}  {r['prefill_tok_s']:.2f} tok/s",
-                  flush=True)
+            pf = r["prefill"]
+            print(f"prefill chunk={chunk:<3} expert bytes {pf['bytes_read'] / GIB:7.2f} GiB  "
+                  f"misses {pf['expert_misses']}  {r['prefill_tok_s']:.2f} tok/s", flush=True)
         c64 = out["runs"].get("prefill chunk=64", {}).get("prefill", {}).get("bytes_read")
         c1 = out["runs"].get("prefill chunk=1", {}).get("prefill", {}).get("bytes_read")
         if c64 and c1:
