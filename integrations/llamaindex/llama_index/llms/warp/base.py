@@ -378,7 +378,7 @@ class Warp(FunctionCallingLLM):
         messages = list(chat_history or [])
         if user_msg is not None:
             messages.append(user_msg if isinstance(user_msg, ChatMessage) else _user(user_msg)[0])
-        specs = [t.metadata.to_openai_tool(skip_length_check=True) for t in tools]
+        specs = [_closed_tool(t.metadata.to_openai_tool(skip_length_check=True)) for t in tools]
         if tool_choice is None and tool_required:
             tool_choice = "required"
         if isinstance(tool_choice, str) and tool_choice not in ("auto", "none", "required"):
@@ -683,6 +683,19 @@ def _closed(schema: Any) -> Any:
     if (out.get("type") == "object" or "properties" in out) and "additionalProperties" not in out:
         out["additionalProperties"] = False
     return out
+
+
+def _closed_tool(spec: dict[str, Any]) -> dict[str, Any]:
+    """Close a tool's argument objects (OpenAI strict style).
+
+    LlamaIndex drops `additionalProperties` from tool schemas, and a tool function
+    rejects undeclared keyword arguments; an open object lets a forced call's grammar
+    admit keys the model invents (SmolLM2 copies `title`/`type` out of the schema).
+    """
+    function = dict(spec.get("function") or {})
+    if isinstance(function.get("parameters"), dict):
+        function["parameters"] = _closed(function["parameters"])
+    return {**spec, "function": function}
 
 
 def _parse_structured(output_cls: type[BaseModel], response: ChatResponse) -> Any:
