@@ -136,13 +136,15 @@ def _send(url: str, body: dict) -> socket.socket:
 def test_server_client_disconnect_stops_generation(connect, smol_path, stream):
     target = connect(smol_path, "http")
     count = Counter(target.engine, LONG)
-    s = _send(target.url, {"messages": LONG, "max_tokens": 200, "stream": stream})
+    limit = 1000  # far more than this model decodes in the half second before hanging up
+    s = _send(target.url, {"messages": LONG, "max_tokens": limit, "stream": stream})
     if stream:  # the status line and the first event, then hang up
         assert s.recv(64).startswith(b"HTTP/1.1 200")
     else:  # the reply is not written before generation ends: hang up mid-generation
-        time.sleep(1.0)
+        time.sleep(0.5)
     s.close()
     t0 = time.monotonic()
     produced = count.produced()
-    assert time.monotonic() - t0 < 2.0 and produced < 50  # 200 tokens take ~15 s
+    # generation stopped promptly, long before the limit (no fixed decode speed assumed)
+    assert time.monotonic() - t0 < 2.0 and produced < limit // 2
     _next_request_succeeds(target.client, target.model_id)
