@@ -6,8 +6,8 @@
  * (decode) and 16 (prefill). Not part of any test run. Build and run by hand:
  *
  *   gcc -std=c11 -D_GNU_SOURCE -O2 -Iengine/include -Iengine/src benchmarks/kernels.c \
- *       $(ls engine/src/kernels/[a-z]*.c) -lm -o /tmp/bench_kernels
- *   /tmp/bench_kernels [seconds_per_case] [--cpu]
+ *       $(ls engine/src/kernels/[a-z]*.c) -lm -o bench_kernels
+ *   ./bench_kernels [seconds_per_case] [--cpu]
  *
  * Each figure is the fastest of 20 timed slices, so a shared or busy machine
  * understates the speed less than a mean would. --cpu times with this thread's CPU
