@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
 from fake_engine import CHATML_TEMPLATE, tokenizer_json
 
 VOCAB = 272  # >= the 265 ids of the test tokenizer

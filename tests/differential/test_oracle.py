@@ -7,11 +7,10 @@ and mean KL <= 1e-3. Q4_0 experts: mean KL <= 3e-2. Models are generated in the 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
-
+from oracle_util import convert_to as _convert
+from oracle_util import mean_kl as _kl
 from support import has_module, requires
 
 PROMPT = [(17 * i + 5) % 250 + 3 for i in range(32)]
@@ -27,20 +26,6 @@ def oracle_env():
     return oracle_models
 
 
-def _kl(p_logits: np.ndarray, q_logits: np.ndarray) -> float:
-    def logsm(x: np.ndarray) -> np.ndarray:
-        x = x.astype(np.float64)
-        m = x.max(-1, keepdims=True)
-        return x - m - np.log(np.exp(x - m).sum(-1, keepdims=True))
-
-    lp, lq = logsm(p_logits), logsm(q_logits)
-    return float((np.exp(lp) * (lp - lq)).sum(-1).mean())
-
-
-def _convert(src: Path, out: Path, **kw: str) -> Path:
-    from warp_providers.convert import convert
-
-    return convert(src, out, **kw)
 
 
 @pytest.fixture(scope="module")

@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from oracle_util import convert_to as _convert
+from oracle_util import mean_kl as _kl
 from support import has_module, requires
 
 PROMPT = [(17 * i + 5) % 250 + 3 for i in range(32)]
@@ -110,15 +112,6 @@ def _build(name: str, seed: int = 0) -> Any:
     return model.eval()
 
 
-def _kl(p_logits: np.ndarray, q_logits: np.ndarray) -> float:
-    def logsm(x: np.ndarray) -> np.ndarray:
-        x = x.astype(np.float64)
-        m = x.max(-1, keepdims=True)
-        return x - m - np.log(np.exp(x - m).sum(-1, keepdims=True))
-
-    lp, lq = logsm(p_logits), logsm(q_logits)
-    return float((np.exp(lp) * (lp - lq)).sum(-1).mean())
-
 
 def _logits(model: Any, ids: list[int]) -> np.ndarray:
     import torch
@@ -136,11 +129,6 @@ def _greedy_ref(model: Any, prompt: list[int], n: int) -> tuple[list[int], np.nd
         ids.append(int(last.argmax()))
     return ids[len(prompt):], np.stack(steps)
 
-
-def _convert(src: Path, out: Path, **kw: str) -> Path:
-    from warp_providers.convert import convert
-
-    return convert(src, out, **kw)
 
 
 @pytest.fixture(scope="module")

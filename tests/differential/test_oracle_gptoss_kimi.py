@@ -18,7 +18,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-
+from oracle_util import convert_to as _convert
+from oracle_util import mean_kl as _kl
 from support import has_module, requires
 
 PROMPT = [(17 * i + 5) % 250 + 3 for i in range(32)]
@@ -36,7 +37,6 @@ def oracle_env():
 
 def _gpt_oss_config(**over: Any) -> Any:
     import transformers as tf
-
     from oracle_models import COMMON
 
     kw = dict(COMMON)
@@ -54,7 +54,6 @@ def _gpt_oss_config(**over: Any) -> Any:
 
 def _kimi_linear_config(**over: Any) -> Any:
     import transformers as tf
-
     from oracle_models import COMMON
 
     kw = dict(COMMON)
@@ -95,15 +94,6 @@ def _build(name: str, seed: int = 0) -> Any:
     return model.eval()
 
 
-def _kl(p_logits: np.ndarray, q_logits: np.ndarray) -> float:
-    def logsm(x: np.ndarray) -> np.ndarray:
-        x = x.astype(np.float64)
-        m = x.max(-1, keepdims=True)
-        return x - m - np.log(np.exp(x - m).sum(-1, keepdims=True))
-
-    lp, lq = logsm(p_logits), logsm(q_logits)
-    return float((np.exp(lp) * (lp - lq)).sum(-1).mean())
-
 
 def _greedy_ref(oracle_env, model, prompt: list[int], n: int) -> tuple[list[int], np.ndarray]:
     ids = list(prompt)
@@ -114,11 +104,6 @@ def _greedy_ref(oracle_env, model, prompt: list[int], n: int) -> tuple[list[int]
         ids.append(int(last.argmax()))
     return ids[len(prompt):], np.stack(steps)
 
-
-def _convert(src: Path, out: Path, **kw: str) -> Path:
-    from warp_providers.convert import convert
-
-    return convert(src, out, **kw)
 
 
 ARCHS = ["gpt_oss", "kimi_linear"]

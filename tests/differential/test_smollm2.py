@@ -7,7 +7,6 @@ token equal to transformers' own GGUF-loaded model over 24 greedy tokens.
 from __future__ import annotations
 
 import pytest
-
 from support import has_module, requires, smollm2_gguf
 
 QUESTION = "What is the capital of France? Answer in one sentence."
