@@ -392,6 +392,11 @@ wp_status wpi_check_decoder(const wpi_container *c, char *err, size_t cap);
 
 /* blocks/: one block of a layer over a chunk of n tokens at positions pos..pos+n. Each
  * reads x, writes the residual sum back into x. */
+/* The two halves every attention variant shares: attn_norm, q/k/v projections into the
+ * KV cache at pos (biases, q/k norm, clip, rope) -- and the output projection (+ bias)
+ * added to the residual stream. */
+void wpi_attention_project(wpi_model *mdl, uint32_t layer, uint32_t n, uint32_t pos);
+void wpi_attention_output(wpi_model *mdl, uint32_t layer, uint32_t n);
 void wpi_attention_block(wpi_model *mdl, uint32_t layer, uint32_t n, uint32_t pos);
 void wpi_ffn_block(wpi_model *mdl, uint32_t layer, uint32_t n);
 wp_status wpi_moe_block(wpi_model *mdl, uint32_t layer, uint32_t n);

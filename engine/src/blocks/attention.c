@@ -101,7 +101,7 @@ static void attn_task(void *arg, uint32_t task)
     for (uint32_t i = 0; i < hd; i++) out[i] *= inv;
 }
 
-void wpi_attention_block(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
+void wpi_attention_project(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
 {
     const wpi_hparams *hp = m->hp;
     const wpi_layer *L = &m->layers[l];
@@ -142,6 +142,29 @@ void wpi_attention_block(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
             wpi_rope_apply(k, hp->n_kv_heads, hd, hp->rope_dim, c, s);
         }
     }
+}
+
+void wpi_attention_output(wpi_model *m, uint32_t l, uint32_t n)
+{
+    const wpi_layer *L = &m->layers[l];
+    const size_t H = m->hp->hidden_size;
+    const size_t qd = (size_t)m->hp->n_heads * m->hp->head_dim;
+
+    wpi_mm o = {&L->wo, m->xn, H};
+    wpi_matmul(m, &o, 1, m->att, qd, n);
+    for (uint32_t t = 0; t < n; t++) {
+        if (L->bo) add(m->xn + t * H, L->bo, H);
+        add(m->x + t * H, m->xn + t * H, H);
+    }
+}
+
+void wpi_attention_block(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
+{
+    const wpi_hparams *hp = m->hp;
+    const size_t hd = hp->head_dim, kvd = (size_t)hp->n_kv_heads * hd;
+    const size_t layer_rows = (size_t)l * m->ctx;
+
+    wpi_attention_project(m, l, n, pos);
 
     attn_ctx a = {m, m->kcache + layer_rows * kvd, m->vcache + layer_rows * kvd,
                   hp->n_heads, pos};
@@ -153,10 +176,5 @@ void wpi_attention_block(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
         wpi_parallel_for(m->pool, tasks, attn_task, &a);
     }
 
-    wpi_mm o = {&L->wo, m->xn, H};
-    wpi_matmul(m, &o, 1, m->att, qd, n);
-    for (uint32_t t = 0; t < n; t++) {
-        if (L->bo) add(m->xn + t * H, L->bo, H);
-        add(m->x + t * H, m->xn + t * H, H);
-    }
+    wpi_attention_output(m, l, n);
 }

@@ -76,39 +76,15 @@ static void sw_task(void *arg, uint32_t task)
     for (uint32_t i = 0; i < hd; i++) out[i] *= inv;
 }
 
-static void add(float *y, const float *b, size_t n)
-{
-    for (size_t i = 0; i < n; i++) y[i] += b[i];
-}
-
 void wpi_attention_sw_block(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos,
                             uint32_t window)
 {
     const wpi_hparams *hp = m->hp;
     const wpi_layer *L = &m->layers[l];
-    const size_t H = hp->hidden_size, hd = hp->head_dim;
-    const size_t qd = (size_t)hp->n_heads * hd, kvd = (size_t)hp->n_kv_heads * hd;
+    const size_t hd = hp->head_dim, kvd = (size_t)hp->n_kv_heads * hd;
     const size_t layer_rows = (size_t)l * m->ctx;
-    float *kc = m->kcache + (layer_rows + pos) * kvd;
-    float *vc = m->vcache + (layer_rows + pos) * kvd;
-    const uint32_t half = hp->rope_dim / 2;
 
-    for (uint32_t t = 0; t < n; t++)
-        wpi_rmsnorm(m->xn + t * H, m->x + t * H, L->attn_norm, H, hp->rms_norm_eps);
-    wpi_mm qkv[3] = {{&L->wq, m->q, qd}, {&L->wk, kc, kvd}, {&L->wv, vc, kvd}};
-    wpi_matmul(m, qkv, 3, m->xn, H, n);
-
-    for (uint32_t t = 0; t < n; t++) {
-        float *q = m->q + t * qd, *k = kc + t * kvd, *v = vc + t * kvd;
-        if (L->bq) add(q, L->bq, qd);
-        if (L->bk) add(k, L->bk, kvd);
-        if (L->bv) add(v, L->bv, kvd);
-        if (half) {
-            const float *c = m->rope_cos + t * half, *s = m->rope_sin + t * half;
-            wpi_rope_apply(q, hp->n_heads, (uint32_t)hd, hp->rope_dim, c, s);
-            wpi_rope_apply(k, hp->n_kv_heads, (uint32_t)hd, hp->rope_dim, c, s);
-        }
-    }
+    wpi_attention_project(m, l, n, pos);
 
     sw_ctx a = {m, m->kcache + layer_rows * kvd, m->vcache + layer_rows * kvd, L->sinks, pos,
                 window};
@@ -121,10 +97,5 @@ void wpi_attention_sw_block(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos,
         wpi_parallel_for(m->pool, tasks, sw_task, &a);
     }
 
-    wpi_mm o = {&L->wo, m->xn, H};
-    wpi_matmul(m, &o, 1, m->att, qd, n);
-    for (uint32_t t = 0; t < n; t++) {
-        if (L->bo) add(m->xn + t * H, L->bo, H);
-        add(m->x + t * H, m->xn + t * H, H);
-    }
+    wpi_attention_output(m, l, n);
 }
