@@ -399,6 +399,10 @@ void wpi_attention_project(wpi_model *mdl, uint32_t layer, uint32_t n, uint32_t 
 void wpi_attention_output(wpi_model *mdl, uint32_t layer, uint32_t n);
 void wpi_attention_block(wpi_model *mdl, uint32_t layer, uint32_t n, uint32_t pos);
 void wpi_ffn_block(wpi_model *mdl, uint32_t layer, uint32_t n);
+/* The distinct experts of a chunk's top-k picks, in order of first use (token-major,
+ * router order), into m->ex_ids; for each, the picks (token * top_k + slot) that chose
+ * it in m->ex_pick[m->ex_start[s] .. m->ex_start[s + 1]). Returns how many. */
+uint32_t wpi_moe_distinct_experts(wpi_model *mdl, uint32_t n);
 wp_status wpi_moe_block(wpi_model *mdl, uint32_t layer, uint32_t n);
 /* attention_sw.c: attention with per-head sinks (layer's attn_sinks, if any) over keys
  * p-window+1..p of each position p (window 0: all); biases, RoPE, no qk norm. */

@@ -172,24 +172,9 @@ static void apply_group_decode(wpi_model *m, const wpi_expert_view *v, uint32_t 
     wpi_parallel_for(m->pool, cnt * c.tasks_down, group_down_task, &c);
 }
 
-wp_status wpi_moe_block(wpi_model *m, uint32_t l, uint32_t n)
+uint32_t wpi_moe_distinct_experts(wpi_model *m, uint32_t n)
 {
-    const wpi_hparams *hp = m->hp;
-    const wpi_layer *L = &m->layers[l];
-    const size_t H = hp->hidden_size, K = hp->top_k, E = hp->n_experts;
-
-    for (uint32_t t = 0; t < n; t++)
-        wpi_rmsnorm(m->xn + t * H, m->x + t * H, L->ffn_norm, H, hp->rms_norm_eps);
-    route(m, L->router, m->xn, H, n, m->probs);
-    for (uint32_t t = 0; t < n; t++)
-        if (wpi_route_noaux_used(hp, L)) /* sigmoid, bias, groups, scaling */
-            wpi_route_noaux(hp, m->probs + t * E, L->exp_bias, m->route_tmp,
-                            m->topk_id + t * K, m->topk_w + t * K);
-        else
-            select_topk(hp, m->probs + t * E, m->topk_id + t * K, m->topk_w + t * K);
-
-    /* Distinct experts in order of first use (token-major, router order), and for each
-     * the picks (token * K + slot) that chose it. */
+    const size_t K = m->hp->top_k, E = m->hp->n_experts;
     uint32_t nd = 0, np = n * (uint32_t)K;
     for (size_t e = 0; e < E; e++) m->ex_slot[e] = -1;
     for (uint32_t p = 0; p < np; p++) {
@@ -206,6 +191,26 @@ wp_status wpi_moe_block(wpi_model *m, uint32_t l, uint32_t n)
             if (m->topk_id[p] == m->ex_ids[s]) m->ex_pick[cur++] = (int32_t)p;
     }
     m->ex_start[nd] = cur;
+    return nd;
+}
+
+wp_status wpi_moe_block(wpi_model *m, uint32_t l, uint32_t n)
+{
+    const wpi_hparams *hp = m->hp;
+    const wpi_layer *L = &m->layers[l];
+    const size_t H = hp->hidden_size, K = hp->top_k, E = hp->n_experts;
+
+    for (uint32_t t = 0; t < n; t++)
+        wpi_rmsnorm(m->xn + t * H, m->x + t * H, L->ffn_norm, H, hp->rms_norm_eps);
+    route(m, L->router, m->xn, H, n, m->probs);
+    for (uint32_t t = 0; t < n; t++)
+        if (wpi_route_noaux_used(hp, L)) /* sigmoid, bias, groups, scaling */
+            wpi_route_noaux(hp, m->probs + t * E, L->exp_bias, m->route_tmp,
+                            m->topk_id + t * K, m->topk_w + t * K);
+        else
+            select_topk(hp, m->probs + t * E, m->topk_id + t * K, m->topk_w + t * K);
+
+    const uint32_t nd = wpi_moe_distinct_experts(m, n);
 
     const uint32_t group = wpi_experts_max_pinned(m->experts);
     for (uint32_t g0 = 0; g0 < nd; g0 += group) {

@@ -95,22 +95,7 @@ wp_status wpi_moe_oss_block(wpi_model *m, uint32_t l, uint32_t n)
     for (uint32_t t = 0; t < n; t++)
         select_topk(hp, m->probs + t * E, m->topk_id + t * K, m->topk_w + t * K);
 
-    uint32_t nd = 0, np = n * (uint32_t)K;
-    for (size_t e = 0; e < E; e++) m->ex_slot[e] = -1;
-    for (uint32_t p = 0; p < np; p++) {
-        int32_t e = m->topk_id[p];
-        if (m->ex_slot[e] < 0) {
-            m->ex_slot[e] = (int32_t)nd;
-            m->ex_ids[nd++] = e;
-        }
-    }
-    int32_t cur = 0;
-    for (uint32_t s = 0; s < nd; s++) {
-        m->ex_start[s] = cur;
-        for (uint32_t p = 0; p < np; p++)
-            if (m->topk_id[p] == m->ex_ids[s]) m->ex_pick[cur++] = (int32_t)p;
-    }
-    m->ex_start[nd] = cur;
+    const uint32_t nd = wpi_moe_distinct_experts(m, n);
 
     const uint32_t group = wpi_experts_max_pinned(m->experts);
     for (uint32_t g0 = 0; g0 < nd; g0 += group) {
