@@ -1,6 +1,6 @@
 """Tiny randomly initialised HF models, built from config objects (no download).
 
-Each builder returns a transformers model whose weights are drawn with std 0.15 (norm
+Each builder returns a transformers model whose weights are drawn by `randomize` (norm
 weights perturbed around 1) so routing and norm mistakes show in the logits. `save`
 writes it with `save_pretrained` plus the byte-level test tokenizer, ready for
 `warp convert`.
@@ -53,22 +53,35 @@ def _configs() -> dict[str, Any]:
 ARCHS = ["llama", "llama_rope3", "qwen3_moe", "qwen2_moe", "mixtral", "olmoe"]
 
 
+def randomize(model: torch.nn.Module, *, std: float = STD, bias_std: float = 0.1,
+              routing_bias_std: float = 0.1) -> torch.nn.Module:
+    """Redraws every weight (the torch seed is set by the caller); returns model in eval.
+
+    Norm weights are perturbed around 1, biases and sinks drawn with ``bias_std``, matrices
+    with ``std``; ``e_score_correction_bias`` buffers (selection-only routing bias) with
+    ``routing_bias_std``.
+    """
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            if "norm" in pname or "layernorm" in pname:
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+            elif p.dim() == 1:
+                p.copy_(bias_std * torch.randn_like(p))
+            else:
+                p.copy_(std * torch.randn_like(p))
+        for bname, b in model.named_buffers():
+            if bname.endswith("e_score_correction_bias"):
+                b.copy_(routing_bias_std * torch.randn_like(b))
+    return model.eval()
+
+
 def build(name: str, seed: int = 0) -> torch.nn.Module:
     """The tiny model of an architecture, in eval mode, float32."""
     import transformers as tf
 
     cfg = _configs()[name]
     torch.manual_seed(seed)
-    model = tf.AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.float32)
-    with torch.no_grad():
-        for pname, p in model.named_parameters():
-            if "norm" in pname or "layernorm" in pname:
-                p.copy_(1.0 + 0.2 * torch.randn_like(p))
-            elif p.dim() == 1:  # biases
-                p.copy_(0.1 * torch.randn_like(p))
-            else:
-                p.copy_(STD * torch.randn_like(p))
-    return model.eval()
+    return randomize(tf.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32))
 
 
 def save(model: torch.nn.Module, out: Path) -> Path:

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from oracle_util import assert_q8_0_matches
 from oracle_util import convert_to as _convert
 from oracle_util import mean_kl as _kl
 from support import has_module, requires
@@ -76,23 +77,11 @@ CONFIGS = {"gpt_oss": _gpt_oss_config, "kimi_linear": _kimi_linear_config}
 def _build(name: str, seed: int = 0) -> Any:
     import torch
     import transformers as tf
+    from oracle_models import randomize
 
-    cfg = CONFIGS[name]()
     torch.manual_seed(seed)
-    model = tf.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    with torch.no_grad():
-        for pname, p in model.named_parameters():
-            if "norm" in pname or "layernorm" in pname:
-                p.copy_(1.0 + 0.2 * torch.randn_like(p))
-            elif p.dim() == 1:  # biases, sinks
-                p.copy_(0.1 * torch.randn_like(p))
-            else:
-                p.copy_(STD * torch.randn_like(p))
-        for bname, buf in model.named_buffers():
-            if bname.endswith("e_score_correction_bias"):  # selection-only routing bias
-                buf.copy_(0.1 * torch.randn_like(buf))
-    return model.eval()
-
+    model = tf.AutoModelForCausalLM.from_config(CONFIGS[name](), dtype=torch.float32)
+    return randomize(model, std=STD, routing_bias_std=0.1)
 
 
 def _greedy_ref(oracle_env, model, prompt: list[int], n: int) -> tuple[list[int], np.ndarray]:
@@ -150,10 +139,11 @@ def test_f32_matches_transformers(arch, models, tmp_path):
 
 Q8_CASES = [
     a if a != "kimi_linear" else pytest.param(a, marks=pytest.mark.xfail(strict=True, reason=(
-        "on this random draw Q8_0 quantization itself flips a routing decision (one token in "
-        "each MoE layer selects another expert set under grouped sigmoid routing): "
-        "transformers running the quantize->dequantize weights gives the same mean KL 0.0146; "
-        "the engine's exactness on those weights is asserted by "
+        "no random draw tried (seeds 0-19, KDA head sizes 16-64) is Q8_0-stable in "
+        "transformers itself: the KDA output before its gated RMSNorm has an RMS near 1e-3, "
+        "so the norm magnifies rounding of q_proj (layer 0 alone: KL 1.2e-3) and the "
+        "reference's own quantize->dequantize weights give mean KL 1.7e-3 to 4e-2; the "
+        "engine's exactness on those weights is asserted by "
         "test_q8_0_container_is_exact_on_its_own_weights")))
     for a in ARCHS
 ]
@@ -161,17 +151,16 @@ Q8_CASES = [
 
 @pytest.mark.oracle
 @pytest.mark.parametrize("arch", Q8_CASES)
-def test_q8_0_same_greedy_and_small_kl(arch, models, tmp_path):
+def test_q8_0_same_greedy_and_small_kl(arch, models, oracle_env, tmp_path):
     from warp_providers import Engine
 
     _, hf_dir, ref_all, ref_tokens, _ = models[arch]
     out = _convert(hf_dir, tmp_path / "q8.warp", experts="q8_0", trunk="q8_0")
+    qdq = _quant_dequant_q8(models[arch][0])
+    qdq_all = oracle_env.logits(qdq, PROMPT).numpy()
+    qdq_tokens, _ = _greedy_ref(oracle_env, qdq, PROMPT, 16)
     with Engine.open(out, threads=2) as eng:
-        kl = _kl(ref_all, eng.eval(PROMPT, all_logits=True))
-        assert kl <= 1e-3, f"{arch}: q8_0 mean KL {kl:.3g}"
-        eng.reset()
-        res = eng.generate(PROMPT, max_tokens=16, stop_ids=[])
-        assert res.token_ids == ref_tokens, f"{arch}: q8_0 greedy continuation differs"
+        assert_q8_0_matches(eng, PROMPT, ref_all, ref_tokens, qdq_all, qdq_tokens, arch)
 
 
 def _quant_dequant_q8(model: Any) -> Any:
