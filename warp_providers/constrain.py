@@ -40,6 +40,7 @@ __all__ = [
     "TokenBan",
     "answer_grammar",
     "check_schema",
+    "close_objects",
     "llg_tokenizer",
     "processor_for_request",
     "tool_call_grammar",
@@ -257,6 +258,35 @@ def _nested(schema: Any, at: str) -> Any:
     return schema
 
 
+def close_objects(schema: Any, *, free_form: bool = True) -> Any:
+    """Return `schema` with its objects closed to undeclared keys.
+
+    JSON Schema leaves an object open unless it says `additionalProperties`; a function
+    or a pydantic model takes only its declared fields, and an open object lets a small
+    model invent keys inside a forced call (SmolLM2 copies `title`/`type` out of the
+    schema) until the token limit. Every object that lists `properties` is closed; with
+    `free_form=False` (OpenAI strict mode) so is every `"type": "object"`. An object that
+    states `additionalProperties` itself is kept as it is.
+    """
+    if isinstance(schema, list):
+        return [close_objects(s, free_form=free_form) for s in schema]
+    if not isinstance(schema, Mapping):
+        return schema
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key in _SCHEMA_TABLES and isinstance(value, Mapping):
+            # name -> schema tables: close each schema, never the table itself
+            out[key] = {n: close_objects(v, free_form=free_form) for n, v in value.items()}
+        else:
+            out[key] = close_objects(value, free_form=free_form)
+    if "properties" in out or (not free_form and out.get("type") == "object"):
+        out.setdefault("additionalProperties", False)
+    return out
+
+
+_SCHEMA_TABLES = ("properties", "$defs", "definitions", "patternProperties")
+
+
 def _call_schema(tools: Sequence[Mapping[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
     out = []
     for i, tool in enumerate(tools):
@@ -268,7 +298,7 @@ def _call_schema(tools: Sequence[Mapping[str, Any]]) -> list[tuple[str, dict[str
         if params is None:
             params = {"type": "object", "properties": {}}
         checked = check_schema(params, param=f"tools[{i}].function.parameters")
-        out.append((name, checked))
+        out.append((name, close_objects(checked)))
     return out
 
 

@@ -193,6 +193,25 @@ def test_forced_tool_calls(chatml):
                 jsonschema.validate(json.loads(call.arguments), params[call.name])
 
 
+def test_forced_call_arguments_hold_declared_keys_only(chatml):
+    """A parameter schema that leaves its objects open (as LangChain and LlamaIndex write
+    them) still gets only the declared keys: the grammar closes argument objects."""
+    params = {"type": "object", "required": ["city"], "properties": {
+        "city": {"type": "string", "maxLength": 8},
+        "where": {"type": "object", "properties": {"lat": {"type": "number"}}},
+    }}
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": params}}]
+    messages = [{"role": "user", "content": "go"}]
+    prompt = chatml.render({"messages": messages, "tools": tools})
+    request = {"messages": messages, "tools": tools, "tool_choice": "required"}
+    for seed in range(6):
+        ids = sample(chatml, processor_for_request(chatml, prompt, request), seed=seed)
+        for call in parse(chatml, prompt, ids).tool_calls:
+            args = json.loads(call.arguments)
+            assert set(args) <= {"city", "where"}, args
+            assert set(args.get("where", {})) <= {"lat"}, args
+
+
 RECURSIVE = {
     "type": "object",
     "properties": {
@@ -331,3 +350,28 @@ def test_xtml_answer_and_tool_call(xtml, thinking):
         assert msg.tool_calls and all(c.name == "move" for c in msg.tool_calls)
         for c in msg.tool_calls:
             jsonschema.validate(json.loads(c.arguments), SCHEMAS[4])
+
+
+def test_close_objects_closes_declared_objects_only() -> None:
+    from warp_providers.constrain import close_objects
+
+    schema = {
+        "type": "object",
+        "properties": {
+            "point": {"$ref": "#/$defs/P"},
+            "tags": {"type": "object"},  # a free-form map
+            "extra": {"type": "object", "properties": {}, "additionalProperties": True},
+            "properties": {"type": "string"},  # a field named like the keyword
+        },
+        "$defs": {"P": {"type": "object", "properties": {"x": {"type": "number"}}}},
+    }
+    out = close_objects(schema)
+    assert out["additionalProperties"] is False
+    assert out["$defs"]["P"]["additionalProperties"] is False
+    assert "additionalProperties" not in out["properties"]["tags"]
+    assert out["properties"]["extra"]["additionalProperties"] is True
+    assert "additionalProperties" not in out["properties"]  # the table itself is untouched
+    assert out["properties"]["properties"] == {"type": "string"}
+    strict = close_objects(schema, free_form=False)
+    assert strict["properties"]["tags"]["additionalProperties"] is False
+    assert "additionalProperties" not in schema  # the input is not modified

@@ -61,6 +61,7 @@ from warp_providers import (
     shared_session,
 )
 from warp_providers import ChatResult as WarpResult
+from warp_providers.constrain import close_objects
 
 __all__ = ["ChatWarp"]
 
@@ -70,6 +71,9 @@ _CALL_KWARGS = frozenset(
         "temperature",
         "top_p",
         "top_k",
+        "presence_penalty",
+        "frequency_penalty",
+        "repetition_penalty",
         "max_tokens",
         "seed",
         "timeout",
@@ -498,29 +502,6 @@ class _ToolArgsParser(BaseGenerationOutputParser[Any]):
             ) from exc
 
 
-def _closed(schema: Any) -> Any:
-    """Return `schema` with every object schema closed (additionalProperties false).
-
-    What strict=True means for a response schema, as OpenAI's strict mode requires it and
-    langchain-openai writes it: the reply holds the declared keys and no others.
-    """
-    if isinstance(schema, list):
-        return [_closed(s) for s in schema]
-    if not isinstance(schema, Mapping):
-        return schema
-    out: dict[str, Any] = {}
-    for key, value in schema.items():
-        if key in ("properties", "$defs", "definitions", "patternProperties") and isinstance(
-            value, Mapping
-        ):  # name -> schema tables: close each schema, never the table
-            out[key] = {name: _closed(sub) for name, sub in value.items()}
-        else:
-            out[key] = _closed(value)
-    if out.get("type") == "object" or "properties" in out:
-        out.setdefault("additionalProperties", False)
-    return out
-
-
 def _schema_name(json_schema: Mapping[str, Any]) -> str:
     return str(json_schema.get("title") or "output")
 
@@ -608,8 +589,8 @@ class ChatWarp(BaseChatModel):
             structured.invoke("Tell me a joke about cats.")  # Joke(setup=..., punchline=...)
 
         `method="function_calling"` forces a call to a tool made from the schema;
-        `method="json_mode"` asks for any JSON object; `include_raw=True` returns
-        `{"raw": AIMessage, "parsed": ..., "parsing_error": ...}`.
+        `method="json_mode"` asks for a JSON object (held to the schema when one is given);
+        `include_raw=True` returns `{"raw": AIMessage, "parsed": ..., "parsing_error": ...}`.
     """
 
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
@@ -625,6 +606,13 @@ class ChatWarp(BaseChatModel):
     """Nucleus sampling mass (None = off)."""
     top_k: int | None = Field(default=None, ge=0)
     """Sample among the k most likely tokens (None or 0 = off)."""
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    """Subtracted once from the logit of every token already generated (None = off)."""
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    """Subtracted from a token's logit per time it was generated (None = off)."""
+    repetition_penalty: float | None = Field(default=None, gt=0.0)
+    """Divides positive / multiplies negative logits of tokens already seen in the prompt
+    or the reply (None or 1.0 = off); keeps greedy decoding of small models out of loops."""
     max_tokens: int | None = Field(default=None, ge=1)
     """Most tokens to generate per reply (None = until the context is full)."""
     stop: list[str] | None = None
@@ -676,6 +664,9 @@ class ChatWarp(BaseChatModel):
             "temperature": self.temperature,
             "top_p": self.top_p,
             "top_k": self.top_k,
+            "presence_penalty": self.presence_penalty,
+            "frequency_penalty": self.frequency_penalty,
+            "repetition_penalty": self.repetition_penalty,
             "max_tokens": self.max_tokens,
             "stop": self.stop,
             "seed": self.seed,
@@ -780,11 +771,17 @@ class ChatWarp(BaseChatModel):
         temperature = kwargs.get("temperature", self.temperature)
         top_p = kwargs.get("top_p", self.top_p)
         top_k = kwargs.get("top_k", self.top_k)
+        penalty = {
+            k: float(v)
+            for k in ("presence_penalty", "frequency_penalty", "repetition_penalty")
+            if (v := kwargs.get(k, getattr(self, k))) is not None
+        }
         sampling = SamplingParams(
             temperature=float(temperature or 0.0),
             top_p=float(top_p or 1.0),
             top_k=int(top_k or 0),
             seed=kwargs.get("seed", self.seed),
+            **penalty,
         )
         options = {
             "max_tokens": kwargs.get("max_tokens", self.max_tokens),
@@ -934,7 +931,8 @@ class ChatWarp(BaseChatModel):
             schema: A pydantic class (v1 or v2), a TypedDict, or a JSON Schema dict.
                 Optional for json_mode only.
             method: "json_schema" (constrained decoding to the schema), "function_calling"
-                (a forced call of a tool made from the schema) or "json_mode" (any JSON object).
+                (a forced call of a tool made from the schema) or "json_mode" (a JSON
+                object; held to `schema` too when one is given: the grammar runs in-process).
             include_raw: Return {"raw", "parsed", "parsing_error"} instead of raising on
                 unusable output.
             strict: Passed on as the schema's strict flag.
@@ -964,12 +962,14 @@ class ChatWarp(BaseChatModel):
                 name=name, schema_class=schema if is_class else None
             )
         elif method in ("json_schema", "json_mode"):
-            if method == "json_schema":
-                if schema is None:
-                    raise ValueError("method='json_schema' needs a schema")
-                json_schema = convert_to_json_schema(schema)
-                if strict:
-                    json_schema = _closed(json_schema)
+            if method == "json_schema" and schema is None:
+                raise ValueError("method='json_schema' needs a schema")
+            # json_mode asks for a JSON object; when the caller gives the schema it will be
+            # parsed into, the in-process grammar holds the object to it as well
+            if schema is not None:
+                # the declared keys only (a pydantic model ignores others, and an open
+                # object invites a small model to ramble); strict closes free-form maps too
+                json_schema = close_objects(convert_to_json_schema(schema), free_form=not strict)
                 spec: dict[str, Any] = {"name": _schema_name(json_schema), "schema": json_schema}
                 if strict is not None:
                     spec["strict"] = strict

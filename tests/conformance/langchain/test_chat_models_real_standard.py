@@ -9,14 +9,15 @@ calls are made by forcing them (the suite's `tool_choice="any"` / a tool name, w
 `has_tool_choice` turns on) and constrained decoding writes the call frame, while the
 argument values are the model's (it copies `3`, '你好啊集团' and 'こんにちは株式会社' out of
 the prompts). Structured output uses the default json_schema method: the grammar makes
-the reply a JSON object of the schema.
+the reply a JSON object of the schema, its objects closed to undeclared keys.
 
-Only the unit class runs here. The integration class still fails on this model in two
-groups: forced tool calls whose argument objects stay open to extra keys (the grammar must
-close them), and tests that need the model's own judgement (an unforced agent loop,
-pydantic structured output that a 135M model never finishes). Those run on the scripted
-engine (`test_chat_models_standard.py`); the real engine's plumbing is covered by
-`test_chat_models_real.py` and `test_no_leaks.py`.
+Both suites run. The model runs greedily with `frequency_penalty=0.5` and 96 tokens per
+reply: without the penalty a 135M model repeats one phrase inside a JSON string until the
+token limit. One standard test measures the model's own judgement (calling a tool
+unforced, `test_agent_loop`): it is deselected here with its reason (conftest.py), runs on
+the scripted engine (`test_chat_models_standard.py`), and the real engine runs the same
+loop with its first call forced (`test_agent_loop_with_forced_first_call`). Modalities the
+model lacks are strict xfails, as in the scripted suite.
 """
 
 from __future__ import annotations
@@ -25,8 +26,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+from langchain_core.tools import tool
+from langchain_tests.integration_tests import ChatModelIntegrationTests
 from langchain_tests.unit_tests import ChatModelUnitTests
 from langchain_warp import ChatWarp
+from test_chat_models_standard import LocalModalityInputs
 from test_chat_models_unit import registered_for_load
 
 pytestmark = pytest.mark.slow
@@ -59,7 +64,9 @@ class _RealParams:
         # unknown arguments).
         params = super().standard_chat_model_params  # type: ignore[misc]
         params = {k: v for k, v in params.items() if k not in ("api_key", "max_retries")}
-        return {**params, "max_tokens": 48}
+        # frequency_penalty keeps greedy decoding of a 135M model out of loops (inside a
+        # JSON string it would otherwise repeat one phrase to the token limit)
+        return {**params, "max_tokens": 96, "frequency_penalty": 0.5}
 
     @property
     def has_tool_choice(self) -> bool:
@@ -102,3 +109,47 @@ class TestChatWarpRealUnit(_RealParams, ChatModelUnitTests):
                 return isinstance(ser, dict) and ser["kwargs"]["model_path"] == _PATHS["smol"]
 
         return _Serialized()
+
+
+
+@pytest.mark.asyncio
+@pytest.mark.filterwarnings("ignore:The test <Function .* is marked with '@pytest.mark.asyncio'")
+class TestChatWarpRealIntegration(_RealParams, LocalModalityInputs, ChatModelIntegrationTests):
+    """The integration suite on the real engine (modalities the model lacks: strict xfails)."""
+
+    @property
+    def model_override_value(self) -> str:
+        return "smollm2-override"
+
+    @property
+    def enable_vcr_tests(self) -> bool:
+        # an in-process engine makes no HTTP calls: the stream is timed as is
+        return True
+
+
+def test_agent_loop_with_forced_first_call(smol_hermes_path: str) -> None:
+    """The suite's agent loop on the real engine, its first call forced by `tool_choice`.
+
+    Deciding unforced to call a tool is the model's judgement, which SmolLM2-135M (never
+    trained on these markers) lacks: the suite's own `test_agent_loop` runs on the
+    scripted engine (`TestChatWarpStandard`) and is deselected here (conftest.py). The
+    real engine carries the rest of the loop: the call, the tool's result sent back in
+    the history, and a text answer.
+    """
+
+    @tool
+    def get_weather(location: str) -> str:
+        """Call to surf the web."""
+        return f"It's sunny in {location}."
+
+    model = ChatWarp(model_path=smol_hermes_path, max_tokens=96, frequency_penalty=0.5)
+    question = HumanMessage("What is the weather in San Francisco, CA?")
+    first = model.bind_tools([get_weather], tool_choice="get_weather").invoke([question])
+    assert isinstance(first, AIMessage)
+    assert any(block["type"] == "tool_call" for block in first.content_blocks)
+    assert [c["name"] for c in first.tool_calls] == ["get_weather"]
+    assert "San Francisco" in first.tool_calls[0]["args"]["location"]
+    result = get_weather.invoke(first.tool_calls[0])
+    assert isinstance(result, ToolMessage) and result.tool_call_id == first.tool_calls[0]["id"]
+    answer = model.bind_tools([get_weather]).invoke([question, first, result])
+    assert isinstance(answer, AIMessage) and answer.text.strip() and not answer.tool_calls

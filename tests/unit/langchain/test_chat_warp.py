@@ -188,6 +188,21 @@ def test_sampling_options_reach_the_engine() -> None:
     llm.invoke("x", temperature=0.0, seed=5)
     s = engine.calls[-1]["sampling"]
     assert (s.temperature, s.seed) == (0.0, 5)
+    assert (s.presence_penalty, s.frequency_penalty, s.repetition_penalty) == (0.0, 0.0, 1.0)
+
+
+def test_penalties_reach_the_engine_and_are_validated() -> None:
+    llm, engine = llm_for("ok", "ok", frequency_penalty=0.5, presence_penalty=0.25,
+                          repetition_penalty=1.1)
+    llm.invoke("x")
+    s = engine.calls[-1]["sampling"]
+    assert (s.presence_penalty, s.frequency_penalty, s.repetition_penalty) == (0.25, 0.5, 1.1)
+    llm.invoke("x", frequency_penalty=0.0)
+    assert engine.calls[-1]["sampling"].frequency_penalty == 0.0
+    with pytest.raises(ValidationError):
+        ChatWarp(engine=engine, frequency_penalty=3.0)
+    with pytest.raises(ValidationError):
+        ChatWarp(engine=engine, repetition_penalty=0.0)
 
 
 # --------------------------------------------------------------------------- async
@@ -457,6 +472,18 @@ def test_structured_output_json_mode() -> None:
     assert llm.with_structured_output(None, method="json_mode").invoke("joke as JSON") == JOKE
 
 
+def test_structured_output_schemas_are_closed_to_undeclared_keys() -> None:
+    """json_schema (and json_mode given a schema) constrain to the declared keys only."""
+    llm, _ = llm_for()
+    for method in ("json_schema", "json_mode"):
+        bound = llm.with_structured_output(Joke, method=method).first  # type: ignore[attr-defined]
+        spec = bound.kwargs["response_format"]["json_schema"]
+        assert spec["schema"]["additionalProperties"] is False
+        assert set(spec["schema"]["properties"]) == {"setup", "punchline"}
+    bare = llm.with_structured_output(None, method="json_mode").first  # type: ignore[attr-defined]
+    assert bare.kwargs["response_format"] == {"type": "json_object"}
+
+
 def test_structured_output_include_raw() -> None:
     llm, _ = llm_for(json.dumps(JOKE), "not json at all")
     out = llm.with_structured_output(Joke, include_raw=True).invoke("joke")
@@ -514,7 +541,7 @@ def test_unknown_arguments_are_refused() -> None:
         ChatWarp(model_path="/m.warp", api_key="nope")
     llm, _ = llm_for("x")
     with pytest.raises(TypeError, match="unexpected call arguments"):
-        llm.invoke("x", frequency_penalty=1.0)
+        llm.invoke("x", logit_bias={1: 5.0})
     with pytest.raises(ValidationError):
         ChatWarp(model_path="/m.warp", temperature=-1)
 

@@ -54,6 +54,7 @@ from warp_providers import (
     SamplingParams,
     shared_engine,
 )
+from warp_providers.constrain import close_objects
 
 if TYPE_CHECKING:
     from llama_index.core.tools.types import BaseTool
@@ -378,7 +379,7 @@ class Warp(FunctionCallingLLM):
         messages = list(chat_history or [])
         if user_msg is not None:
             messages.append(user_msg if isinstance(user_msg, ChatMessage) else _user(user_msg)[0])
-        specs = [_closed_tool(t.metadata.to_openai_tool(skip_length_check=True)) for t in tools]
+        specs = [t.metadata.to_openai_tool(skip_length_check=True) for t in tools]
         if tool_choice is None and tool_required:
             tool_choice = "required"
         if isinstance(tool_choice, str) and tool_choice not in ("auto", "none", "required"):
@@ -442,7 +443,7 @@ class Warp(FunctionCallingLLM):
     ) -> tuple[list[ChatMessage], dict[str, Any]]:
         schema = {
             "name": output_cls.__name__,
-            "schema": _closed(output_cls.model_json_schema()),
+            "schema": close_objects(output_cls.model_json_schema()),
             "strict": True,
         }
         kwargs = {
@@ -667,35 +668,6 @@ def _completion(r: ChatResponse) -> CompletionResponse:
         logprobs=r.logprobs,
         additional_kwargs=extra,
     )
-
-
-def _closed(schema: Any) -> Any:
-    """Close every object of a JSON schema to undeclared keys (unless it says otherwise).
-
-    A pydantic model ignores extra keys, so letting the grammar allow them only invites
-    a small model to ramble inside the object until the token limit.
-    """
-    if isinstance(schema, list):
-        return [_closed(s) for s in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out = {k: _closed(v) for k, v in schema.items()}
-    if (out.get("type") == "object" or "properties" in out) and "additionalProperties" not in out:
-        out["additionalProperties"] = False
-    return out
-
-
-def _closed_tool(spec: dict[str, Any]) -> dict[str, Any]:
-    """Close a tool's argument objects (OpenAI strict style).
-
-    LlamaIndex drops `additionalProperties` from tool schemas, and a tool function
-    rejects undeclared keyword arguments; an open object lets a forced call's grammar
-    admit keys the model invents (SmolLM2 copies `title`/`type` out of the schema).
-    """
-    function = dict(spec.get("function") or {})
-    if isinstance(function.get("parameters"), dict):
-        function["parameters"] = _closed(function["parameters"])
-    return {**spec, "function": function}
 
 
 def _parse_structured(output_cls: type[BaseModel], response: ChatResponse) -> Any:
