@@ -1,4 +1,4 @@
-"""Generated random-weight checkpoints: Qwen3-MoE-shaped HF directories of any size.
+"""Generated random-weight checkpoints: Qwen3-MoE- and DeepSeek-V3-shaped HF directories.
 
 Owns: writing config.json, a tokenizer and safetensors shards layer by layer (memory
 bounded by one layer), deterministic from a seed. Used by the demo, the benchmarks and the
@@ -12,10 +12,11 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-__all__ = ["MoeShape", "make_moe_checkpoint"]
+__all__ = ["DeepseekV3Shape", "MoeShape", "make_deepseek_v3_checkpoint", "make_moe_checkpoint"]
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,50 @@ _CHATML = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im
            "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
+def _tokenizer(tokenizer: str | Path | None) -> tuple[str, dict[str, Any], int]:
+    """tokenizer.json text, tokenizer_config and vocabulary size (generated or copied)."""
+    tok_cfg: dict[str, Any] = {"chat_template": _CHATML, "eos_token": "<|im_end|>"}
+    if tokenizer is None:
+        tok_json, vocab = _byte_tokenizer_json()
+        return tok_json, tok_cfg, vocab
+    from tokenizers import Tokenizer
+
+    tdir = Path(tokenizer)
+    tok_json = (tdir / "tokenizer.json").read_text()
+    if (tdir / "tokenizer_config.json").exists():
+        tok_cfg = json.loads((tdir / "tokenizer_config.json").read_text())
+    return tok_json, tok_cfg, Tokenizer.from_str(tok_json).get_vocab_size()
+
+
+class _Writer:
+    """Writes config, tokenizer and float16 safetensors shards from one seeded RNG."""
+
+    def __init__(self, out: Path, cfg: dict[str, Any], tok_json: str,
+                 tok_cfg: dict[str, Any], seed: int) -> None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.json").write_text(json.dumps(cfg, indent=2))
+        (out / "tokenizer.json").write_text(tok_json)
+        (out / "tokenizer_config.json").write_text(json.dumps(tok_cfg))
+        self.out = out
+        self.rng = np.random.default_rng(seed)
+        self.weight_map: dict[str, str] = {}
+
+    def w(self, *dims: int, scale: float) -> np.ndarray:
+        """A float16 matrix of N(0, scale^2) entries."""
+        return (self.rng.standard_normal(dims, dtype=np.float32) * scale).astype(np.float16)
+
+    def shard(self, name: str, tensors: dict[str, np.ndarray]) -> None:
+        from safetensors.numpy import save_file
+
+        save_file(tensors, str(self.out / name))
+        self.weight_map.update({k: name for k in tensors})
+
+    def finish(self) -> Path:
+        (self.out / "model.safetensors.index.json").write_text(
+            json.dumps({"metadata": {}, "weight_map": self.weight_map}, indent=1))
+        return self.out
+
+
 def make_moe_checkpoint(out: str | Path, shape: MoeShape | None = None, seed: int = 0,
                         tokenizer: str | Path | None = None) -> Path:
     """Writes a random Qwen3-MoE checkpoint (float16 safetensors, one shard per layer).
@@ -68,22 +113,9 @@ def make_moe_checkpoint(out: str | Path, shape: MoeShape | None = None, seed: in
     Returns:
         The directory, ready for `warp convert`.
     """
-    from safetensors.numpy import save_file
-
     shape = shape or MoeShape()
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    tok_cfg = {"chat_template": _CHATML, "eos_token": "<|im_end|>"}
-    if tokenizer is not None:
-        from tokenizers import Tokenizer
-
-        tdir = Path(tokenizer)
-        tok_json = (tdir / "tokenizer.json").read_text()
-        vocab = Tokenizer.from_str(tok_json).get_vocab_size()
-        if (tdir / "tokenizer_config.json").exists():
-            tok_cfg = json.loads((tdir / "tokenizer_config.json").read_text())
-    else:
-        tok_json, vocab = _byte_tokenizer_json()
+    tok_json, tok_cfg, vocab = _tokenizer(tokenizer)
     vocab_padded = (vocab + 31) // 32 * 32
     cfg = {
         "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
@@ -93,47 +125,142 @@ def make_moe_checkpoint(out: str | Path, shape: MoeShape | None = None, seed: in
         "tie_word_embeddings": False, "decoder_sparse_step": 1, "mlp_only_layers": [],
         "bos_token_id": None, "eos_token_id": vocab - 1, "torch_dtype": "float16",
     }
-    (out / "config.json").write_text(json.dumps(cfg, indent=2))
-    (out / "tokenizer.json").write_text(tok_json)
-    (out / "tokenizer_config.json").write_text(json.dumps(tok_cfg))
-    rng = np.random.default_rng(seed)
+    wr = _Writer(out, cfg, tok_json, tok_cfg, seed)
     h, d = shape.hidden_size, shape.head_dim
     std = 1.0 / np.sqrt(h)
-
-    def w(*dims: int, scale: float = std) -> np.ndarray:
-        return (rng.standard_normal(dims, dtype=np.float32) * scale).astype(np.float16)
-
-    weight_map: dict[str, str] = {}
-
-    def shard(name: str, tensors: dict[str, np.ndarray]) -> None:
-        save_file(tensors, str(out / name))
-        weight_map.update({k: name for k in tensors})
+    w, shard = wr.w, wr.shard
 
     shard("model-embed.safetensors", {
         "model.embed_tokens.weight": w(vocab_padded, h, scale=1.0),
         "model.norm.weight": np.ones(h, np.float16),
-        "lm_head.weight": w(vocab_padded, h),
+        "lm_head.weight": w(vocab_padded, h, scale=std),
     })
     for i in range(shape.num_hidden_layers):
         p = f"model.layers.{i}."
         t = {
             p + "input_layernorm.weight": np.ones(h, np.float16),
             p + "post_attention_layernorm.weight": np.ones(h, np.float16),
-            p + "self_attn.q_proj.weight": w(shape.num_attention_heads * d, h),
-            p + "self_attn.k_proj.weight": w(shape.num_key_value_heads * d, h),
-            p + "self_attn.v_proj.weight": w(shape.num_key_value_heads * d, h),
-            p + "self_attn.o_proj.weight": w(h, shape.num_attention_heads * d),
+            p + "self_attn.q_proj.weight": w(shape.num_attention_heads * d, h, scale=std),
+            p + "self_attn.k_proj.weight": w(shape.num_key_value_heads * d, h, scale=std),
+            p + "self_attn.v_proj.weight": w(shape.num_key_value_heads * d, h, scale=std),
+            p + "self_attn.o_proj.weight": w(h, shape.num_attention_heads * d, scale=std),
             p + "self_attn.q_norm.weight": np.ones(d, np.float16),
             p + "self_attn.k_norm.weight": np.ones(d, np.float16),
             p + "mlp.gate.weight": w(shape.num_experts, h, scale=1.0),
         }
         for e in range(shape.num_experts):
             q = f"{p}mlp.experts.{e}."
-            t[q + "gate_proj.weight"] = w(shape.moe_intermediate_size, h)
-            t[q + "up_proj.weight"] = w(shape.moe_intermediate_size, h)
+            t[q + "gate_proj.weight"] = w(shape.moe_intermediate_size, h, scale=std)
+            t[q + "up_proj.weight"] = w(shape.moe_intermediate_size, h, scale=std)
             t[q + "down_proj.weight"] = w(h, shape.moe_intermediate_size,
                                           scale=1.0 / np.sqrt(shape.moe_intermediate_size))
         shard(f"model-layer-{i:03d}.safetensors", t)
-    (out / "model.safetensors.index.json").write_text(
-        json.dumps({"metadata": {}, "weight_map": weight_map}, indent=1))
-    return out
+    return wr.finish()
+
+
+@dataclass(frozen=True)
+class DeepseekV3Shape:
+    """The shape of a generated DeepSeek-V3 checkpoint (MLA, grouped sigmoid routing)."""
+
+    hidden_size: int = 2048
+    num_hidden_layers: int = 12
+    first_k_dense_replace: int = 1
+    intermediate_size: int = 5632
+    n_routed_experts: int = 64
+    num_experts_per_tok: int = 8
+    n_group: int = 8
+    topk_group: int = 4
+    n_shared_experts: int = 1
+    moe_intermediate_size: int = 1024
+    num_attention_heads: int = 16
+    q_lora_rank: int = 512
+    kv_lora_rank: int = 256
+    qk_nope_head_dim: int = 64
+    qk_rope_head_dim: int = 32
+    v_head_dim: int = 64
+
+    def expert_params(self) -> int:
+        """Parameters of all routed experts."""
+        moe_layers = self.num_hidden_layers - self.first_k_dense_replace
+        return 3 * self.hidden_size * self.moe_intermediate_size * self.n_routed_experts * \
+            moe_layers
+
+
+def make_deepseek_v3_checkpoint(out: str | Path, shape: DeepseekV3Shape | None = None,
+                                seed: int = 0, tokenizer: str | Path | None = None) -> Path:
+    """Writes a random DeepSeek-V3 checkpoint (float16 safetensors, one shard per layer).
+
+    The config names `scoring_func` "sigmoid" and `topk_method` "noaux_tc" explicitly
+    (llama.cpp's converter otherwise falls back to softmax routing) and carries a random
+    `e_score_correction_bias`, so grouped selection differs from plain top-k.
+
+    Args:
+        out: the directory to create.
+        shape: sizes (default ~4.7 G parameters, 9.4 GB of float16).
+        seed: the RNG seed; the same seed gives the same bytes.
+        tokenizer: as for `make_moe_checkpoint`.
+
+    Returns:
+        The directory, ready for `warp convert`.
+    """
+    shape = shape or DeepseekV3Shape()
+    tok_json, tok_cfg, vocab = _tokenizer(tokenizer)
+    vocab_padded = (vocab + 31) // 32 * 32
+    cfg = {
+        "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+        **asdict(shape), "num_key_value_heads": shape.num_attention_heads,
+        "vocab_size": vocab_padded, "max_position_embeddings": 4096, "rms_norm_eps": 1e-6,
+        "norm_topk_prob": True, "routed_scaling_factor": 2.5, "scoring_func": "sigmoid",
+        "topk_method": "noaux_tc", "moe_layer_freq": 1, "rope_theta": 10000.0,
+        "rope_scaling": None, "attention_bias": False, "tie_word_embeddings": False,
+        "bos_token_id": None, "eos_token_id": vocab - 1, "torch_dtype": "float16",
+    }
+    wr = _Writer(Path(out), cfg, tok_json, tok_cfg, seed)
+    w = wr.w
+    h, nh = shape.hidden_size, shape.num_attention_heads
+    qk = shape.qk_nope_head_dim + shape.qk_rope_head_dim
+    std = 1.0 / np.sqrt(h)
+
+    def ones(n: int) -> np.ndarray:
+        return np.ones(n, np.float16)
+
+    def mlp(p: str, inter: int) -> dict[str, np.ndarray]:
+        return {p + "gate_proj.weight": w(inter, h, scale=std),
+                p + "up_proj.weight": w(inter, h, scale=std),
+                p + "down_proj.weight": w(h, inter, scale=1.0 / np.sqrt(inter))}
+
+    wr.shard("model-embed.safetensors", {
+        "model.embed_tokens.weight": w(vocab_padded, h, scale=1.0),
+        "model.norm.weight": ones(h),
+        "lm_head.weight": w(vocab_padded, h, scale=std),
+    })
+    for i in range(shape.num_hidden_layers):
+        p = f"model.layers.{i}."
+        a = p + "self_attn."
+        t = {
+            p + "input_layernorm.weight": ones(h),
+            p + "post_attention_layernorm.weight": ones(h),
+            a + "q_a_proj.weight": w(shape.q_lora_rank, h, scale=std),
+            a + "q_a_layernorm.weight": ones(shape.q_lora_rank),
+            a + "q_b_proj.weight": w(nh * qk, shape.q_lora_rank,
+                                     scale=1.0 / np.sqrt(shape.q_lora_rank)),
+            a + "kv_a_proj_with_mqa.weight": w(shape.kv_lora_rank + shape.qk_rope_head_dim, h,
+                                               scale=std),
+            a + "kv_a_layernorm.weight": ones(shape.kv_lora_rank),
+            a + "kv_b_proj.weight": w(nh * (shape.qk_nope_head_dim + shape.v_head_dim),
+                                      shape.kv_lora_rank, scale=1.0 / np.sqrt(shape.kv_lora_rank)),
+            a + "o_proj.weight": w(h, nh * shape.v_head_dim,
+                                   scale=1.0 / np.sqrt(nh * shape.v_head_dim)),
+        }
+        if i < shape.first_k_dense_replace:
+            t.update(mlp(p + "mlp.", shape.intermediate_size))
+        else:
+            t[p + "mlp.gate.weight"] = w(shape.n_routed_experts, h, scale=1.0)
+            t[p + "mlp.gate.e_score_correction_bias"] = (
+                wr.rng.standard_normal(shape.n_routed_experts, dtype=np.float32) * 0.1)
+            t.update(mlp(p + "mlp.shared_experts.",
+                         shape.moe_intermediate_size * shape.n_shared_experts))
+            for e in range(shape.n_routed_experts):
+                t.update(mlp(f"{p}mlp.experts.{e}.", shape.moe_intermediate_size))
+        wr.shard(f"model-layer-{i:03d}.safetensors", t)
+    return wr.finish()
