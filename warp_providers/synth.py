@@ -82,7 +82,7 @@ class _Writer:
         self.weight_map: dict[str, str] = {}
 
     def w(self, *dims: int, scale: float) -> np.ndarray:
-        """A float16 matrix of N(0, scale^2) entries."""
+        """Return a float16 matrix of N(0, scale^2) entries."""
         return (self.rng.standard_normal(dims, dtype=np.float32) * scale).astype(np.float16)
 
     def shard(self, name: str, tensors: dict[str, np.ndarray]) -> None:
@@ -99,7 +99,7 @@ class _Writer:
 
 def make_moe_checkpoint(out: str | Path, shape: MoeShape | None = None, seed: int = 0,
                         tokenizer: str | Path | None = None) -> Path:
-    """Writes a random Qwen3-MoE checkpoint (float16 safetensors, one shard per layer).
+    """Write a random Qwen3-MoE checkpoint (float16 safetensors, one shard per layer).
 
     Args:
         out: the directory to create.
@@ -112,6 +112,7 @@ def make_moe_checkpoint(out: str | Path, shape: MoeShape | None = None, seed: in
 
     Returns:
         The directory, ready for `warp convert`.
+
     """
     shape = shape or MoeShape()
     out = Path(out)
@@ -188,7 +189,7 @@ class DeepseekV3Shape:
 
 def make_deepseek_v3_checkpoint(out: str | Path, shape: DeepseekV3Shape | None = None,
                                 seed: int = 0, tokenizer: str | Path | None = None) -> Path:
-    """Writes a random DeepSeek-V3 checkpoint (float16 safetensors, one shard per layer).
+    """Write a random DeepSeek-V3 checkpoint (float16 safetensors, one shard per layer).
 
     The config names `scoring_func` "sigmoid" and `topk_method` "noaux_tc" explicitly
     (llama.cpp's converter otherwise falls back to softmax routing) and carries a random
@@ -202,6 +203,7 @@ def make_deepseek_v3_checkpoint(out: str | Path, shape: DeepseekV3Shape | None =
 
     Returns:
         The directory, ready for `warp convert`.
+
     """
     shape = shape or DeepseekV3Shape()
     tok_json, tok_cfg, vocab = _tokenizer(tokenizer)
