@@ -205,6 +205,8 @@ _ST_DTYPES: Final[dict[str, tuple[str, int]]] = {
     "BF16": ("<u2", 2),
     "F8_E4M3": ("u1", 1),
     "U8": ("u1", 1),  # packed MXFP4 blocks/scales (gpt_oss, hf_ext.py); never a float weight
+    "I64": ("<i8", 8),  # index tables (deepseek_v4 tid2eid, hf_dsv4.py); never a float weight
+    "I32": ("<i4", 4),
 }
 _MAX_HEADER: Final[int] = 100 << 20
 
