@@ -312,8 +312,9 @@ def _hand_state_bytes(hp: dict[str, Any], ctx: int) -> int:
 
 
 @pytest.mark.oracle
-def test_plan_state_bytes(model, tmp_path):
+def test_plan_state_bytes(model, tmp_path, capsys):
     from warp_providers import plan_memory
+    from warp_providers.cli import main
 
     _, hf_dir, *_ = model
     out = _convert(hf_dir, tmp_path / "p.warp", experts="q8_0", trunk="q8_0")
@@ -326,6 +327,9 @@ def test_plan_state_bytes(model, tmp_path):
     for ctx in (64, 300):
         plan = plan_memory(out, ctx=ctx)
         assert plan["kv_bytes"] == _hand_state_bytes(hp, ctx)
+    capsys.readouterr()
+    assert main(["plan", str(out), "--ctx", "300", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["kv_bytes"] == _hand_state_bytes(hp, 300)
 
 
 @pytest.mark.oracle
