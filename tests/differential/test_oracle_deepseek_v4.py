@@ -377,3 +377,31 @@ def test_config_errors(model, tmp_path):
         (bad / "config.json").write_text(json.dumps({**cfg, key: value}))
         with pytest.raises(ConvertError, match=msg):
             _convert(bad, tmp_path / f"bad-{key}.warp", experts="f32", trunk="f32")
+
+
+@pytest.mark.oracle
+def test_release_names_from_synth_match_transformers(oracle_env, tmp_path):
+    """A generated checkpoint in the release's tensor names (embed, head, layers.N.attn.wq_a,
+    attn.compressor.ape, ffn.experts.N.w1, hc_attn_fn...), float16, loaded by transformers
+    through its own checkpoint mapping, gives the engine's logits."""
+    import torch
+    import transformers as tf
+
+    from warp_providers import Engine
+    from warp_providers.synth import DeepseekV4Shape, make_deepseek_v4_checkpoint
+
+    shape = DeepseekV4Shape(
+        hidden_size=64, num_hidden_layers=3, n_routed_experts=8, num_experts_per_tok=2,
+        moe_intermediate_size=32, num_attention_heads=4, head_dim=32, q_lora_rank=32,
+        qk_rope_head_dim=8, o_groups=2, o_lora_rank=16, index_n_heads=4, index_head_dim=16,
+        index_topk=3, compress_rate_csa=4, compress_rate_hca=8, sliding_window=8,
+        num_hash_layers=1)
+    src = make_deepseek_v4_checkpoint(tmp_path / "hf", shape, seed=3)
+    out = _convert(src, tmp_path / "m.warp", experts="f32", trunk="f32")
+    ids = [(7 * i + 3) % 200 + 5 for i in range(40)]
+    model = tf.AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
+    with torch.no_grad():
+        ref = model(torch.tensor([ids])).logits[0].numpy()
+    with Engine.open(out, threads=2) as eng:
+        got = eng.eval(ids, all_logits=True)
+    assert np.abs(got - ref).max() <= 1e-4
