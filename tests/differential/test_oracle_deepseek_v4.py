@@ -405,3 +405,92 @@ def test_release_names_from_synth_match_transformers(oracle_env, tmp_path):
     with Engine.open(out, threads=2) as eng:
         got = eng.eval(ids, all_logits=True)
     assert np.abs(got - ref).max() <= 1e-4
+
+
+def _fp8_blocks(w: np.ndarray, block: int) -> tuple[Any, np.ndarray, np.ndarray]:
+    """(fp8 e4m3 torch tensor, e8m0 exponent bytes [rows/b, cols/b], dequantized f32)."""
+    import torch
+
+    rows, cols = w.shape
+    br, bc = (block if rows % block == 0 else rows), (block if cols % block == 0 else cols)
+    g = w.reshape(rows // br, br, cols // bc, bc).astype(np.float64)
+    amax = np.abs(g).max(axis=(1, 3))
+    e = np.clip(np.ceil(np.log2(np.maximum(amax, 1e-30) / 448.0)), -127, 127).astype(np.int64)
+    s = np.ldexp(1.0, e)
+    q = torch.from_numpy((g / s[:, None, :, None]).reshape(rows, cols).astype(np.float32))
+    q8 = q.to(torch.float8_e4m3fn)
+    deq = (q8.float().numpy().reshape(rows // br, br, cols // bc, bc) * s[:, None, :, None])
+    return q8, (e + 127).astype(np.uint8), deq.reshape(rows, cols).astype(np.float32)
+
+
+@pytest.mark.oracle
+def test_fp8_and_fp4_release_sources(model, oracle_env, tmp_path):
+    """The release's quantized forms convert exactly: FP8 e4m3 matrices with a `.scale`
+    grid of e8m0 exponents, FP4 experts packed two per byte (I8) with an e8m0 exponent per
+    32 values; the engine matches transformers holding the dequantized weights, and the
+    converter's dequantizer agrees with transformers' own."""
+    import copy
+
+    import torch
+    from safetensors.torch import load_file, save_file
+    from test_oracle_gptoss_kimi import _to_mxfp4
+    from transformers.integrations.finegrained_fp8 import Fp8Dequantize
+
+    from warp_providers import Engine
+    from warp_providers.convert.hf_dsv4 import dequant_scaled
+
+    m, hf_dir, *_ = model
+    m = copy.deepcopy(m)
+    src = tmp_path / "hf-q"
+    src.mkdir()
+    for f in hf_dir.iterdir():
+        if f.name != "model.safetensors":
+            (src / f.name).write_bytes(f.read_bytes())
+    sd = load_file(str(hf_dir / "model.safetensors"))
+    e8m0 = torch.float8_e8m0fnu
+    fp8 = {"attn.wq_a": "self_attn.q_a_proj", "attn.wq_b": "self_attn.q_b_proj",
+           "attn.wkv": "self_attn.kv_proj", "attn.wo_a": "self_attn.o_a_proj",
+           "attn.wo_b": "self_attn.o_b_proj", "ffn.shared_experts.w1": "mlp.shared_experts.gate_proj",
+           "ffn.shared_experts.w2": "mlp.shared_experts.down_proj",
+           "ffn.shared_experts.w3": "mlp.shared_experts.up_proj"}
+    deq_ref = Fp8Dequantize(None)
+    with torch.no_grad():
+        for i, layer in enumerate(m.model.layers):
+            pre = f"model.layers.{i}."
+            for rel, tfn in fp8.items():
+                w = sd[pre + rel + ".weight"].numpy()
+                q8, sc, deq = _fp8_blocks(w, 32)
+                sct = torch.from_numpy(sc).view(e8m0)
+                np.testing.assert_array_equal(dequant_scaled(q8.view(torch.uint8).numpy(), "F8_E4M3",
+                                                             sc, "F8_E8M0"), deq)
+                np.testing.assert_array_equal(
+                    deq_ref._dequantize_one(q8, sct, torch.float32).numpy(), deq)
+                sd[pre + rel + ".weight"], sd[pre + rel + ".scale"] = q8, sct
+                layer.get_submodule(tfn).weight.copy_(torch.from_numpy(deq))
+            ex = layer.mlp.experts
+            inter = ex.down_proj.shape[-1]
+            for e in range(ex.gate_up_proj.shape[0]):
+                for part in ("w1", "w2", "w3"):
+                    name = f"{pre}ffn.experts.{e}.{part}.weight"
+                    w = sd[name].numpy()
+                    blocks, scales, deq = _to_mxfp4(w)
+                    packed = torch.from_numpy(blocks.reshape(w.shape[0], -1)).view(torch.int8)
+                    sct = torch.from_numpy(scales).view(e8m0)
+                    np.testing.assert_array_equal(
+                        dequant_scaled(packed.numpy(), "I8", scales, "F8_E8M0"), deq)
+                    np.testing.assert_array_equal(
+                        deq_ref._dequantize_one(packed, sct, torch.float32).numpy(), deq)
+                    sd[name], sd[name[: -len(".weight")] + ".scale"] = packed, sct
+                    t = torch.from_numpy(deq)
+                    if part == "w1":
+                        ex.gate_up_proj[e, :inter] = t
+                    elif part == "w3":
+                        ex.gate_up_proj[e, inter:] = t
+                    else:
+                        ex.down_proj[e] = t
+    save_file(sd, str(src / "model.safetensors"), metadata={"format": "pt"})
+    out = _convert(src, tmp_path / "m.warp", experts="f32", trunk="f32")
+    ref = oracle_env.logits(m, PROMPT).numpy()
+    with Engine.open(out, threads=2) as eng:
+        d = np.abs(eng.eval(PROMPT, all_logits=True) - ref).max()
+    assert d <= 1e-4, f"fp8/fp4 source: max |d| = {d:.3g}"

@@ -14,8 +14,13 @@ Owns the config quirks and the tensor map of the family:
   ``hc_sinkhorn_iters``, ``hc_eps``), ``o_groups``/``o_lora_rank``, the indexer
   (``index_n_heads``, ``index_head_dim``, ``index_topk``), ``swiglu_limit``,
   ``sliding_window``, ``scoring_func`` (``sqrtsoftplus``).
-* tensors (transformers' names; fp8 ``*_scale_inv`` block-scaled matrices are dequantized
-  by the common builder): per layer ``blk.{i}.hc_{attn,ffn}.{fn,base,scale}``,
+* quantized sources, as the release ships them: FP8 e4m3 matrices with a sibling
+  ``<name>.scale`` block grid (power-of-two ``F8_E8M0``/``U8`` exponents 2^(b - 127), or
+  floats) and FP4 experts (``I8``, two e2m1 values per byte, low nibble first, with a
+  ``[rows, cols / 32]`` exponent grid), dequantized exactly to f32 here (the block size
+  comes from the grid); transformers' ``*_scale_inv`` form goes through the common builder.
+* tensors (transformers' names, or the release's: ``embed``, ``head``, ``layers.N.attn.wq_a``,
+  ``attn.compressor.ape``, ``ffn.experts.N.w1``, ``hc_attn_fn``...): per layer ``blk.{i}.hc_{attn,ffn}.{fn,base,scale}``,
   ``attn_q_a``/``attn_q_a_norm``/``attn_q_b``, ``attn_kv``/``attn_kv_norm``,
   ``attn_output_a`` (the grouped projection, groups stacked by rows)/``attn_output_b``,
   ``attn_sinks``, the compressor ``attn_cmp_{kv,gate}``/``attn_cmp_bias``/``attn_cmp_norm``,
@@ -213,6 +218,60 @@ def _dsv4_hparams(cfg: Mapping[str, Any], gen: Mapping[str, Any]) -> tuple[dict[
     return hp, inv_c
 
 
+FP4_E2M1: Final[np.ndarray] = np.array(
+    [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0],
+    dtype=np.float32)
+
+
+def _scale_f32(raw: np.ndarray, dtype: str) -> np.ndarray:
+    if dtype in ("F8_E8M0", "U8"):
+        return np.ldexp(np.float32(1.0), np.asarray(raw, dtype=np.int32) - 127).astype(np.float32)
+    return hf._to_f32(raw, dtype)
+
+
+def dequant_scaled(w: np.ndarray, w_dtype: str, scale: np.ndarray, s_dtype: str) -> np.ndarray:
+    """f32 of an FP8 (``F8_E4M3``) or packed FP4 (``I8``) matrix times its block-scale grid
+    (``[rows / bm, cols / bn]``; the block follows from the grid's shape)."""
+    if w_dtype == "I8":
+        u = np.asarray(w).view(np.uint8)
+        q = np.empty((*u.shape[:-1], 2 * u.shape[-1]), dtype=np.float32)
+        q[..., 0::2] = FP4_E2M1[u & 0x0F]
+        q[..., 1::2] = FP4_E2M1[u >> 4]
+    else:
+        q = hf.fp8_e4m3_to_f32(w)
+    s = _scale_f32(scale, s_dtype)
+    rows, cols = q.shape
+    if s.ndim != 2 or rows % s.shape[0] or cols % s.shape[1]:
+        raise ConvertError(f"scale grid {list(s.shape)} does not tile a [{rows}, {cols}] matrix")
+    bm, bn = rows // s.shape[0], cols // s.shape[1]
+    return (q.reshape(s.shape[0], bm, s.shape[1], bn) * s[:, None, :, None]).reshape(rows, cols)
+
+
+class _ScaledBuilder(hf._Builder):
+    """The common builder, plus the release's ``<name>.scale`` FP8 / FP4 matrices."""
+
+    def scale_of(self, name: str) -> str | None:
+        ent = self.st.entries[name]
+        if ent.dtype not in ("F8_E4M3", "I8") or not name.endswith(".weight"):
+            return None
+        sname = name[: -len(".weight")] + ".scale"
+        return sname if sname in self.st.entries else None
+
+    def tensor(self, name: str, cname: str, kind: str, want: tuple[int, ...]) -> SrcTensor:
+        sname = self.scale_of(name)
+        if sname is None:
+            return super().tensor(name, cname, kind, want)
+        ent, sent = self.st.entries[name], self.st.entries[sname]
+        packed = (want[0], want[1] // 2) if ent.dtype == "I8" else want
+        if len(want) != 2 or ent.shape != packed:
+            raise ConvertError(f"tensor {name!r}: {ent.dtype} {list(ent.shape)}, config implies "
+                               f"{list(want)}" + (" (two FP4 values per byte)" if ent.dtype == "I8" else ""))
+        self.used_scales.add(sname)
+        st = self.st
+        return _computed(cname, lambda: dequant_scaled(st.raw(name), ent.dtype, st.raw(sname),
+                                                       sent.dtype), want, kind, ent.nbytes)
+
+
 class _Aliased(_St):
     """_St whose lookups take transformers' names and read the stored tensors."""
 
@@ -245,14 +304,15 @@ def _load_deepseek_v4(src: Path, cfg: dict[str, Any], gen: Mapping[str, Any]) ->
     st = hf.SafetensorsDir(src)
     alias: dict[str, str] = {}
     for stored in st.entries:
-        if stored.endswith("_scale_inv"):
+        if stored.endswith("_scale_inv") or (
+                stored.endswith(".scale") and stored[: -len(".scale")] + ".weight" in st.entries):
             continue
         t = hf_name(stored)
         if t in alias:
             raise ConvertError(f"{src}: tensors {alias[t]!r} and {stored!r} are the same tensor")
         alias[t] = stored
     s = _Aliased(st, alias)
-    b = hf._Builder(st, cfg)
+    b = _ScaledBuilder(st, cfg)
     L, H, V = hp["n_layers"], hp["hidden_size"], hp["vocab_size"]
     nh, hd, QL, RD = hp["n_heads"], hp["head_dim"], hp["q_lora_rank"], hp["rope_dim"]
     hc, G, OR = hp["hc_mult"], hp["o_groups"], hp["o_lora_rank"]
