@@ -1,5 +1,4 @@
-"""Generated random-weight checkpoints: Qwen3-MoE- and DeepSeek-V4-shaped HF directories
-of any size.
+"""Generated random-weight checkpoints of any size: Qwen3-MoE and DeepSeek-V4 HF directories.
 
 Owns: writing config.json, a tokenizer and safetensors shards layer by layer (memory
 bounded by one layer), deterministic from a seed. Used by the demo, the benchmarks and the
@@ -172,12 +171,14 @@ class DeepseekV4Shape:
 
 def make_deepseek_v4_checkpoint(out: str | Path, shape: DeepseekV4Shape | None = None,
                                 seed: int = 0) -> Path:
-    """Writes a random DeepSeek-V4 checkpoint in the release's tensor names (float16
-    safetensors, one shard per layer): the first `num_hash_layers` layers hash-routed, the
-    attention kinds cycling sliding-only, CSA, HCA.
+    """Write a random DeepSeek-V4 checkpoint in the release's tensor names.
+
+    Float16 safetensors, one shard per layer; the first `num_hash_layers` layers are
+    hash-routed and the attention kinds cycle sliding-only, CSA, HCA.
 
     Returns:
         The directory, ready for `warp convert`.
+
     """
     from safetensors.numpy import save_file
 

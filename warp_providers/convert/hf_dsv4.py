@@ -20,7 +20,8 @@ Owns the config quirks and the tensor map of the family:
   ``[rows, cols / 32]`` exponent grid), dequantized exactly to f32 here (the block size
   comes from the grid); transformers' ``*_scale_inv`` form goes through the common builder.
 * tensors (transformers' names, or the release's: ``embed``, ``head``, ``layers.N.attn.wq_a``,
-  ``attn.compressor.ape``, ``ffn.experts.N.w1``, ``hc_attn_fn``...): per layer ``blk.{i}.hc_{attn,ffn}.{fn,base,scale}``,
+  ``attn.compressor.ape``, ``ffn.experts.N.w1``, ``hc_attn_fn``...): per layer
+  ``blk.{i}.hc_{attn,ffn}.{fn,base,scale}``,
   ``attn_q_a``/``attn_q_a_norm``/``attn_q_b``, ``attn_kv``/``attn_kv_norm``,
   ``attn_output_a`` (the grouped projection, groups stacked by rows)/``attn_output_b``,
   ``attn_sinks``, the compressor ``attn_cmp_{kv,gate}``/``attn_cmp_bias``/``attn_cmp_norm``,
@@ -34,11 +35,10 @@ Everything else is refused with a ``ConvertError`` naming the tensor.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
-
-import re
 
 import numpy as np
 
@@ -88,7 +88,7 @@ _RENAMES: Final[tuple[tuple[str, str], ...]] = (
 
 
 def hf_name(stored: str) -> str:
-    """transformers' name of a stored tensor name (release or transformers spelling)."""
+    """Return transformers' name of a stored tensor (release or transformers spelling)."""
     if stored.startswith("mtp.") or stored.startswith("model.mtp."):
         return stored
     name = stored[len("model."):] if stored.startswith("model.") else stored
@@ -117,7 +117,8 @@ def _float(cfg: Mapping[str, Any], key: str, default: float, lo: float = 0.0) ->
     return float(v)
 
 
-def _dsv4_hparams(cfg: Mapping[str, Any], gen: Mapping[str, Any]) -> tuple[dict[str, Any], Any]:
+def _dsv4_hparams(cfg: Mapping[str, Any],
+                  gen: Mapping[str, Any]) -> tuple[dict[str, Any], Any]:
     n = hf._int(cfg, "num_hidden_layers")
     types = cfg.get("layer_types")
     if types is None and cfg.get("compress_ratios") is not None:
@@ -142,7 +143,8 @@ def _dsv4_hparams(cfg: Mapping[str, Any], gen: Mapping[str, Any]) -> tuple[dict[
         nh = cfg.get("num_hash_layers")
         nh = 3 if nh is None else int(nh)
         mlp = ["hash_moe"] * min(n, nh) + ["moe"] * max(0, n - nh)
-    if not isinstance(mlp, list) or len(mlp) < n or any(t not in ("hash_moe", "moe") for t in mlp[:n]):
+    if not isinstance(mlp, list) or len(mlp) < n or any(
+            t not in ("hash_moe", "moe") for t in mlp[:n]):
         raise ConvertError(f"config.json: mlp_layer_types must list {n} of hash_moe, moe")
     mlp = mlp[:n]
     scoring = cfg.get("scoring_func", "sqrtsoftplus")
@@ -230,8 +232,10 @@ def _scale_f32(raw: np.ndarray, dtype: str) -> np.ndarray:
 
 
 def dequant_scaled(w: np.ndarray, w_dtype: str, scale: np.ndarray, s_dtype: str) -> np.ndarray:
-    """f32 of an FP8 (``F8_E4M3``) or packed FP4 (``I8``) matrix times its block-scale grid
-    (``[rows / bm, cols / bn]``; the block follows from the grid's shape)."""
+    """Return the f32 of an FP8 (``F8_E4M3``) or packed FP4 (``I8``) matrix times its grid.
+
+    The block-scale grid is ``[rows / bm, cols / bn]``; the block follows from its shape.
+    """
     if w_dtype == "I8":
         u = np.asarray(w).view(np.uint8)
         q = np.empty((*u.shape[:-1], 2 * u.shape[-1]), dtype=np.float32)
@@ -264,12 +268,14 @@ class _ScaledBuilder(hf._Builder):
         ent, sent = self.st.entries[name], self.st.entries[sname]
         packed = (want[0], want[1] // 2) if ent.dtype == "I8" else want
         if len(want) != 2 or ent.shape != packed:
-            raise ConvertError(f"tensor {name!r}: {ent.dtype} {list(ent.shape)}, config implies "
-                               f"{list(want)}" + (" (two FP4 values per byte)" if ent.dtype == "I8" else ""))
+            fp4 = " (two FP4 values per byte)" if ent.dtype == "I8" else ""
+            raise ConvertError(f"tensor {name!r}: {ent.dtype} {list(ent.shape)}, config "
+                               f"implies {list(want)}{fp4}")
         self.used_scales.add(sname)
         st = self.st
-        return _computed(cname, lambda: dequant_scaled(st.raw(name), ent.dtype, st.raw(sname),
-                                                       sent.dtype), want, kind, ent.nbytes)
+        return _computed(cname, lambda: dequant_scaled(st.raw(name), ent.dtype,
+                                                       st.raw(sname), sent.dtype),
+                         want, kind, ent.nbytes)
 
 
 class _Aliased(_St):
@@ -307,10 +313,10 @@ def _load_deepseek_v4(src: Path, cfg: dict[str, Any], gen: Mapping[str, Any]) ->
         if stored.endswith("_scale_inv") or (
                 stored.endswith(".scale") and stored[: -len(".scale")] + ".weight" in st.entries):
             continue
-        t = hf_name(stored)
-        if t in alias:
-            raise ConvertError(f"{src}: tensors {alias[t]!r} and {stored!r} are the same tensor")
-        alias[t] = stored
+        tn = hf_name(stored)
+        if tn in alias:
+            raise ConvertError(f"{src}: tensors {alias[tn]!r} and {stored!r} are the same tensor")
+        alias[tn] = stored
     s = _Aliased(st, alias)
     b = _ScaledBuilder(st, cfg)
     L, H, V = hp["n_layers"], hp["hidden_size"], hp["vocab_size"]
@@ -375,12 +381,13 @@ def _load_deepseek_v4(src: Path, cfg: dict[str, Any], gen: Mapping[str, Any]) ->
         if hp["hash_layers"][i]:
             ent = s.entry(g + "gate.tid2eid")
             if tuple(ent.shape) != (V, K) or ent.dtype not in ("I64", "I32"):
-                raise ConvertError(f"tensor {g + 'gate.tid2eid'!r}: {ent.dtype} {list(ent.shape)}, "
-                                   f"expected I64 {[V, K]}")
+                raise ConvertError(f"tensor {g + 'gate.tid2eid'!r}: {ent.dtype} "
+                                   f"{list(ent.shape)}, expected I64 {[V, K]}")
             ids = np.asarray(s.raw(g + "gate.tid2eid")).astype(np.int64)
             if ids.size and (ids.min() < 0 or ids.max() >= E):
                 raise ConvertError(f"tensor {g + 'gate.tid2eid'!r}: expert ids outside 0..{E - 1}")
-            trunk.append(_computed(blk + "ffn_hash_ids", lambda v=ids: v.astype(np.float32), (V, K)))
+            trunk.append(_computed(blk + "ffn_hash_ids", lambda v=ids: v.astype(np.float32),
+                                   (V, K)))
         elif s.has(g + "gate.e_score_correction_bias"):
             t(g + "gate.e_score_correction_bias", "exp_probs_b.bias", "f32", (E,))
         if sh:
@@ -409,7 +416,8 @@ def _load_deepseek_v4(src: Path, cfg: dict[str, Any], gen: Mapping[str, Any]) ->
     unused = sorted(set(st.entries) - s.used)
     if unused:
         more = f" and {len(unused) - 5} more" if len(unused) > 5 else ""
-        raise ConvertError(f"{src}: tensors not used by deepseek_v4: {', '.join(unused[:5])}{more}")
+        raise ConvertError(
+            f"{src}: tensors not used by deepseek_v4: {', '.join(unused[:5])}{more}")
     files, tokenizer, chat = hf._tokenizer_files(src)
     return Plan(model_type="deepseek_v4", source_config=cfg, hparams=hp, trunk=trunk,
                 experts=experts, files=files, tokenizer=tokenizer, chat=chat, source="hf")
