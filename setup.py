@@ -27,6 +27,7 @@ setup(
         "warp_providers.chat",
         "warp_providers.chat.formats",
         "warp_providers.convert",
+        "warp_providers.synth",
         "langchain_warp",
         "llama_index.llms.warp",
         "warp_openai",

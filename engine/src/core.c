@@ -105,6 +105,8 @@ static wp_status open_ctx(wp_ctx *ctx, const char *path, const wp_cfg *cfg)
         return fail(ctx, WP_E_UNSUPPORTED, "isa %d is not supported by this CPU", cfg->isa);
     if ((st = wpi_plan(ctx->c, cfg, &ctx->plan, err, cap)) != WP_OK) return st;
     if ((st = wpi_container_load_trunk(ctx->c, &ctx->mem, err, cap)) != WP_OK) return st;
+    /* Again with the tensors resident, for the checks of their values (hash tables). */
+    if ((st = ctx->arch->check(ctx->c, err, cap)) != WP_OK) return st;
     if ((st = wpi_experts_open(ctx->c, cfg, ctx->plan.cache_bytes, &ctx->mem, &ctx->experts,
                                err, cap)) != WP_OK)
         return st;
@@ -258,6 +260,10 @@ wp_status wp_state_truncate(wp_ctx *ctx, uint32_t pos)
         return fail(ctx, WP_E_STATE,
                     "a recurrent (KDA) state cannot be truncated to %u of %u tokens; reset",
                     pos, ctx->pos);
+    if (pos > 0 && pos < ctx->pos && ctx->c->hp.hc_mult)
+        return fail(ctx, WP_E_STATE,
+                    "a sliding-window and compressed state cannot be truncated to %u of %u "
+                    "tokens; reset", pos, ctx->pos);
     ctx->pos = pos;
     return WP_OK;
 }

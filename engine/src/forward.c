@@ -21,6 +21,8 @@ static uint32_t umax(uint32_t a, uint32_t b) { return a > b ? a : b; }
 
 uint64_t wpi_kv_bytes(const wpi_hparams *hp, uint32_t ctx)
 {
+    if (hp->hc_mult) /* deepseek_v4: windows, compressors, entries (attention_csa.c) */
+        return wpi_v4_state_floats(hp, ctx) * sizeof(float);
     if (hp->kv_lora_rank) /* MLA: one latent row (kv_lora_rank + rope_dim) per token */
         /* KDA layers (kimi_linear) keep a fixed recurrent state instead (kda.c) */
         return (uint64_t)(hp->n_layers - wpi_kda_layers(hp)) * ctx *
@@ -72,6 +74,7 @@ static uint64_t layout(const wpi_hparams *hp, uint32_t chunk, wpi_model *m, char
     CARVE(mla_q, float, hp->kv_lora_rank ? C * hp->n_heads * (hp->kv_lora_rank + hp->rope_dim) : 0);
     CARVE(mla_o, float, C * hp->n_heads * hp->kv_lora_rank);
     CARVE(kda_buf, float, wpi_kda_scratch_floats(hp, chunk));
+    CARVE(v4_buf, float, wpi_v4_scratch_floats(hp, chunk));
 #undef CARVE
     return off;
 }
@@ -124,6 +127,11 @@ wp_status wpi_model_init(wpi_model *m, const wpi_container *c, void *kv, void *s
         m->kda_state = (float *)kv + (size_t)(hp->n_layers - wpi_kda_layers(hp)) * ctx *
                                          (hp->kv_lora_rank + hp->rope_dim);
     uint32_t n_att = 0, n_kda = 0;
+    size_t v4_off = 0;
+    m->rope_freqs_c = vec(wpi_container_tensor(c, "rope_freqs_compress"));
+    m->hc_head_fn = vec(wpi_container_tensor(c, "hc_head.fn"));
+    m->hc_head_base = vec(wpi_container_tensor(c, "hc_head.base"));
+    m->hc_head_scale = vec(wpi_container_tensor(c, "hc_head.scale"));
     m->tok_embd = wmat(wpi_container_tensor(c, "token_embd.weight"));
     m->output = wmat(wpi_container_tensor(c, "output.weight"));
     m->lm_head = hp->tie_word_embeddings || !m->output.data ? &m->tok_embd : &m->output;
@@ -167,6 +175,31 @@ wp_status wpi_model_init(wpi_model *m, const wpi_container *c, void *kv, void *s
         L->kv_a_norm = vec(find(c, "blk.%u.attn_kv_a_norm.weight", l));
         L->bq_a = vec(find(c, "blk.%u.attn_q_a.bias", l));
         L->bkv_a = vec(find(c, "blk.%u.attn_kv_a_mqa.bias", l));
+        if (hp->hc_mult) { /* deepseek_v4 */
+            L->hc_attn_fn = vec(find(c, "blk.%u.hc_attn.fn", l));
+            L->hc_attn_base = vec(find(c, "blk.%u.hc_attn.base", l));
+            L->hc_attn_scale = vec(find(c, "blk.%u.hc_attn.scale", l));
+            L->hc_ffn_fn = vec(find(c, "blk.%u.hc_ffn.fn", l));
+            L->hc_ffn_base = vec(find(c, "blk.%u.hc_ffn.base", l));
+            L->hc_ffn_scale = vec(find(c, "blk.%u.hc_ffn.scale", l));
+            L->wkv = wmat(find(c, "blk.%u.attn_kv.weight", l));
+            L->kv_norm = vec(find(c, "blk.%u.attn_kv_norm.weight", l));
+            L->wo_a = wmat(find(c, "blk.%u.attn_output_a.weight", l));
+            L->wo_b = wmat(find(c, "blk.%u.attn_output_b.weight", l));
+            L->cmp_kv = wmat(find(c, "blk.%u.attn_cmp_kv.weight", l));
+            L->cmp_gate = wmat(find(c, "blk.%u.attn_cmp_gate.weight", l));
+            L->cmp_bias = vec(find(c, "blk.%u.attn_cmp_bias", l));
+            L->cmp_norm = vec(find(c, "blk.%u.attn_cmp_norm.weight", l));
+            L->idx_kv = wmat(find(c, "blk.%u.attn_idx_kv.weight", l));
+            L->idx_gate = wmat(find(c, "blk.%u.attn_idx_gate.weight", l));
+            L->idx_q = wmat(find(c, "blk.%u.attn_idx_q.weight", l));
+            L->idx_w = wmat(find(c, "blk.%u.attn_idx_w.weight", l));
+            L->idx_bias = vec(find(c, "blk.%u.attn_idx_bias", l));
+            L->idx_norm = vec(find(c, "blk.%u.attn_idx_norm.weight", l));
+            L->hash_ids = hp->layer_hash[l] ? vec(find(c, "blk.%u.ffn_hash_ids", l)) : NULL;
+            L->cstate = (float *)kv + v4_off;
+            v4_off += wpi_v4_layer_state_floats(hp, l, ctx);
+        }
         if (L->is_moe) {
             L->router_b = vec(find(c, "blk.%u.ffn_gate_inp.bias", l));
             L->exp_gate_b = vec(find(c, "blk.%u.ffn_gate_exps.bias", l));
@@ -253,6 +286,7 @@ wp_status wpi_model_forward(wpi_model *m, const wpi_arch *arch, const int32_t *t
     const wpi_hparams *hp = m->hp;
     const size_t H = hp->hidden_size;
     size_t row_bytes = wpi_row_bytes(m->tok_embd.dtype, H);
+    m->tokens = tokens;
     for (uint32_t t = 0; t < n; t++)
         wpi_dequant_row(m->tok_embd.dtype,
                         (const char *)m->tok_embd.data + (size_t)tokens[t] * row_bytes,

@@ -60,9 +60,11 @@ wp_status wpi_hparams_mla(const struct wpi_json *h, wpi_hparams *hp, char *err, 
         const char *s = wpi_json_str(v);
         if (s && !strcmp(s, "sigmoid"))
             hp->scoring = WPI_SCORE_SIGMOID;
+        else if (s && !strcmp(s, "sqrtsoftplus"))
+            hp->scoring = WPI_SCORE_SQRTSOFTPLUS;
         else if (!s || strcmp(s, "softmax"))
             return wpi_fail(err, cap, WP_E_FORMAT,
-                            W ".scoring_func: expected \"softmax\" or \"sigmoid\"");
+                            W ".scoring_func: expected \"softmax\", \"sigmoid\" or \"sqrtsoftplus\"");
     }
 
     if (hp->n_group > 1) {

@@ -91,9 +91,19 @@ typedef struct wpi_hparams {
     int32_t scoring;                        /* WPI_SCORE_*; softmax when absent */
     uint32_t n_group, topk_group;           /* 0 or 1 group: no group limit */
     float routed_scaling_factor;            /* multiplies the routed weights; 1 when absent */
+    /* deepseek_v4 (hparams_dsv4.c, blocks/attention_csa.c, blocks/moe_v4.c); 0 when absent.
+     * hc_mult > 0 marks a model whose residual is hc_mult hyper-connection streams. */
+    uint32_t hc_mult, hc_sinkhorn_iters;
+    float hc_eps;
+    uint32_t o_groups, o_lora_rank;         /* grouped output projection */
+    uint32_t index_heads, index_head_dim, index_topk; /* CSA lightning indexer */
+    uint32_t compress_rate_csa, compress_rate_hca;
+    uint8_t layer_compress[WPI_MAX_LAYERS]; /* WPI_CMP_* per layer */
+    uint8_t layer_hash[WPI_MAX_LAYERS];     /* 1: experts chosen by token id (hash routing) */
 } wpi_hparams;
 
-enum { WPI_SCORE_SOFTMAX = 0, WPI_SCORE_SIGMOID = 1 };
+enum { WPI_SCORE_SOFTMAX = 0, WPI_SCORE_SIGMOID = 1, WPI_SCORE_SQRTSOFTPLUS = 2 };
+enum { WPI_CMP_NONE = 0, WPI_CMP_CSA = 1, WPI_CMP_HCA = 2 };
 
 enum { WPI_ATTN_FULL = 0, WPI_ATTN_SLIDING = 1, WPI_ATTN_KDA = 2 };
 
@@ -153,6 +163,9 @@ wp_status wpi_hparams_ext(const struct wpi_json *h, wpi_hparams *hp, char *err, 
  * qk_nope_head_dim, v_head_dim, rope_interleave, scoring_func, n_group, topk_group,
  * routed_scaling_factor); called by wpi_hparams_ext. */
 wp_status wpi_hparams_mla(const struct wpi_json *h, wpi_hparams *hp, char *err, size_t cap);
+/* hparams_dsv4.c: the optional deepseek_v4 keys (hc_*, o_groups, o_lora_rank, index_*,
+ * compress_rate_csa/hca, compress_kinds, hash_layers); called by wpi_hparams_ext. */
+wp_status wpi_hparams_dsv4(const struct wpi_json *h, wpi_hparams *hp, char *err, size_t cap);
 
 /* The tensor of that name, or NULL. */
 const wpi_tensor *wpi_container_tensor(const wpi_container *c, const char *name);
@@ -310,6 +323,17 @@ typedef struct wpi_layer {
     const float *kda_conv;                        /* [3D, kda_conv] depthwise, f32 */
     const float *kda_dt_bias, *kda_a_log, *kda_o_norm; /* [D], [kda_heads], [kda_head_dim] */
     uint32_t kv_slot;             /* this layer's block of the KV cache (or of kda_state) */
+    /* deepseek_v4 (blocks/attention_csa.c, blocks/moe_v4.c); q is wq_a, q_a_norm, wq_b */
+    const float *hc_attn_fn, *hc_attn_base, *hc_attn_scale; /* hyper-connections, f32 */
+    const float *hc_ffn_fn, *hc_ffn_base, *hc_ffn_scale;
+    wpi_wmat wkv, wo_a, wo_b;                     /* kv [hd, H], o_a [g*r, nh*hd/g], o_b */
+    const float *kv_norm;                         /* [head_dim] */
+    wpi_wmat cmp_kv, cmp_gate;                    /* compressor [w, H], w = hd (HCA), 2hd (CSA) */
+    const float *cmp_bias, *cmp_norm;             /* [rate, w], [head_dim] */
+    wpi_wmat idx_kv, idx_gate, idx_q, idx_w;      /* indexer [2ihd, H] x2, [ih*ihd, q_lora], [ih, H] */
+    const float *idx_bias, *idx_norm;             /* [rate, 2ihd], [ihd] */
+    const float *hash_ids;                        /* [vocab, top_k] expert ids as f32, or NULL */
+    float *cstate;                                /* this layer's state block (attention_csa.c) */
 } wpi_layer;
 
 /* Everything the forward pass reads and writes. Buffers are carved from one scratch
@@ -354,6 +378,10 @@ typedef struct wpi_model {
     float *mla_o;                /* [C, n_heads, kv_lora_rank] latent attention output */
     float *kda_buf;              /* wpi_kda_scratch_floats (kda.c) */
     float *kda_state;            /* [kda layers][wpi_kda_state_floats], after the KV rows */
+    const int32_t *tokens;       /* token ids of the chunk being evaluated (hash routing) */
+    float *v4_buf;               /* wpi_v4_scratch_floats (deepseek_v4) */
+    const float *rope_freqs_c;   /* [rope_dim/2] compressed-branch frequencies, or NULL */
+    const float *hc_head_fn, *hc_head_base, *hc_head_scale; /* final hyper head */
     char *err;                   /* detail of the last error */
     size_t err_cap;
 } wpi_model;
@@ -441,6 +469,56 @@ int wpi_route_noaux_used(const wpi_hparams *hp, const wpi_layer *L);
  * norm_topk_prob (sum + 1e-20), times routed_scaling_factor. tmp: 2 * n_experts floats. */
 void wpi_route_noaux(const wpi_hparams *hp, const float *scores, const float *bias,
                      float *tmp, int32_t *ids, float *w);
+
+/* hyper.c: manifold-constrained hyper-connections (transformers' DeepseekV4HyperConnection
+ * and DeepseekV4HyperHead; glm5_next reuses them). A token's residual is hc streams of dim
+ * floats, x[hc][dim], contiguous; n tokens are hc * dim floats apart. Generic: weights by
+ * pointer (f32), dimensions in wpi_hc_dims; the pool may be NULL (inline). */
+#define WPI_HC_MAX 16
+typedef struct wpi_hc_dims {
+    uint32_t hc;             /* streams (hc_mult), 1..WPI_HC_MAX */
+    uint32_t dim;            /* floats per stream (hidden_size) */
+    uint32_t sinkhorn_iters; /* hc_sinkhorn_iters (>= 1) */
+    float hc_eps;            /* hc_eps */
+    float norm_eps;          /* eps of the unweighted RMSNorm over hc * dim (rms_norm_eps) */
+} wpi_hc_dims;
+/* Rows of fn: (2 + hc) * hc (pre, post, comb). */
+uint32_t wpi_hc_mix_count(const wpi_hc_dims *d);
+/* Scratch floats wpi_hc_pre / wpi_hc_head need for n tokens. */
+uint64_t wpi_hc_scratch_floats(const wpi_hc_dims *d, uint32_t n);
+/* Before a block, for n tokens of x: post [n][hc], comb [n][hc][hc] (comb[j][k]: weight of
+ * input stream j in output stream k, doubly stochastic after Sinkhorn) and, when collapsed
+ * is not NULL, the block input collapsed[t * ldc + i] = sum_k pre[k] x[k][i].
+ * fn [(2 + hc) * hc][hc * dim], base [(2 + hc) * hc], scale [3]. */
+void wpi_hc_pre(const wpi_kernels *k, wpi_pool *pool, const wpi_hc_dims *d,
+                const float *fn, const float *base, const float *scale,
+                const float *x, uint32_t n, float *post, float *comb,
+                float *collapsed, size_t ldc, float *scratch);
+/* After a block with output out[t * ldo + i]: in place,
+ * x[k] = post[k] * out + sum_j comb[j][k] x[j] per token. */
+void wpi_hc_post(wpi_pool *pool, const wpi_hc_dims *d, float *x, const float *out,
+                 size_t ldo, const float *post, const float *comb, uint32_t n);
+/* Final collapse y[t * ldy + i] = sum_k w[k] x[k][i] with
+ * w = sigmoid((fn . x / rms(x)) * scale[0] + base) + hc_eps, fn [hc][hc * dim], base [hc],
+ * scale [1]; fn NULL: the mean of the streams (base, scale, scratch unused). */
+void wpi_hc_head(const wpi_kernels *k, wpi_pool *pool, const wpi_hc_dims *d,
+                 const float *fn, const float *base, const float *scale,
+                 const float *x, uint32_t n, float *y, size_t ldy, float *scratch);
+
+/* deepseek_v4 (blocks/attention_csa.c): state floats of layer l at ctx tokens (sliding-
+ * window keys, compressor and indexer windows and entries), of all layers, and the
+ * scratch floats of the forward for chunks of `chunk` tokens. */
+uint64_t wpi_v4_layer_state_floats(const wpi_hparams *hp, uint32_t l, uint32_t ctx);
+uint64_t wpi_v4_state_floats(const wpi_hparams *hp, uint32_t ctx);
+uint64_t wpi_v4_scratch_floats(const wpi_hparams *hp, uint32_t chunk);
+/* Attention of layer l on the block input xin [n, H] (normed), output into out [n, H]:
+ * shared-KV MQA with sinks over the sliding window plus compressed entries (all causal
+ * ones for HCA, the indexer's top-k for CSA), grouped output projection. */
+void wpi_v4_attention(wpi_model *mdl, uint32_t layer, const float *xin, uint32_t n,
+                      uint32_t pos, float *out);
+/* moe_v4.c: routed experts (sqrtsoftplus scores; hash or biased top-k selection) plus the
+ * shared expert, clamped SwiGLU, on xin [n, H]; sum into out [n, H]. */
+wp_status wpi_v4_moe(wpi_model *mdl, uint32_t layer, const float *xin, uint32_t n, float *out);
 
 /* arch/registry.c: an architecture is found by its model_type. */
 struct wpi_arch {

@@ -14,7 +14,8 @@
  *   payload: per layer, K rows [0, position) then V rows [0, position), f32
  *            [n_kv_heads * head_dim] each; an MLA model (kv_lora_rank > 0) has one latent
  *            row [kv_lora_rank + rope_dim] per position and no V rows; a KDA layer
- *            (kimi_linear) has its recurrent state instead (kda.c), whatever the position
+ *            (kimi_linear) has its recurrent state instead (kda.c), whatever the position;
+ *            a deepseek_v4 layer its whole state block (attention_csa.c), likewise
  *   trailer: u32 CRC32C of the payload
  * A header of another model or shape is WP_E_STATE; anything truncated or garbled is
  * WP_E_FORMAT, found before the context is touched (the payload CRC is checked in a
@@ -108,11 +109,14 @@ static size_t part_bytes(wp_ctx *ctx, uint32_t l, int v, uint32_t pos)
 {
     const wpi_hparams *hp = &ctx->c->hp;
     if (hp->layer_attn[l] == WPI_ATTN_KDA) return v ? 0 : wpi_kda_state_floats(hp) * sizeof(float);
+    if (hp->hc_mult) /* deepseek_v4: the layer's whole state block (attention_csa.c) */
+        return v ? 0 : wpi_v4_layer_state_floats(hp, l, ctx->mdl.ctx) * sizeof(float);
     return row_bytes(hp, v) * pos;
 }
 
 static float *part_ptr(wp_ctx *ctx, uint32_t l, int v)
 {
+    if (ctx->c->hp.hc_mult) return ctx->mdl.layers[l].cstate;
     if (ctx->c->hp.layer_attn[l] == WPI_ATTN_KDA)
         return ctx->mdl.kda_state +
                (size_t)ctx->mdl.layers[l].kv_slot * wpi_kda_state_floats(&ctx->c->hp);

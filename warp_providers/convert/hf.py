@@ -205,6 +205,10 @@ _ST_DTYPES: Final[dict[str, tuple[str, int]]] = {
     "BF16": ("<u2", 2),
     "F8_E4M3": ("u1", 1),
     "U8": ("u1", 1),  # packed MXFP4 blocks/scales (gpt_oss, hf_ext.py); never a float weight
+    "I64": ("<i8", 8),  # index tables (deepseek_v4 tid2eid, hf_dsv4.py); never a float weight
+    "I32": ("<i4", 4),
+    "I8": ("i1", 1),  # packed FP4 e2m1 pairs (deepseek_v4 experts, hf_dsv4.py)
+    "F8_E8M0": ("u1", 1),  # power-of-two block scales 2^(b - 127) (deepseek_v4, hf_dsv4.py)
 }
 _MAX_HEADER: Final[int] = 100 << 20
 

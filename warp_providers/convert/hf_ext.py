@@ -35,7 +35,7 @@ from . import hf
 from .quant import ConvertError
 from .writer import ExpertLayerSrc, Plan, SrcTensor, const_rows
 
-EXT_MODEL_TYPES: Final[tuple[str, ...]] = ("gpt_oss", "kimi_linear")
+EXT_MODEL_TYPES: Final[tuple[str, ...]] = ("gpt_oss", "kimi_linear", "deepseek_v4")
 
 FP4_VALUES: Final[np.ndarray] = np.array(
     [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0],
@@ -473,4 +473,8 @@ def load_ext(src: Path, cfg: dict[str, Any]) -> Plan:
         return _load_gpt_oss(src, cfg, gen)
     if mt == "kimi_linear":
         return _load_kimi_linear(src, cfg, gen)
+    if mt == "deepseek_v4":
+        from .hf_dsv4 import _load_deepseek_v4
+
+        return _load_deepseek_v4(src, cfg, gen)
     raise ConvertError(f"model_type {mt!r} is not handled by hf_ext")

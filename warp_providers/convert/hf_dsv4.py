@@ -1,0 +1,430 @@
+"""Hugging Face importer for ``deepseek_v4`` (DeepSeek V4 / V4.1 Flash; called by :func:`load_hf`).
+
+Owns the config quirks and the tensor map of the family:
+
+* config: ``layer_types`` (``sliding_attention`` / ``compressed_sparse_attention`` /
+  ``heavily_compressed_attention``, or the older per-layer ``compress_ratios`` 0/4/128)
+  -> ``compress_kinds`` ("none"/"csa"/"hca") with ``compress_rate_csa``/``compress_rate_hca``
+  (``compress_rates``, or the older top-level ``compress_rate_csa``/``compress_rate_hca``);
+  ``mlp_layer_types`` (``hash_moe`` / ``moe``, or the older ``num_hash_layers``) ->
+  ``hash_layers``; the nested ``rope_parameters`` {``main``, ``compress``}: ``rope_freqs``
+  from the main one, ``rope_freqs_compress`` from the compressed branches' (YaRN allowed,
+  with its attention factor fixed at 1 as transformers does); ``partial_rotary_factor``
+  (or the older ``qk_rope_head_dim``); hyper-connections (``hc_mult``,
+  ``hc_sinkhorn_iters``, ``hc_eps``), ``o_groups``/``o_lora_rank``, the indexer
+  (``index_n_heads``, ``index_head_dim``, ``index_topk``), ``swiglu_limit``,
+  ``sliding_window``, ``scoring_func`` (``sqrtsoftplus``).
+* quantized sources, as the release ships them: FP8 e4m3 matrices with a sibling
+  ``<name>.scale`` block grid (power-of-two ``F8_E8M0``/``U8`` exponents 2^(b - 127), or
+  floats) and FP4 experts (``I8``, two e2m1 values per byte, low nibble first, with a
+  ``[rows, cols / 32]`` exponent grid), dequantized exactly to f32 here (the block size
+  comes from the grid); transformers' ``*_scale_inv`` form goes through the common builder.
+* tensors (transformers' names, or the release's: ``embed``, ``head``, ``layers.N.attn.wq_a``,
+  ``attn.compressor.ape``, ``ffn.experts.N.w1``, ``hc_attn_fn``...): per layer
+  ``blk.{i}.hc_{attn,ffn}.{fn,base,scale}``,
+  ``attn_q_a``/``attn_q_a_norm``/``attn_q_b``, ``attn_kv``/``attn_kv_norm``,
+  ``attn_output_a`` (the grouped projection, groups stacked by rows)/``attn_output_b``,
+  ``attn_sinks``, the compressor ``attn_cmp_{kv,gate}``/``attn_cmp_bias``/``attn_cmp_norm``,
+  the indexer ``attn_idx_{kv,gate,q,w}``/``attn_idx_bias``/``attn_idx_norm``, the router
+  ``ffn_gate_inp`` with ``exp_probs_b.bias`` or, for hash layers, ``ffn_hash_ids``
+  (``tid2eid`` as f32 ``[vocab, top_k]``), shared expert ``ffn_*_shexp``; at the top
+  ``hc_head.{fn,base,scale}``. The multi-token-prediction tensors (``mtp.*``) are skipped.
+
+Everything else is refused with a ``ConvertError`` naming the tensor.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Final
+
+import numpy as np
+
+from . import hf
+from .hf_ext import _base_hparams, _computed, _St, _top_tensors
+from .quant import ConvertError
+from .writer import ExpertLayerSrc, Plan, SrcTensor, const_rows
+
+_KINDS: Final[dict[str, str]] = {
+    "sliding_attention": "none",
+    "compressed_sparse_attention": "csa",
+    "heavily_compressed_attention": "hca",
+}
+_RATIO_KIND: Final[dict[int, str]] = {0: "sliding_attention", 4: "compressed_sparse_attention",
+                                       128: "heavily_compressed_attention"}
+
+
+# The release checkpoint's names -> transformers' (applied in order to a name without its
+# "model." prefix; transformers' own names pass through unchanged).
+_RENAMES: Final[tuple[tuple[str, str], ...]] = (
+    (r"\.attn\.", ".self_attn."),
+    (r"\.ffn\.", ".mlp."),
+    (r"\.indexer\.compressor\.", ".compressor.indexer."),
+    (r"^embed\.weight$", "embed_tokens.weight"),
+    (r"^head\.weight$", "lm_head.weight"),
+    (r"^hc_head_(fn|base|scale)$", r"hc_head.hc_\1"),
+    (r"\.attn_norm\.", ".input_layernorm."),
+    (r"\.ffn_norm\.", ".post_attention_layernorm."),
+    (r"\.hc_(attn|ffn)_(fn|base|scale)$", r".\1_hc.\2"),
+    (r"\.attn_sink$", ".sinks"),
+    (r"\.indexer\.weights_proj\.", ".compressor.indexer.scorer.weights_proj."),
+    (r"\.indexer\.wq_b\.", ".compressor.indexer.q_b_proj."),
+    (r"\.norm\.", ".kv_norm."),
+    (r"\.ape$", ".position_bias"),
+    (r"\.wq_a\.", ".q_a_proj."),
+    (r"\.self_attn\.wq_b\.", ".self_attn.q_b_proj."),
+    (r"\.wkv\.", ".kv_proj."),
+    (r"\.wgate\.", ".gate_proj."),
+    (r"\.wo_a\.", ".o_a_proj."),
+    (r"\.wo_b\.", ".o_b_proj."),
+    (r"\.q_norm\.", ".q_a_norm."),
+    (r"\.gate\.bias$", ".gate.e_score_correction_bias"),
+    (r"\.shared_experts\.w1\.", ".shared_experts.gate_proj."),
+    (r"\.shared_experts\.w2\.", ".shared_experts.down_proj."),
+    (r"\.shared_experts\.w3\.", ".shared_experts.up_proj."),
+)
+
+
+def hf_name(stored: str) -> str:
+    """Return transformers' name of a stored tensor (release or transformers spelling)."""
+    if stored.startswith("mtp.") or stored.startswith("model.mtp."):
+        return stored
+    name = stored[len("model."):] if stored.startswith("model.") else stored
+    if name.startswith("lm_head."):
+        return name
+    for pat, rep in _RENAMES:
+        name = re.sub(pat, rep, name)
+    return name if name.startswith("lm_head.") else "model." + name
+
+
+def _pos_int(cfg: Mapping[str, Any], key: str, default: int | None = None) -> int:
+    v = cfg.get(key, default)
+    if v is None:
+        v = default
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ConvertError(f"config.json: {key!r} must be a positive integer, got {v!r}")
+    return int(v)
+
+
+def _float(cfg: Mapping[str, Any], key: str, default: float, lo: float = 0.0) -> float:
+    v = cfg.get(key, default)
+    if v is None:
+        v = default
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= lo:
+        raise ConvertError(f"config.json: {key!r} must be a number >= {lo}, got {v!r}")
+    return float(v)
+
+
+def _dsv4_hparams(cfg: Mapping[str, Any],
+                  gen: Mapping[str, Any]) -> tuple[dict[str, Any], Any]:
+    n = hf._int(cfg, "num_hidden_layers")
+    types = cfg.get("layer_types")
+    if types is None and cfg.get("compress_ratios") is not None:
+        try:
+            types = [_RATIO_KIND[int(r)] for r in cfg["compress_ratios"]]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConvertError("config.json: compress_ratios entries must be 0, 4 or 128") from exc
+    if types is None:
+        types = (["heavily_compressed_attention"] * min(n, 2)
+                 + ["compressed_sparse_attention" if i % 2 else "heavily_compressed_attention"
+                    for i in range(max(n - 2, 0))])
+    if not isinstance(types, list) or len(types) < n or any(t not in _KINDS for t in types[:n]):
+        raise ConvertError(f"config.json: layer_types must list {n} of {', '.join(_KINDS)}")
+    types = types[:n]
+    rates = dict(cfg.get("compress_rates") or {})
+    rates.setdefault("compressed_sparse_attention", cfg.get("compress_rate_csa") or 4)
+    rates.setdefault("heavily_compressed_attention", cfg.get("compress_rate_hca") or 128)
+    csa = _pos_int(rates, "compressed_sparse_attention")
+    hca = _pos_int(rates, "heavily_compressed_attention")
+    mlp = cfg.get("mlp_layer_types")
+    if mlp is None:
+        nh = cfg.get("num_hash_layers")
+        nh = 3 if nh is None else int(nh)
+        mlp = ["hash_moe"] * min(n, nh) + ["moe"] * max(0, n - nh)
+    if not isinstance(mlp, list) or len(mlp) < n or any(
+            t not in ("hash_moe", "moe") for t in mlp[:n]):
+        raise ConvertError(f"config.json: mlp_layer_types must list {n} of hash_moe, moe")
+    mlp = mlp[:n]
+    scoring = cfg.get("scoring_func", "sqrtsoftplus")
+    if scoring != "sqrtsoftplus":
+        raise ConvertError(f"config.json: scoring_func {scoring!r}: deepseek_v4 is supported "
+                           "with \"sqrtsoftplus\" only")
+    head_dim = _pos_int(cfg, "head_dim", 512)
+    prf = cfg.get("partial_rotary_factor")
+    if prf is None:
+        qr = cfg.get("qk_rope_head_dim")
+        prf = qr / head_dim if qr is not None else 64 / 512
+    rp = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    if not isinstance(rp, Mapping):
+        raise ConvertError("config.json: rope_parameters must be an object")
+    if isinstance(rp.get("main"), Mapping) and isinstance(rp.get("compress"), Mapping):
+        main, comp = dict(rp["main"]), dict(rp["compress"])
+    else:
+        yarn = {k: v for k, v in rp.items() if k not in ("main", "compress")}
+        main = {"rope_type": "default", "rope_theta": cfg.get("rope_theta", 10000.0)}
+        comp = {**yarn, "rope_theta": cfg.get("compress_rope_theta", 160000.0)}
+    main.setdefault("partial_rotary_factor", prf)
+    comp.setdefault("partial_rotary_factor", prf)
+    n_shared = hf._int(cfg, "n_shared_experts", default=1)
+    moe_inter = hf._int(cfg, "moe_intermediate_size")
+    c2 = {k: v for k, v in cfg.items() if k not in (
+        "rope_parameters", "rope_scaling", "partial_rotary_factor", "compress_rates",
+        "layer_types", "mlp_layer_types")}
+    c2["rope_parameters"] = {**main, "rope_type": main.get("rope_type", "default")}
+    c2["head_dim"] = head_dim
+    c2.setdefault("num_key_value_heads", 1)
+    hp = _base_hparams(c2, gen, moe_inter=moe_inter, inter=0, norm_topk=True,
+                       shared=moe_inter * n_shared)
+    rope_type, _ = hp.pop("_rope")
+    if rope_type != "default":
+        raise ConvertError("config.json: the main rope of deepseek_v4 is the default one")
+    if hp["n_kv_heads"] != 1:
+        raise ConvertError("config.json: deepseek_v4 shares one key/value head "
+                           f"(num_key_value_heads={hp['n_kv_heads']})")
+    hc = _pos_int(cfg, "hc_mult", 4)
+    if hc > 16:
+        raise ConvertError(f"config.json: hc_mult {hc} is above 16")
+    hp.update(
+        layer_kinds=["moe"] * n,
+        shared_expert_gate=False,
+        rope_attn_factor=1.0,
+        scoring_func="sqrtsoftplus",
+        routed_scaling_factor=_float(cfg, "routed_scaling_factor", 1.5, lo=1e-30),
+        q_lora_rank=_pos_int(cfg, "q_lora_rank", 1024),
+        sliding_window=_pos_int(cfg, "sliding_window", 128),
+        swiglu_limit=_float(cfg, "swiglu_limit", 10.0),
+        hc_mult=hc,
+        hc_sinkhorn_iters=_pos_int(cfg, "hc_sinkhorn_iters", 20),
+        hc_eps=_float(cfg, "hc_eps", 1e-6),
+        o_groups=_pos_int(cfg, "o_groups", 8),
+        o_lora_rank=_pos_int(cfg, "o_lora_rank", 1024),
+        index_heads=_pos_int(cfg, "index_n_heads", 64),
+        index_head_dim=_pos_int(cfg, "index_head_dim", 128),
+        index_topk=_pos_int(cfg, "index_topk", 512),
+        compress_rate_csa=csa,
+        compress_rate_hca=hca,
+        compress_kinds=[_KINDS[t] for t in types],
+        hash_layers=[t == "hash_moe" for t in mlp],
+    )
+    if hp["rope_dim"] > hp["index_head_dim"] and "csa" in hp["compress_kinds"]:
+        raise ConvertError("config.json: index_head_dim must be >= the rope dims")
+    if (hp["n_heads"] * head_dim) % hp["o_groups"]:
+        raise ConvertError("config.json: o_groups must divide num_attention_heads * head_dim")
+    ctype = str(comp.get("rope_type") or comp.get("type") or "default")
+    if ctype == "yarn":
+        comp.setdefault("attention_factor", 1.0)
+    inv_c, _ = hf.rope_inv_freq(ctype, float(comp.get("rope_theta", 160000.0)), hp["rope_dim"],
+                                comp, hp["max_position_embeddings"])
+    return hp, inv_c
+
+
+FP4_E2M1: Final[np.ndarray] = np.array(
+    [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0],
+    dtype=np.float32)
+
+
+def _scale_f32(raw: np.ndarray, dtype: str) -> np.ndarray:
+    if dtype in ("F8_E8M0", "U8"):
+        return np.ldexp(np.float32(1.0), np.asarray(raw, dtype=np.int32) - 127).astype(np.float32)
+    return hf._to_f32(raw, dtype)
+
+
+def dequant_scaled(w: np.ndarray, w_dtype: str, scale: np.ndarray, s_dtype: str) -> np.ndarray:
+    """Return the f32 of an FP8 (``F8_E4M3``) or packed FP4 (``I8``) matrix times its grid.
+
+    The block-scale grid is ``[rows / bm, cols / bn]``; the block follows from its shape.
+    """
+    if w_dtype == "I8":
+        u = np.asarray(w).view(np.uint8)
+        q = np.empty((*u.shape[:-1], 2 * u.shape[-1]), dtype=np.float32)
+        q[..., 0::2] = FP4_E2M1[u & 0x0F]
+        q[..., 1::2] = FP4_E2M1[u >> 4]
+    else:
+        q = hf.fp8_e4m3_to_f32(w)
+    s = _scale_f32(scale, s_dtype)
+    rows, cols = q.shape
+    if s.ndim != 2 or rows % s.shape[0] or cols % s.shape[1]:
+        raise ConvertError(f"scale grid {list(s.shape)} does not tile a [{rows}, {cols}] matrix")
+    bm, bn = rows // s.shape[0], cols // s.shape[1]
+    return (q.reshape(s.shape[0], bm, s.shape[1], bn) * s[:, None, :, None]).reshape(rows, cols)
+
+
+class _ScaledBuilder(hf._Builder):
+    """The common builder, plus the release's ``<name>.scale`` FP8 / FP4 matrices."""
+
+    def scale_of(self, name: str) -> str | None:
+        ent = self.st.entries[name]
+        if ent.dtype not in ("F8_E4M3", "I8") or not name.endswith(".weight"):
+            return None
+        sname = name[: -len(".weight")] + ".scale"
+        return sname if sname in self.st.entries else None
+
+    def tensor(self, name: str, cname: str, kind: str, want: tuple[int, ...]) -> SrcTensor:
+        sname = self.scale_of(name)
+        if sname is None:
+            return super().tensor(name, cname, kind, want)
+        ent, sent = self.st.entries[name], self.st.entries[sname]
+        packed = (want[0], want[1] // 2) if ent.dtype == "I8" else want
+        if len(want) != 2 or ent.shape != packed:
+            fp4 = " (two FP4 values per byte)" if ent.dtype == "I8" else ""
+            raise ConvertError(f"tensor {name!r}: {ent.dtype} {list(ent.shape)}, config "
+                               f"implies {list(want)}{fp4}")
+        self.used_scales.add(sname)
+        st = self.st
+        return _computed(cname, lambda: dequant_scaled(st.raw(name), ent.dtype,
+                                                       st.raw(sname), sent.dtype),
+                         want, kind, ent.nbytes)
+
+
+class _Aliased(_St):
+    """_St whose lookups take transformers' names and read the stored tensors."""
+
+    def __init__(self, st: hf.SafetensorsDir, alias: Mapping[str, str]) -> None:
+        super().__init__(st)
+        self.alias = alias
+
+    def _n(self, name: str) -> str:
+        return self.alias.get(name, name)
+
+    def has(self, name: str) -> bool:
+        return self._n(name) in self.st.entries
+
+    def entry(self, name: str) -> Any:
+        return super().entry(self._n(name))
+
+    def f32(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
+        return super().f32(self._n(name), shape)
+
+    def tensor(self, b: hf._Builder, name: str, cname: str, kind: str,
+               shape: tuple[int, ...]) -> SrcTensor:
+        return super().tensor(b, self._n(name), cname, kind, shape)
+
+    def raw(self, name: str) -> np.ndarray:
+        return self.st.raw(self._n(name))
+
+
+def _load_deepseek_v4(src: Path, cfg: dict[str, Any], gen: Mapping[str, Any]) -> Plan:
+    hp, inv_c = _dsv4_hparams(cfg, gen)
+    st = hf.SafetensorsDir(src)
+    alias: dict[str, str] = {}
+    for stored in st.entries:
+        if stored.endswith("_scale_inv") or (
+                stored.endswith(".scale") and stored[: -len(".scale")] + ".weight" in st.entries):
+            continue
+        tn = hf_name(stored)
+        if tn in alias:
+            raise ConvertError(f"{src}: tensors {alias[tn]!r} and {stored!r} are the same tensor")
+        alias[tn] = stored
+    s = _Aliased(st, alias)
+    b = _ScaledBuilder(st, cfg)
+    L, H, V = hp["n_layers"], hp["hidden_size"], hp["vocab_size"]
+    nh, hd, QL, RD = hp["n_heads"], hp["head_dim"], hp["q_lora_rank"], hp["rope_dim"]
+    hc, G, OR = hp["hc_mult"], hp["o_groups"], hp["o_lora_rank"]
+    ih, ihd = hp["index_heads"], hp["index_head_dim"]
+    E, K, sh = hp["n_experts"], hp["top_k"], hp["shared_expert_intermediate_size"]
+    R = (2 + hc) * hc
+    trunk = _top_tensors(s, b, hp, V, H)
+    inv, _ = hf.rope_inv_freq("default", hp["rope_theta"], RD, {}, hp["max_position_embeddings"])
+    trunk.append(SrcTensor("rope_freqs", (RD // 2,), "f32", const_rows(inv), 0))
+    if any(k != "none" for k in hp["compress_kinds"]):
+        trunk.append(SrcTensor("rope_freqs_compress", (RD // 2,), "f32", const_rows(inv_c), 0))
+    for hn, cn, shape in (("hc_fn", "fn", (hc, hc * H)), ("hc_base", "base", (hc,)),
+                          ("hc_scale", "scale", (1,))):
+        trunk.append(s.tensor(b, f"model.hc_head.{hn}", f"hc_head.{cn}", "f32", shape))
+
+    experts: list[ExpertLayerSrc] = []
+    for i in range(L):
+        pre, blk = f"model.layers.{i}.", f"blk.{i}."
+        a = pre + "self_attn."
+
+        def t(name: str, cname: str, kind: str, shape: tuple[int, ...]) -> None:
+            trunk.append(s.tensor(b, name, blk + cname, kind, shape))
+
+        t(pre + "input_layernorm.weight", "attn_norm.weight", "f32", (H,))
+        t(pre + "post_attention_layernorm.weight", "ffn_norm.weight", "f32", (H,))
+        for part in ("attn", "ffn"):
+            t(pre + f"{part}_hc.fn", f"hc_{part}.fn", "f32", (R, hc * H))
+            t(pre + f"{part}_hc.base", f"hc_{part}.base", "f32", (R,))
+            t(pre + f"{part}_hc.scale", f"hc_{part}.scale", "f32", (3,))
+        t(a + "q_a_proj.weight", "attn_q_a.weight", "trunk", (QL, H))
+        t(a + "q_a_norm.weight", "attn_q_a_norm.weight", "f32", (QL,))
+        t(a + "q_b_proj.weight", "attn_q_b.weight", "trunk", (nh * hd, QL))
+        t(a + "kv_proj.weight", "attn_kv.weight", "trunk", (hd, H))
+        t(a + "kv_norm.weight", "attn_kv_norm.weight", "f32", (hd,))
+        t(a + "o_a_proj.weight", "attn_output_a.weight", "trunk", (G * OR, nh * hd // G))
+        t(a + "o_b_proj.weight", "attn_output_b.weight", "trunk", (H, G * OR))
+        t(a + "sinks", "attn_sinks", "f32", (nh,))
+        kind = hp["compress_kinds"][i]
+        if kind != "none":
+            m = hp["compress_rate_csa"] if kind == "csa" else hp["compress_rate_hca"]
+            w = 2 * hd if kind == "csa" else hd
+            c = a + "compressor."
+            t(c + "kv_proj.weight", "attn_cmp_kv.weight", "trunk", (w, H))
+            t(c + "gate_proj.weight", "attn_cmp_gate.weight", "trunk", (w, H))
+            pb = s.f32(c + "position_bias", (m, w))
+            trunk.append(_computed(blk + "attn_cmp_bias", lambda v=pb: v.reshape(-1), (m * w,)))
+            t(c + "kv_norm.weight", "attn_cmp_norm.weight", "f32", (hd,))
+            if kind == "csa":
+                x = c + "indexer."
+                t(x + "kv_proj.weight", "attn_idx_kv.weight", "trunk", (2 * ihd, H))
+                t(x + "gate_proj.weight", "attn_idx_gate.weight", "trunk", (2 * ihd, H))
+                ib = s.f32(x + "position_bias", (m, 2 * ihd))
+                trunk.append(_computed(blk + "attn_idx_bias", lambda v=ib: v.reshape(-1),
+                                       (m * 2 * ihd,)))
+                t(x + "kv_norm.weight", "attn_idx_norm.weight", "f32", (ihd,))
+                t(x + "q_b_proj.weight", "attn_idx_q.weight", "trunk", (ih * ihd, QL))
+                t(x + "scorer.weights_proj.weight", "attn_idx_w.weight", "trunk", (ih, H))
+        g = pre + "mlp."
+        t(g + "gate.weight", "ffn_gate_inp.weight", "f32", (E, H))
+        if hp["hash_layers"][i]:
+            ent = s.entry(g + "gate.tid2eid")
+            if tuple(ent.shape) != (V, K) or ent.dtype not in ("I64", "I32"):
+                raise ConvertError(f"tensor {g + 'gate.tid2eid'!r}: {ent.dtype} "
+                                   f"{list(ent.shape)}, expected I64 {[V, K]}")
+            ids = np.asarray(s.raw(g + "gate.tid2eid")).astype(np.int64)
+            if ids.size and (ids.min() < 0 or ids.max() >= E):
+                raise ConvertError(f"tensor {g + 'gate.tid2eid'!r}: expert ids outside 0..{E - 1}")
+            trunk.append(_computed(blk + "ffn_hash_ids", lambda v=ids: v.astype(np.float32),
+                                   (V, K)))
+        elif s.has(g + "gate.e_score_correction_bias"):
+            t(g + "gate.e_score_correction_bias", "exp_probs_b.bias", "f32", (E,))
+        if sh:
+            for p, cn, shape in (("gate_proj", "ffn_gate_shexp", (sh, H)),
+                                 ("up_proj", "ffn_up_shexp", (sh, H)),
+                                 ("down_proj", "ffn_down_shexp", (H, sh))):
+                t(g + f"shared_experts.{p}.weight", f"{cn}.weight", "trunk", shape)
+        per: dict[int, dict[str, str]] = {}
+        fused: dict[str, str] = {}
+        for tname, name in alias.items():
+            if not tname.startswith(pre):
+                continue
+            rest = tname[len(pre):]
+            if (em := hf._EXPERT_RE.fullmatch(rest)) is not None:
+                per.setdefault(int(em.group(1)), {})[hf._EXPERT_PART[em.group(2)]] = name
+                s.used.add(name)
+            elif (fm := hf._FUSED_RE.fullmatch(rest)) is not None:
+                fused[fm.group(1)] = name
+                s.used.add(name)
+        experts.append(hf._expert_layer(src, b, hp, i, per or None, fused or None))
+    for layer in experts:
+        for e in range(layer.n_experts):
+            layer.expert(e)
+    s.used.update(n for n in st.entries if n.startswith("mtp.") or n.startswith("model.mtp."))
+    s.used.update(b.used_scales)
+    unused = sorted(set(st.entries) - s.used)
+    if unused:
+        more = f" and {len(unused) - 5} more" if len(unused) > 5 else ""
+        raise ConvertError(
+            f"{src}: tensors not used by deepseek_v4: {', '.join(unused[:5])}{more}")
+    files, tokenizer, chat = hf._tokenizer_files(src)
+    return Plan(model_type="deepseek_v4", source_config=cfg, hparams=hp, trunk=trunk,
+                experts=experts, files=files, tokenizer=tokenizer, chat=chat, source="hf")
+
+
+def load_deepseek_v4(src: Path, cfg: dict[str, Any]) -> Plan:
+    """Plan of a ``deepseek_v4`` checkpoint directory."""
+    gen_path = src / "generation_config.json"
+    gen = hf._load_json(gen_path) if gen_path.is_file() else {}
+    return _load_deepseek_v4(src, cfg, gen)

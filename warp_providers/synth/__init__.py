@@ -1,0 +1,21 @@
+"""Generated random-weight checkpoints of any size, one module per architecture.
+
+Owns: writing config.json, a tokenizer and float16 safetensors shards layer by layer
+(memory bounded by one layer), deterministic from a seed. Used by the demo, the
+benchmarks and the tests to get a model larger than a budget without downloading
+anything. The weights are random, so the text is not meaningful — only speed, memory
+and exactness are.
+"""
+
+from warp_providers.synth.deepseek_v3 import DeepseekV3Shape, make_deepseek_v3_checkpoint
+from warp_providers.synth.deepseek_v4 import DeepseekV4Shape, make_deepseek_v4_checkpoint
+from warp_providers.synth.qwen3_moe import MoeShape, make_moe_checkpoint
+
+__all__ = [
+    "DeepseekV3Shape",
+    "DeepseekV4Shape",
+    "MoeShape",
+    "make_deepseek_v3_checkpoint",
+    "make_deepseek_v4_checkpoint",
+    "make_moe_checkpoint",
+]
