@@ -442,6 +442,41 @@ int wpi_route_noaux_used(const wpi_hparams *hp, const wpi_layer *L);
 void wpi_route_noaux(const wpi_hparams *hp, const float *scores, const float *bias,
                      float *tmp, int32_t *ids, float *w);
 
+/* hyper.c: manifold-constrained hyper-connections (transformers' DeepseekV4HyperConnection
+ * and DeepseekV4HyperHead; glm5_next reuses them). A token's residual is hc streams of dim
+ * floats, x[hc][dim], contiguous; n tokens are hc * dim floats apart. Generic: weights by
+ * pointer (f32), dimensions in wpi_hc_dims; the pool may be NULL (inline). */
+#define WPI_HC_MAX 16
+typedef struct wpi_hc_dims {
+    uint32_t hc;             /* streams (hc_mult), 1..WPI_HC_MAX */
+    uint32_t dim;            /* floats per stream (hidden_size) */
+    uint32_t sinkhorn_iters; /* hc_sinkhorn_iters (>= 1) */
+    float hc_eps;            /* hc_eps */
+    float norm_eps;          /* eps of the unweighted RMSNorm over hc * dim (rms_norm_eps) */
+} wpi_hc_dims;
+/* Rows of fn: (2 + hc) * hc (pre, post, comb). */
+uint32_t wpi_hc_mix_count(const wpi_hc_dims *d);
+/* Scratch floats wpi_hc_pre / wpi_hc_head need for n tokens. */
+uint64_t wpi_hc_scratch_floats(const wpi_hc_dims *d, uint32_t n);
+/* Before a block, for n tokens of x: post [n][hc], comb [n][hc][hc] (comb[j][k]: weight of
+ * input stream j in output stream k, doubly stochastic after Sinkhorn) and, when collapsed
+ * is not NULL, the block input collapsed[t * ldc + i] = sum_k pre[k] x[k][i].
+ * fn [(2 + hc) * hc][hc * dim], base [(2 + hc) * hc], scale [3]. */
+void wpi_hc_pre(const wpi_kernels *k, wpi_pool *pool, const wpi_hc_dims *d,
+                const float *fn, const float *base, const float *scale,
+                const float *x, uint32_t n, float *post, float *comb,
+                float *collapsed, size_t ldc, float *scratch);
+/* After a block with output out[t * ldo + i]: in place,
+ * x[k] = post[k] * out + sum_j comb[j][k] x[j] per token. */
+void wpi_hc_post(wpi_pool *pool, const wpi_hc_dims *d, float *x, const float *out,
+                 size_t ldo, const float *post, const float *comb, uint32_t n);
+/* Final collapse y[t * ldy + i] = sum_k w[k] x[k][i] with
+ * w = sigmoid((fn . x / rms(x)) * scale[0] + base) + hc_eps, fn [hc][hc * dim], base [hc],
+ * scale [1]; fn NULL: the mean of the streams (base, scale, scratch unused). */
+void wpi_hc_head(const wpi_kernels *k, wpi_pool *pool, const wpi_hc_dims *d,
+                 const float *fn, const float *base, const float *scale,
+                 const float *x, uint32_t n, float *y, size_t ldy, float *scratch);
+
 /* arch/registry.c: an architecture is found by its model_type. */
 struct wpi_arch {
     const char *name;
