@@ -23,9 +23,11 @@ uint64_t wpi_kv_bytes(const wpi_hparams *hp, uint32_t ctx)
 {
     if (hp->kv_lora_rank) /* MLA: one latent row (kv_lora_rank + rope_dim) per token */
         /* KDA layers (kimi_linear) keep a fixed recurrent state instead (kda.c) */
+        /* glm5_next's indexer layers also cache a row per position (dsa.c) */
         return (uint64_t)(hp->n_layers - wpi_kda_layers(hp)) * ctx *
                    (hp->kv_lora_rank + hp->rope_dim) * sizeof(float) +
-               (uint64_t)wpi_kda_layers(hp) * wpi_kda_state_floats(hp) * sizeof(float);
+               (uint64_t)wpi_kda_layers(hp) * wpi_kda_state_floats(hp) * sizeof(float) +
+               (uint64_t)wpi_dsa_layers(hp) * ctx * wpi_dsa_row_floats(hp) * sizeof(float);
     return 2ull * hp->n_layers * ctx * hp->n_kv_heads * hp->head_dim * sizeof(float);
 }
 
@@ -72,6 +74,18 @@ static uint64_t layout(const wpi_hparams *hp, uint32_t chunk, wpi_model *m, char
     CARVE(mla_q, float, hp->kv_lora_rank ? C * hp->n_heads * (hp->kv_lora_rank + hp->rope_dim) : 0);
     CARVE(mla_o, float, C * hp->n_heads * hp->kv_lora_rank);
     CARVE(kda_buf, float, wpi_kda_scratch_floats(hp, chunk));
+    /* glm5_next: hyper-connection streams and weights, the DSA indexer's chunk buffers */
+    const uint64_t HC = hp->hc_mult;
+    const wpi_hc_dims hd = {hp->hc_mult, hp->hidden_size, hp->hc_sinkhorn_iters, 0, 0};
+    const uint64_t NI = hp->index_n_heads, SEL = hp->index_kpool ? hp->index_topk / hp->index_kpool : 0;
+    CARVE(hc_x, float, C * HC * H);
+    CARVE(hc_post, float, C * HC);
+    CARVE(hc_comb, float, C * HC * HC);
+    CARVE(hc_scr, float, HC ? wpi_hc_scratch_floats(&hd, chunk) : 0);
+    CARVE(idx_q, float, C * NI * hp->index_head_dim);
+    CARVE(idx_wt, float, C * NI);
+    CARVE(idx_sel, int32_t, C * SEL);
+    CARVE(idx_nsel, int32_t, SEL ? C : 0);
 #undef CARVE
     return off;
 }
@@ -123,7 +137,9 @@ wp_status wpi_model_init(wpi_model *m, const wpi_container *c, void *kv, void *s
     if (hp->kv_lora_rank) /* then the KDA layers' recurrent states */
         m->kda_state = (float *)kv + (size_t)(hp->n_layers - wpi_kda_layers(hp)) * ctx *
                                          (hp->kv_lora_rank + hp->rope_dim);
-    uint32_t n_att = 0, n_kda = 0;
+    if (hp->kv_lora_rank) /* then the indexer rows (dsa.c) */
+        m->idx_cache = m->kda_state + (size_t)wpi_kda_layers(hp) * wpi_kda_state_floats(hp);
+    uint32_t n_att = 0, n_kda = 0, n_idx = 0;
     m->tok_embd = wmat(wpi_container_tensor(c, "token_embd.weight"));
     m->output = wmat(wpi_container_tensor(c, "output.weight"));
     m->lm_head = hp->tie_word_embeddings || !m->output.data ? &m->tok_embd : &m->output;
@@ -157,6 +173,22 @@ wp_status wpi_model_init(wpi_model *m, const wpi_container *c, void *kv, void *s
             L->kda_dt_bias = vec(find(c, "blk.%u.kda_dt_bias", l));
             L->kda_a_log = vec(find(c, "blk.%u.kda_a_log", l));
             L->kda_o_norm = vec(find(c, "blk.%u.kda_o_norm.weight", l));
+        }
+        L->hc_attn_fn = vec(find(c, "blk.%u.hc_attn_fn", l));
+        L->hc_attn_base = vec(find(c, "blk.%u.hc_attn_base", l));
+        L->hc_attn_scale = vec(find(c, "blk.%u.hc_attn_scale", l));
+        L->hc_ffn_fn = vec(find(c, "blk.%u.hc_ffn_fn", l));
+        L->hc_ffn_base = vec(find(c, "blk.%u.hc_ffn_base", l));
+        L->hc_ffn_scale = vec(find(c, "blk.%u.hc_ffn_scale", l));
+        if (hp->layer_index[l] == WPI_INDEX_FULL && hp->layer_attn[l] != WPI_ATTN_KDA) {
+            L->idx_slot = n_idx++;
+            L->idx_q_b = wmat(find(c, "blk.%u.idx_q_b.weight", l));
+            L->idx_k = wmat(find(c, "blk.%u.idx_k.weight", l));
+            L->idx_gate = wmat(find(c, "blk.%u.idx_gate.weight", l));
+            L->idx_w = wmat(find(c, "blk.%u.idx_w.weight", l));
+            L->idx_k_norm = vec(find(c, "blk.%u.idx_k_norm.weight", l));
+            L->idx_k_norm_b = vec(find(c, "blk.%u.idx_k_norm.bias", l));
+            L->idx_ape = vec(find(c, "blk.%u.idx_ape", l));
         }
         L->sinks = vec(find(c, "blk.%u.attn_sinks", l));
         L->wq_a = wmat(find(c, "blk.%u.attn_q_a.weight", l));

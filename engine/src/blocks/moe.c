@@ -123,7 +123,15 @@ static void group_gu_task(void *arg, uint32_t t)
     float *g = c->g + (size_t)e * I, *u = c->u + (size_t)e * I;
     c->fn(c->v[e].gate, H, r0, r1, c->x, H, 1, g, I);
     c->fn(c->v[e].up, H, r0, r1, c->x, H, 1, u, I);
-    for (size_t r = r0; r < r1; r++) g[r] = g[r] / (1.0f + expf(-g[r])) * u[r];
+    const float lim = wpi_swiglu_clamp(c->m->hp);
+    for (size_t r = r0; r < r1; r++) {
+        float a = g[r], b = u[r];
+        if (lim > 0) {
+            a = a < lim ? a : lim;
+            b = b < -lim ? -lim : b > lim ? lim : b;
+        }
+        g[r] = a / (1.0f + expf(-a)) * b;
+    }
 }
 
 static void group_down_task(void *arg, uint32_t t)

@@ -1,0 +1,311 @@
+"""glm5_next (GLM-5.3-Flash text model): engine vs transformers on a tiny random model.
+
+The tiny model has every layer and MLP kind: KDA linear attention with the bounded forget
+gate (layers 0 and 3), MLA/DSA attention with its own indexer (layer 1) and one sharing
+that selection (layer 2), a dense first MLP, MoE layers with grouped sigmoid routing, a
+routing bias, routed_scaling_factor and a shared expert, swiglu_limit low enough that the
+clamp fires, and 4 hyper-connection streams. Its indexer keeps 2 pools of 4 keys, so on
+the 48-token prompt most queries attend to fewer keys than causality allows (asserted
+from transformers' own selection). The checkpoint is the multimodal one (a tiny vision
+tower, skipped by the converter) in the release's tensor spelling.
+
+F32: max |dlogit| <= 1e-4 over the prompt (chunks of 64 and 5) and 16 decode steps
+against transformers decoding with its cache; Q8_0: the same 16-token greedy continuation
+and mean KL <= 1e-3; expert streaming at the floor bit-identical to all-resident; state
+save/load round-trips and continues identically; plan_memory's kv_bytes equals a hand
+computation of every layer kind; converter refusals of bad configs.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from oracle_util import convert_to as _convert
+from oracle_util import mean_kl as _kl
+from support import has_module, requires
+
+PROMPT = [(17 * i + 5) % 250 + 3 for i in range(48)]
+STD = 0.1
+ROUTER_STD = 0.5  # a decisive router, as a trained one: Q8_0 does not flip its choices
+STEPS = 16
+
+
+@pytest.fixture(scope="module")
+def oracle_env():
+    requires(has_module("torch") and has_module("transformers"),
+             "torch==2.13.0 and transformers (the oracle)")
+    import oracle_models
+
+    return oracle_models
+
+
+def _text_config(**over: Any) -> dict[str, Any]:
+    from oracle_models import COMMON
+
+    kw = dict(COMMON)
+    kw.update(
+        num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4,
+        intermediate_size=96, moe_intermediate_size=32, n_routed_experts=8,
+        num_experts_per_tok=2, n_shared_experts=1, n_group=2, topk_group=1,
+        routed_scaling_factor=2.5, norm_topk_prob=True, kv_lora_rank=32, q_lora_rank=64,
+        qk_rope_head_dim=0, qk_nope_head_dim=16, v_head_dim=16,
+        layer_types=["linear_attention", "indexed_attention", "indexed_attention",
+                     "linear_attention"],
+        indexer_types=["full", "full", "shared", "full"],
+        mlp_layer_types=["dense", "sparse", "sparse", "sparse"],
+        linear_head_dim=32, linear_num_heads=2, linear_conv_kernel_dim=4,
+        linear_lower_bound=-5.0, hc_mult=4, hc_sinkhorn_iters=20, hc_eps=1e-6,
+        index_topk=8, index_kpool=4, index_head_dim=32, index_n_heads=8,
+        swiglu_limit=1.0,
+    )
+    kw.update(over)
+    return kw
+
+
+_VISION = dict(depth=1, hidden_size=32, num_heads=2, intermediate_size=32, out_hidden_size=64,
+               projection_intermediate_size=32, patch_size=14, spatial_merge_size=2,
+               temporal_patch_size=2)
+
+
+def _build(seed: int = 0, **over: Any) -> Any:
+    import torch
+    import transformers as tf
+
+    cfg = tf.Glm5NextConfig(text_config=_text_config(**over), vision_config=dict(_VISION))
+    torch.manual_seed(seed)
+    model = tf.Glm5NextForConditionalGeneration(cfg).to(torch.float32)
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            if "norm" in pname:
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+            elif pname.endswith("_hc.scale"):
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+            elif pname.endswith("mlp.gate.weight"):
+                p.copy_(ROUTER_STD * torch.randn_like(p))
+            elif p.dim() == 1:
+                p.copy_(0.1 * torch.randn_like(p))
+            else:
+                p.copy_(STD * torch.randn_like(p))
+        for bname, buf in model.named_buffers():
+            if bname.endswith("e_score_correction_bias"):
+                buf.copy_(0.1 * torch.randn_like(buf))
+    return model.eval()
+
+
+def _ref_decode(model: Any, prompt: list[int], steps: int) -> tuple[np.ndarray, list[int], np.ndarray]:
+    """transformers with its cache: prompt logits, then `steps` greedy tokens one at a time."""
+    import torch
+
+    with torch.no_grad():
+        out = model(torch.tensor([prompt]), use_cache=True)
+        cache = out.cache
+        prompt_logits = out.logits[0].float().numpy()
+        tokens, rows = [], []
+        last = prompt_logits[-1]
+        for _ in range(steps):
+            tok = int(last.argmax())
+            tokens.append(tok)
+            o = model(torch.tensor([[tok]]), cache=cache, use_cache=True)
+            last = o.logits[0, -1].float().numpy()
+            rows.append(last)
+    return prompt_logits, tokens, np.stack(rows)
+
+
+@pytest.fixture(scope="module")
+def glm5(oracle_env, tmp_path_factory):
+    import torch
+
+    model = _build()
+    hf_dir = oracle_env.save(model, tmp_path_factory.mktemp("hf-glm5"))
+    ref_all, ref_tokens, ref_steps = _ref_decode(model, PROMPT, STEPS)
+    # the cached decode is the same computation as a full forward of the whole sequence
+    full = oracle_env.logits(model, PROMPT + ref_tokens[:-1]).numpy()
+    assert np.abs(full[len(PROMPT):] - ref_steps[:-1]).max() < 1e-4
+    # the indexer's selection really drops keys on this prompt (transformers' own indices)
+    seen: list[Any] = []
+    hook = model.model.language_model.layers[1].self_attn.indexer.register_forward_hook(
+        lambda mod, args, out: seen.append(out))
+    with torch.no_grad():
+        model(torch.tensor([PROMPT]))
+    hook.remove()
+    picked = (seen[0][0] >= 0).sum(-1).numpy()  # keys each query attends
+    causal = np.arange(1, len(PROMPT) + 1)
+    assert (picked <= causal).all()
+    assert (picked < causal).sum() >= len(PROMPT) // 2, picked
+    assert picked[-1] < causal[-1] // 2
+    return model, hf_dir, ref_all, ref_tokens, ref_steps
+
+
+def _check_f32(eng, ref_all, ref_tokens, ref_steps, tag: str) -> float:
+    got = eng.eval(PROMPT, all_logits=True)
+    worst = float(np.abs(got - ref_all).max())
+    assert worst <= 1e-4, f"{tag}: prompt logits max |d| = {worst:.3g}"
+    for step in range(STEPS):
+        row = eng.eval([ref_tokens[step]])
+        d = float(np.abs(row - ref_steps[step]).max())
+        worst = max(worst, d)
+        assert d <= 1e-4, f"{tag}: decode step {step} max |d| = {d:.3g}"
+        if step + 1 < STEPS:
+            assert int(row.argmax()) == ref_tokens[step + 1]
+    return worst
+
+
+@pytest.mark.oracle
+def test_f32_matches_transformers(glm5, tmp_path):
+    from warp_providers import Engine
+
+    _, hf_dir, ref_all, ref_tokens, ref_steps = glm5
+    out = _convert(hf_dir, tmp_path / "m.warp", experts="f32", trunk="f32")
+    for chunk in (64, 5):
+        with Engine.open(out, threads=2, prefill_chunk=chunk) as eng:
+            _check_f32(eng, ref_all, ref_tokens, ref_steps, f"chunk {chunk}")
+    with Engine.open(out, threads=1, prefill_chunk=1) as eng:  # token by token throughout
+        _check_f32(eng, ref_all, ref_tokens, ref_steps, "chunk 1")
+
+
+@pytest.mark.oracle
+def test_q8_0_same_greedy_and_small_kl(glm5, tmp_path):
+    from warp_providers import Engine
+
+    _, hf_dir, ref_all, ref_tokens, _ = glm5
+    out = _convert(hf_dir, tmp_path / "q8.warp", experts="q8_0", trunk="q8_0")
+    with Engine.open(out, threads=2) as eng:
+        kl = _kl(ref_all, eng.eval(PROMPT, all_logits=True))
+        assert kl <= 1e-3, f"q8_0 mean KL {kl:.3g}"
+        eng.reset()
+        res = eng.generate(PROMPT, max_tokens=STEPS, stop_ids=[])
+        assert res.token_ids == ref_tokens, "q8_0 greedy continuation differs"
+
+
+def _trace(path: Path, **opts: Any) -> np.ndarray:
+    from warp_providers import Engine
+
+    with Engine.open(path, threads=2, **opts) as eng:
+        rows = list(eng.eval(PROMPT, all_logits=True))
+        tok = int(rows[-1].argmax())
+        for _ in range(STEPS):
+            last = eng.eval([tok])
+            rows.append(last)
+            tok = int(last.argmax())
+        return np.stack(rows)
+
+
+@pytest.mark.oracle
+def test_streaming_at_floor_bit_identical(glm5, tmp_path):
+    from warp_providers import plan_memory
+
+    _, hf_dir, *_ = glm5
+    out = _convert(hf_dir, tmp_path / "s.warp", experts="q8_0", trunk="q8_0")
+    plan = plan_memory(out)
+    full = _trace(out, budget=plan["floor_bytes"] + plan["experts_total_bytes"])
+    floor = _trace(out, budget=plan["floor_bytes"])
+    assert np.array_equal(full, floor), f"max |d| = {np.abs(full - floor).max():.3g}"
+    assert np.array_equal(_trace(out, budget=plan["floor_bytes"], lookahead=False), full)
+
+
+@pytest.mark.oracle
+def test_state_roundtrip_continues_identically(glm5, tmp_path):
+    from warp_providers import Engine
+
+    _, hf_dir, *_ = glm5
+    out = _convert(hf_dir, tmp_path / "st.warp", experts="f32", trunk="f32")
+    cont = [7, 8, 9, 10, 11, 12]  # crosses a pool boundary after the 48-token prompt
+    with Engine.open(out, threads=2) as eng:
+        eng.eval(PROMPT[:45])
+        eng.save_state(tmp_path / "s.state")
+        want = [eng.eval([t]) for t in cont]
+        want_gen = eng.generate(PROMPT[:45], max_tokens=8, stop_ids=[]).token_ids
+    with Engine.open(out, threads=2) as eng:
+        eng.eval(PROMPT[:5])  # some other state, replaced by the load
+        eng.load_state(tmp_path / "s.state")
+        got = [eng.eval([t]) for t in cont]
+        eng.load_state(tmp_path / "s.state")
+        got_gen = eng.generate(PROMPT[:45], max_tokens=8, stop_ids=[]).token_ids
+    for a, b in zip(want, got):
+        assert np.array_equal(a, b)
+    assert got_gen == want_gen
+
+
+def _hand_kv_bytes(hp: dict[str, Any], ctx: int) -> int:
+    """Every layer kind by hand: an MLA layer keeps one latent row (kv_lora_rank floats, no
+    rope) per position; an indexer layer also [k | gate | pool key] (3 * index_head_dim)
+    per position; a KDA layer a recurrent state S [heads, d, d] plus the conv window
+    [kernel - 1, 3 * heads * d], whatever the context."""
+    assert hp["attn_kinds"] == ["kda", "full", "full", "kda"]
+    assert hp["index_kinds"] == ["none", "full", "shared", "none"]
+    h, d, k = hp["kda_heads"], hp["kda_head_dim"], hp["kda_conv"]
+    mla = 2 * ctx * hp["kv_lora_rank"]
+    indexer = 1 * ctx * 3 * hp["index_head_dim"]
+    kda = 2 * (h * d * d + (k - 1) * 3 * h * d)
+    return 4 * (mla + indexer + kda)
+
+
+@pytest.mark.oracle
+def test_plan_state_bytes(glm5, tmp_path):
+    from warp_providers import plan_memory
+
+    _, hf_dir, *_ = glm5
+    out = _convert(hf_dir, tmp_path / "p.warp", experts="q8_0", trunk="q8_0")
+    hp = json.loads((out / "manifest.json").read_text())["hparams"]
+    for ctx in (64, 300):
+        assert plan_memory(out, ctx=ctx)["kv_bytes"] == _hand_kv_bytes(hp, ctx)
+
+
+# --------------------------------------------------------------------------- converter
+
+
+def _edit_config(src: Path, dst: Path, **text: Any) -> Path:
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    cfg["text_config"].update(text)
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return dst
+
+
+@pytest.mark.oracle
+def test_converter_takes_the_text_model(glm5, tmp_path):
+    """Vision tensors and a multi-token-prediction layer are skipped; anything else unknown
+    is refused by name; the manifest carries the schedules."""
+    from safetensors.numpy import load_file, save_file
+
+    from warp_providers.convert.quant import ConvertError
+
+    _, hf_dir, *_ = glm5
+    names = load_file(str(hf_dir / "model.safetensors"))
+    assert any(n.startswith("model.visual.") for n in names)
+    src = tmp_path / "mtp"
+    shutil.copytree(hf_dir, src)
+    sd = dict(names)
+    sd["model.language_model.layers.4.eh_proj.weight"] = np.zeros((64, 128), np.float32)
+    sd["model.language_model.layers.4.shared_head.norm.weight"] = np.ones(64, np.float32)
+    save_file(sd, str(src / "model.safetensors"), metadata={"format": "pt"})
+    out = _convert(src, tmp_path / "m.warp", experts="f32", trunk="f32")
+    hp = json.loads((out / "manifest.json").read_text())["hparams"]
+    assert hp["hc_mult"] == 4 and hp["kda_lower_bound"] == -5.0 and hp["swiglu_limit"] == 1.0
+    assert hp["rope_dim"] == 0 and hp["head_dim"] == 16 and hp["layer_kinds"][0] == "dense"
+    sd["model.language_model.layers.1.self_attn.surprise"] = np.zeros(3, np.float32)
+    save_file(sd, str(src / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ConvertError, match="surprise"):
+        _convert(src, tmp_path / "x.warp", experts="f32", trunk="f32")
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("edit, match", [
+    (dict(indexer_types=["full", "shared", "shared", "full"]), "shares the indexer selection"),
+    (dict(index_topk=10), "multiple of index_kpool"),
+    (dict(qk_rope_head_dim=8), "no rope"),
+    (dict(index_kpool_always_select_tail=False), "select_tail"),
+    (dict(layer_types=["linear_attention"] * 3), "layer_types must list 4"),
+])
+def test_converter_refuses_bad_configs(glm5, tmp_path, edit, match):
+    from warp_providers.convert.quant import ConvertError
+
+    _, hf_dir, *_ = glm5
+    src = _edit_config(hf_dir, tmp_path / "bad", **edit)
+    with pytest.raises(ConvertError, match=match):
+        _convert(src, tmp_path / "x.warp", experts="f32", trunk="f32")
