@@ -35,8 +35,13 @@ STD = 0.1
 # embedding at unit scale) and the routing bias separates the experts' choice values
 # clearly: with all-small random weights, Q8_0's relative error grows to ~6% over the
 # four layers and flips indexer and routing choices, which no exact engine can follow.
+# Even so, some draws keep a near-tie that Q8_0 flips (draws 0, 2, 4, 6, 7 of 0..7: one
+# token's pools or experts, mean KL up to 1.1e-3 in transformers itself on the
+# quantize -> dequantize weights); draw 1 has none. The engine's exactness on any draw's
+# Q8_0 weights is test_q8_0_container_is_exact_on_its_own_weights.
 EMBED_STD = 1.0
 BIAS_STD = 0.5
+SEED = 1
 STEPS = 16
 
 
@@ -77,7 +82,7 @@ _VISION = dict(depth=1, hidden_size=32, num_heads=2, intermediate_size=32, out_h
                temporal_patch_size=2)
 
 
-def _build(seed: int = 0, **over: Any) -> Any:
+def _build(seed: int = SEED, **over: Any) -> Any:
     import torch
     import transformers as tf
 
@@ -314,3 +319,38 @@ def test_converter_refuses_bad_configs(glm5, tmp_path, edit, match):
     src = _edit_config(hf_dir, tmp_path / "bad", **edit)
     with pytest.raises(ConvertError, match=match):
         _convert(src, tmp_path / "x.warp", experts="f32", trunk="f32")
+
+
+def _quant_dequant_q8(model: Any) -> Any:
+    """A copy of model whose container-quantized matrices went through Q8_0 quantize ->
+    dequantize (the f32 ones: norms, router, hyper-connections, conv, indexer ape)."""
+    import copy
+
+    import torch
+    from gguf import GGMLQuantizationType, quants
+
+    qt = GGMLQuantizationType.Q8_0
+    m = copy.deepcopy(model)
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if (p.dim() < 2 or "visual" in name or "norm" in name or name.endswith(
+                    ("mlp.gate.weight", "_hc.fn", "compress_ape", "conv1d.weight"))):
+                continue
+            a = p.detach().numpy()
+            rows = np.ascontiguousarray(a.reshape(-1, a.shape[-1]))
+            q = quants.dequantize(quants.quantize(rows, qt), qt).reshape(a.shape)
+            p.copy_(torch.from_numpy(np.ascontiguousarray(q)))
+    return m
+
+
+@pytest.mark.oracle
+def test_q8_0_container_is_exact_on_its_own_weights(glm5, tmp_path):
+    """The engine computes exactly on Q8_0 blocks: transformers running the quantize ->
+    dequantize of the same weights, with its cache, gives the same logits."""
+    from warp_providers import Engine
+
+    model, hf_dir, *_ = glm5
+    out = _convert(hf_dir, tmp_path / "q.warp", experts="q8_0", trunk="q8_0")
+    ref_all, ref_tokens, ref_steps = _ref_decode(_quant_dequant_q8(model), PROMPT, STEPS)
+    with Engine.open(out, threads=2) as eng:
+        _check_f32(eng, ref_all, ref_tokens, ref_steps, "q8_0 weights")
