@@ -354,3 +354,80 @@ def test_q8_0_container_is_exact_on_its_own_weights(glm5, tmp_path):
     ref_all, ref_tokens, ref_steps = _ref_decode(_quant_dequant_q8(model), PROMPT, STEPS)
     with Engine.open(out, threads=2) as eng:
         _check_f32(eng, ref_all, ref_tokens, ref_steps, "q8_0 weights")
+
+
+@pytest.mark.oracle
+def test_transformers_spelling_converts_the_same(glm5, tmp_path):
+    """transformers' own parameter names (attn_hc.fn, forget_gate.*, one conv1d, fused
+    experts) give the same container as the release spelling."""
+    from safetensors.torch import save_file
+
+    from warp_providers import Engine
+
+    model, hf_dir, ref_all, *_ = glm5
+    src = tmp_path / "tf"
+    shutil.copytree(hf_dir, src)
+    sd = {k: v.contiguous() for k, v in model.state_dict().items()}
+    assert "model.language_model.layers.1.attn_hc.fn" in sd
+    assert "model.language_model.layers.1.mlp.experts.gate_up_proj" in sd
+    save_file(sd, str(src / "model.safetensors"), metadata={"format": "pt"})
+    out = _convert(src, tmp_path / "m.warp", experts="f32", trunk="f32")
+    with Engine.open(out, threads=2) as eng:
+        assert np.abs(eng.eval(PROMPT, all_logits=True) - ref_all).max() <= 1e-4
+
+
+def _fp8_blocks(w: np.ndarray, blk: int) -> tuple[Any, np.ndarray, np.ndarray]:
+    """(e4m3 codes, scale_inv [rows/blk, cols/blk], dequantized) of a matrix: power-of-two
+    block scales, so the dequantized matrix quantizes back to the same codes."""
+    import torch
+
+    r, c = w.shape
+    g = w.reshape(r // blk, blk, c // blk, blk)
+    amax = np.abs(g).max(axis=(1, 3))
+    scale = np.exp2(np.ceil(np.log2(np.maximum(amax, 1e-30) / 448.0))).astype(np.float32)
+    full = np.repeat(np.repeat(scale, blk, 0), blk, 1)
+    codes = torch.from_numpy(w / full).to(torch.float8_e4m3fn)
+    return codes, scale, codes.to(torch.float32).numpy() * full
+
+
+@pytest.mark.oracle
+def test_fp8_block_scaled_source(oracle_env, glm5, tmp_path):
+    """An fp8 checkpoint (e4m3 matrices with weight_scale_inv blocks, as DeepSeek-style
+    releases ship) converts exactly: the engine matches transformers holding the
+    dequantized weights."""
+    import torch
+    import transformers as tf
+    from safetensors.numpy import load_file
+    from safetensors.torch import save_file
+
+    from warp_providers import Engine
+
+    _, hf_dir, *_ = glm5
+    blk = 32
+    sd = load_file(str(hf_dir / "model.safetensors"))
+    deq, fp8 = {}, {}
+    for name, w in sd.items():
+        if (w.ndim == 2 and name.endswith("proj.weight") and "visual" not in name
+                and not w.shape[0] % blk and not w.shape[1] % blk):
+            codes, scale, d = _fp8_blocks(w, blk)
+            deq[name] = torch.from_numpy(d)
+            fp8[name] = codes
+            fp8[name + "_scale_inv"] = torch.from_numpy(scale)
+        else:
+            deq[name] = fp8[name] = torch.from_numpy(w)
+    assert sum(v.dtype == torch.float8_e4m3fn for v in fp8.values()) > 40
+    ref_dir = tmp_path / "deq"
+    shutil.copytree(hf_dir, ref_dir)
+    save_file(deq, str(ref_dir / "model.safetensors"), metadata={"format": "pt"})
+    src = tmp_path / "fp8"
+    shutil.copytree(hf_dir, src)
+    save_file(fp8, str(src / "model.safetensors"), metadata={"format": "pt"})
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3",
+                                  "weight_block_size": [blk, blk]}
+    (src / "config.json").write_text(json.dumps(cfg))
+    ref_model = tf.Glm5NextForConditionalGeneration.from_pretrained(ref_dir, dtype=torch.float32)
+    ref = oracle_env.logits(ref_model.eval(), PROMPT).numpy()
+    out = _convert(src, tmp_path / "m.warp", experts="f32", trunk="f32")
+    with Engine.open(out, threads=2) as eng:
+        assert np.abs(eng.eval(PROMPT, all_logits=True) - ref).max() <= 1e-4

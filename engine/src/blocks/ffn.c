@@ -19,6 +19,7 @@ typedef struct gu_ctx {
     const float *x;
     size_t ldx;
     uint32_t n_tok, blk;
+    float lim;              /* wpi_swiglu_clamp */
 } gu_ctx;
 
 static void gu_task(void *arg, uint32_t task)
@@ -29,7 +30,7 @@ static void gu_task(void *arg, uint32_t task)
     float *g = c->m->ff_g, *u = c->m->ff_u;
     c->fg(c->gate->data, c->gate->cols, r0, r1, c->x, c->ldx, c->n_tok, g, I);
     c->fu(c->up->data, c->up->cols, r0, r1, c->x, c->ldx, c->n_tok, u, I);
-    const float lim = wpi_swiglu_clamp(c->m->hp);
+    const float lim = c->lim;
     for (uint32_t t = 0; t < c->n_tok; t++)
         for (size_t r = r0; r < r1; r++) {
             float a = g[t * I + r], b = u[t * I + r];
@@ -51,7 +52,7 @@ void wpi_swiglu(wpi_model *m, const wpi_wmat *gate, const wpi_wmat *up,
                 float *out, size_t ldo)
 {
     gu_ctx c = {m, wpi_kernels_matmul(m->k, gate->dtype), wpi_kernels_matmul(m->k, up->dtype),
-                gate, up, x, ldx, n_tok, 0};
+                gate, up, x, ldx, n_tok, 0, m->hp ? wpi_swiglu_clamp(m->hp) : 0};
     const uint32_t I = gate->rows;
     const uint32_t nt = wpi_pool_threads(m->pool);
     uint64_t work = 2ull * I * gate->cols * n_tok;
