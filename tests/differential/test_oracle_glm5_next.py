@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -264,6 +266,33 @@ def test_plan_state_bytes(glm5, tmp_path):
     hp = json.loads((out / "manifest.json").read_text())["hparams"]
     for ctx in (64, 300):
         assert plan_memory(out, ctx=ctx)["kv_bytes"] == _hand_kv_bytes(hp, ctx)
+    p = subprocess.run([sys.executable, "-m", "warp_providers.cli", "plan", str(out), "--ctx",
+                        "300", "--json"], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["kv_bytes"] == _hand_kv_bytes(hp, 300)
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("edit, match", [
+    (dict(index_kinds=["none", "shared", "shared", "none"]), "must follow a \"full\" layer"),
+    (dict(index_kinds=["full", "full", "shared", "none"]), "a KDA layer has no indexer"),
+    (dict(index_topk=6), "not a multiple of index_kpool"),
+    (dict(hc_mult=None), "hc_mult and hc_sinkhorn_iters are needed"),
+    (dict(swiglu_alpha=1.702), "no swiglu_alpha"),
+    (dict(q_lora_rank=None), "q_lora_rank is required"),
+])
+def test_engine_refuses_bad_hparams(glm5, tmp_path, edit, match):
+    """The engine's own checks of a container's glm5_next hparams name what is wrong."""
+    from warp_providers import Engine
+    from warp_providers.errors import ModelFormatError
+
+    _, hf_dir, *_ = glm5
+    out = _convert(hf_dir, tmp_path / "m.warp", experts="f32", trunk="f32")
+    man = json.loads((out / "manifest.json").read_text())
+    man["hparams"].update(edit)
+    (out / "manifest.json").write_text(json.dumps(man))
+    with pytest.raises(ModelFormatError, match=match):
+        Engine.open(out, threads=1)
 
 
 # --------------------------------------------------------------------------- converter

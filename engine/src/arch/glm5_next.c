@@ -5,13 +5,14 @@
  *     x = pre-mix(streams); y = block(x); streams = post * y + comb^T streams
  *   for the attention block and again for the FFN block; after the last layer the streams'
  *   mean goes through the final norm. Attention per layer (attn_kinds): "kda" layers are
- *   Kimi Delta Attention with the bounded forget gate (blocks/kda.c); "full" layers are
- *   MLA without positional encoding (blocks/mla.c, lora norms at rms_norm_eps) restricted
- *   to the key pools chosen by the DSA indexer (blocks/dsa.c): its own for an index_kinds
- *   "full" layer, the previous layer's for a "shared" one. FFN (layer_kinds): dense, or
+ *   Kimi Delta Attention, the forget gate bounded by kda_lower_bound when given
+ *   (blocks/kda.c); "full" layers are MLA without positional encoding (blocks/mla.c,
+ *   lora norms at rms_norm_eps) restricted to the key pools chosen by the DSA indexer
+ *   (blocks/dsa.c): its own for an index_kinds "full" layer, the previous layer's for a
+ *   "shared" one. FFN (layer_kinds): dense, or
  *   MoE with sigmoid grouped routing, exp_probs_b for selection only, renormalized weights
  *   times routed_scaling_factor (route_noaux.c) and an ungated shared expert; every SwiGLU
- *   clamps gate <= swiglu_limit and |up| <= swiglu_limit (ffn.c).
+ *   clamps gate <= swiglu_limit and |up| <= swiglu_limit when the limit is > 0 (ffn.c).
  */
 #include <stdio.h>
 #include <string.h>
@@ -38,8 +39,7 @@ static wp_status check_hparams(const wpi_hparams *hp, char *err, size_t cap)
     HP(hp->hc_mult >= 1 && hp->hc_sinkhorn_iters >= 1, "hc_mult and hc_sinkhorn_iters are needed");
     HP(hp->kda_heads && hp->kda_head_dim && hp->kda_head_dim <= 1024 && hp->kda_conv,
        "kda_heads, kda_head_dim (<= 1024) and kda_conv are needed");
-    HP(hp->kda_safe_gate, "kda_lower_bound is needed (the bounded forget gate)");
-    HP(hp->swiglu_alpha == 0 && hp->swiglu_limit > 0, "swiglu_limit > 0 without swiglu_alpha");
+    HP(hp->swiglu_alpha == 0, "no swiglu_alpha (the SwiGLU clamp is swiglu_limit alone)");
     HP(hp->index_kpool && hp->index_tail,
        "the DSA indexer (index_*) with index_tail is needed");
     for (uint32_t l = 0; l < hp->n_layers; l++) {
