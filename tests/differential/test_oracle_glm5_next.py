@@ -460,3 +460,44 @@ def test_fp8_block_scaled_source(oracle_env, glm5, tmp_path):
     out = _convert(src, tmp_path / "m.warp", experts="f32", trunk="f32")
     with Engine.open(out, threads=2) as eng:
         assert np.abs(eng.eval(PROMPT, all_logits=True) - ref).max() <= 1e-4
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("kw", [
+    {},
+    {"index_topk_pattern": "FFSFSS" * 7 + "FFF"},
+    {"index_topk_freq": 3, "index_skip_topk_offset": 2},
+    {"layer_types": ["indexed_attention"] * 45, "index_topk_pattern": "FSS" * 15},
+    {"layer_types": ["indexed_attention"] * 45, "index_topk_freq": 2},
+    {"layer_types": ["full_attention" if i % 2 else "linear_attention" for i in range(45)],
+     "mlp_layer_types": ["dense"] + ["sparse"] * 44},
+    {"linear_attn_config": {"head_dim": 64, "num_heads": 8, "short_conv_kernel_size": 3,
+                            "gate_lower_bound": None, "safe_gate": False}},
+])
+def test_config_schedules_follow_transformers(oracle_env, kw):
+    """The converter derives the per-layer schedules as transformers' config does (layer
+    types, MLP types, indexer sharing from a pattern or a frequency, linear_attn_config)."""
+    import transformers as tf
+
+    from warp_providers.convert import hf_glm5
+    from warp_providers.convert.quant import ConvertError
+
+    ref = tf.Glm5NextTextConfig(**kw)
+    cfg = {"model_type": "glm5_next_text", "num_hidden_layers": 45, **kw}
+    tc = hf_glm5._text_config(cfg)
+    assert (tc["linear_head_dim"], tc["linear_num_heads"], tc["linear_conv_kernel_dim"],
+            tc["linear_lower_bound"]) == (ref.linear_head_dim, ref.linear_num_heads,
+                                          ref.linear_conv_kernel_dim, ref.linear_lower_bound)
+    try:
+        attn, mlp, index = hf_glm5._schedules(tc, 45)
+    except ConvertError as e:  # a shared layer after a KDA layer: transformers would fail too
+        assert "shares the indexer selection" in str(e)
+        bad = [i for i, t in enumerate(ref.layer_types) if t == "indexed_attention"
+               and ref.indexer_types[i] == "shared" and (ref.layer_types[i - 1] != "indexed_attention"
+                                                          or ref.indexer_types[i - 1] != "full")]
+        assert bad
+        return
+    assert attn == ["kda" if t == "linear_attention" else "full" for t in ref.layer_types]
+    assert mlp == ref.mlp_layer_types
+    assert index == ["none" if t == "linear_attention" else k
+                     for t, k in zip(ref.layer_types, ref.indexer_types)]
