@@ -77,7 +77,8 @@ static uint64_t layout(const wpi_hparams *hp, uint32_t chunk, wpi_model *m, char
     /* glm5_next: hyper-connection streams and weights, the DSA indexer's chunk buffers */
     const uint64_t HC = hp->hc_mult;
     const wpi_hc_dims hd = {hp->hc_mult, hp->hidden_size, hp->hc_sinkhorn_iters, 0, 0};
-    const uint64_t NI = hp->index_n_heads, SEL = hp->index_kpool ? hp->index_topk / hp->index_kpool : 0;
+    const uint64_t NI = hp->index_n_heads;
+    const uint64_t SEL = hp->index_kpool ? hp->index_topk / hp->index_kpool : 0;
     CARVE(hc_x, float, C * HC * H);
     CARVE(hc_post, float, C * HC);
     CARVE(hc_comb, float, C * HC * HC);

@@ -82,10 +82,12 @@ wp_status wpi_hparams_glm5(const struct wpi_json *h, wpi_hparams *hp, char *err,
 {
     wp_status st;
     int safe = 0;
+    float *lb = &hp->kda_lower_bound;
     if ((st = u32_key(h, "hc_mult", 1, WPI_HC_MAX, &hp->hc_mult, err, cap)) != WP_OK ||
-        (st = u32_key(h, "hc_sinkhorn_iters", 1, 10000, &hp->hc_sinkhorn_iters, err, cap)) != WP_OK ||
+        (st = u32_key(h, "hc_sinkhorn_iters", 1, 10000, &hp->hc_sinkhorn_iters, err,
+                      cap)) != WP_OK ||
         (st = num_key(h, "hc_eps", 0, 1, &hp->hc_eps, NULL, err, cap)) != WP_OK ||
-        (st = num_key(h, "kda_lower_bound", -1e6, 0, &hp->kda_lower_bound, &safe, err, cap)) != WP_OK ||
+        (st = num_key(h, "kda_lower_bound", -1e6, 0, lb, &safe, err, cap)) != WP_OK ||
         (st = num_key(h, "lora_norm_eps", 0, 1, &hp->lora_norm_eps, NULL, err, cap)) != WP_OK ||
         (st = u32_key(h, "index_n_heads", 1, 4096, &hp->index_n_heads, err, cap)) != WP_OK ||
         (st = u32_key(h, "index_head_dim", 1, 4096, &hp->index_head_dim, err, cap)) != WP_OK ||
@@ -98,7 +100,7 @@ wp_status wpi_hparams_glm5(const struct wpi_json *h, wpi_hparams *hp, char *err,
     if (!hp->index_n_heads != !hp->index_head_dim || !hp->index_n_heads != !hp->index_topk ||
         !hp->index_n_heads != !hp->index_kpool)
         return wpi_fail(err, cap, WP_E_FORMAT,
-                        W ": index_n_heads, index_head_dim, index_topk and index_kpool go together");
+                        W ": index_n_heads, index_head_dim, index_topk, index_kpool go together");
     if (hp->index_kpool) {
         if (hp->index_topk % hp->index_kpool)
             return wpi_fail(err, cap, WP_E_FORMAT,

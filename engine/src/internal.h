@@ -327,9 +327,10 @@ typedef struct wpi_layer {
     const float *kda_dt_bias, *kda_a_log, *kda_o_norm; /* [D], [kda_heads], [kda_head_dim] */
     /* glm5_next: hyper-connection weights around attention and FFN (f32), and the DSA
      * indexer (blocks/dsa.c) of a WPI_INDEX_FULL layer */
-    const float *hc_attn_fn, *hc_attn_base, *hc_attn_scale; /* [(2+hc)*hc, hc*hidden], [(2+hc)*hc], [3] */
+    /* fn [(2+hc)*hc, hc*hidden], base [(2+hc)*hc], scale [3] */
+    const float *hc_attn_fn, *hc_attn_base, *hc_attn_scale;
     const float *hc_ffn_fn, *hc_ffn_base, *hc_ffn_scale;
-    wpi_wmat idx_q_b;                             /* [index_n_heads * index_head_dim, q_lora_rank] */
+    wpi_wmat idx_q_b;                             /* [index_n_heads*index_head_dim, q_lora_rank] */
     wpi_wmat idx_k, idx_gate;                     /* [index_head_dim, hidden] */
     wpi_wmat idx_w;                               /* [index_n_heads, hidden] */
     const float *idx_k_norm, *idx_k_norm_b;       /* LayerNorm [index_head_dim] */

@@ -49,8 +49,10 @@ STEPS = 16
 
 @pytest.fixture(scope="module")
 def oracle_env():
-    requires(has_module("torch") and has_module("transformers"),
-             "torch==2.13.0 and transformers (the oracle)")
+    requires(
+        has_module("torch") and has_module("transformers"),
+        "torch==2.13.0 and transformers (the oracle)",
+    )
     import oracle_models
 
     return oracle_models
@@ -61,27 +63,59 @@ def _text_config(**over: Any) -> dict[str, Any]:
 
     kw = dict(COMMON)
     kw.update(
-        num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4,
-        intermediate_size=96, moe_intermediate_size=32, n_routed_experts=8,
-        num_experts_per_tok=2, n_shared_experts=1, n_group=2, topk_group=1,
-        routed_scaling_factor=2.5, norm_topk_prob=True, kv_lora_rank=32, q_lora_rank=64,
-        qk_rope_head_dim=0, qk_nope_head_dim=16, v_head_dim=16,
-        layer_types=["linear_attention", "indexed_attention", "indexed_attention",
-                     "linear_attention"],
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        intermediate_size=96,
+        moe_intermediate_size=32,
+        n_routed_experts=8,
+        num_experts_per_tok=2,
+        n_shared_experts=1,
+        n_group=2,
+        topk_group=1,
+        routed_scaling_factor=2.5,
+        norm_topk_prob=True,
+        kv_lora_rank=32,
+        q_lora_rank=64,
+        qk_rope_head_dim=0,
+        qk_nope_head_dim=16,
+        v_head_dim=16,
+        layer_types=[
+            "linear_attention",
+            "indexed_attention",
+            "indexed_attention",
+            "linear_attention",
+        ],
         indexer_types=["full", "full", "shared", "full"],
         mlp_layer_types=["dense", "sparse", "sparse", "sparse"],
-        linear_head_dim=32, linear_num_heads=2, linear_conv_kernel_dim=4,
-        linear_lower_bound=-5.0, hc_mult=4, hc_sinkhorn_iters=20, hc_eps=1e-6,
-        index_topk=8, index_kpool=4, index_head_dim=32, index_n_heads=8,
+        linear_head_dim=32,
+        linear_num_heads=2,
+        linear_conv_kernel_dim=4,
+        linear_lower_bound=-5.0,
+        hc_mult=4,
+        hc_sinkhorn_iters=20,
+        hc_eps=1e-6,
+        index_topk=8,
+        index_kpool=4,
+        index_head_dim=32,
+        index_n_heads=8,
         swiglu_limit=1.0,
     )
     kw.update(over)
     return kw
 
 
-_VISION = dict(depth=1, hidden_size=32, num_heads=2, intermediate_size=32, out_hidden_size=64,
-               projection_intermediate_size=32, patch_size=14, spatial_merge_size=2,
-               temporal_patch_size=2)
+_VISION = dict(
+    depth=1,
+    hidden_size=32,
+    num_heads=2,
+    intermediate_size=32,
+    out_hidden_size=64,
+    projection_intermediate_size=32,
+    patch_size=14,
+    spatial_merge_size=2,
+    temporal_patch_size=2,
+)
 
 
 def _build(seed: int = SEED, **over: Any) -> Any:
@@ -109,7 +143,9 @@ def _build(seed: int = SEED, **over: Any) -> Any:
     return model.eval()
 
 
-def _ref_decode(model: Any, prompt: list[int], steps: int) -> tuple[np.ndarray, list[int], np.ndarray]:
+def _ref_decode(
+    model: Any, prompt: list[int], steps: int
+) -> tuple[np.ndarray, list[int], np.ndarray]:
     """transformers with its cache: prompt logits, then `steps` greedy tokens one at a time."""
     import torch
 
@@ -137,11 +173,12 @@ def glm5(oracle_env, tmp_path_factory):
     ref_all, ref_tokens, ref_steps = _ref_decode(model, PROMPT, STEPS)
     # the cached decode is the same computation as a full forward of the whole sequence
     full = oracle_env.logits(model, PROMPT + ref_tokens[:-1]).numpy()
-    assert np.abs(full[len(PROMPT):] - ref_steps[:-1]).max() < 1e-4
+    assert np.abs(full[len(PROMPT) :] - ref_steps[:-1]).max() < 1e-4
     # the indexer's selection really drops keys on this prompt (transformers' own indices)
     seen: list[Any] = []
     hook = model.model.language_model.layers[1].self_attn.indexer.register_forward_hook(
-        lambda mod, args, out: seen.append(out))
+        lambda mod, args, out: seen.append(out)
+    )
     with torch.no_grad():
         model(torch.tensor([PROMPT]))
     hook.remove()
@@ -266,21 +303,28 @@ def test_plan_state_bytes(glm5, tmp_path):
     hp = json.loads((out / "manifest.json").read_text())["hparams"]
     for ctx in (64, 300):
         assert plan_memory(out, ctx=ctx)["kv_bytes"] == _hand_kv_bytes(hp, ctx)
-    p = subprocess.run([sys.executable, "-m", "warp_providers.cli", "plan", str(out), "--ctx",
-                        "300", "--json"], capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        [sys.executable, "-m", "warp_providers.cli", "plan", str(out), "--ctx", "300", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["kv_bytes"] == _hand_kv_bytes(hp, 300)
 
 
 @pytest.mark.oracle
-@pytest.mark.parametrize("edit, match", [
-    (dict(index_kinds=["none", "shared", "shared", "none"]), "must follow a \"full\" layer"),
-    (dict(index_kinds=["full", "full", "shared", "none"]), "a KDA layer has no indexer"),
-    (dict(index_topk=6), "not a multiple of index_kpool"),
-    (dict(hc_mult=None), "hc_mult and hc_sinkhorn_iters are needed"),
-    (dict(swiglu_alpha=1.702), "no swiglu_alpha"),
-    (dict(q_lora_rank=None), "q_lora_rank is required"),
-])
+@pytest.mark.parametrize(
+    "edit, match",
+    [
+        (dict(index_kinds=["none", "shared", "shared", "none"]), 'must follow a "full" layer'),
+        (dict(index_kinds=["full", "full", "shared", "none"]), "a KDA layer has no indexer"),
+        (dict(index_topk=6), "not a multiple of index_kpool"),
+        (dict(hc_mult=None), "hc_mult and hc_sinkhorn_iters are needed"),
+        (dict(swiglu_alpha=1.702), "no swiglu_alpha"),
+        (dict(q_lora_rank=None), "q_lora_rank is required"),
+    ],
+)
 def test_engine_refuses_bad_hparams(glm5, tmp_path, edit, match):
     """The engine's own checks of a container's glm5_next hparams name what is wrong."""
     from warp_providers import Engine
@@ -334,13 +378,16 @@ def test_converter_takes_the_text_model(glm5, tmp_path):
 
 
 @pytest.mark.oracle
-@pytest.mark.parametrize("edit, match", [
-    (dict(indexer_types=["full", "shared", "shared", "full"]), "shares the indexer selection"),
-    (dict(index_topk=10), "multiple of index_kpool"),
-    (dict(qk_rope_head_dim=8), "no rope"),
-    (dict(index_kpool_always_select_tail=False), "select_tail"),
-    (dict(layer_types=["linear_attention"] * 3), "layer_types must list 4"),
-])
+@pytest.mark.parametrize(
+    "edit, match",
+    [
+        (dict(indexer_types=["full", "shared", "shared", "full"]), "shares the indexer selection"),
+        (dict(index_topk=10), "multiple of index_kpool"),
+        (dict(qk_rope_head_dim=8), "no rope"),
+        (dict(index_kpool_always_select_tail=False), "select_tail"),
+        (dict(layer_types=["linear_attention"] * 3), "layer_types must list 4"),
+    ],
+)
 def test_converter_refuses_bad_configs(glm5, tmp_path, edit, match):
     from warp_providers.convert.quant import ConvertError
 
@@ -362,8 +409,12 @@ def _quant_dequant_q8(model: Any) -> Any:
     m = copy.deepcopy(model)
     with torch.no_grad():
         for name, p in m.named_parameters():
-            if (p.dim() < 2 or "visual" in name or "norm" in name or name.endswith(
-                    ("mlp.gate.weight", "_hc.fn", "compress_ape", "conv1d.weight"))):
+            if (
+                p.dim() < 2
+                or "visual" in name
+                or "norm" in name
+                or name.endswith(("mlp.gate.weight", "_hc.fn", "compress_ape", "conv1d.weight"))
+            ):
                 continue
             a = p.detach().numpy()
             rows = np.ascontiguousarray(a.reshape(-1, a.shape[-1]))
@@ -436,8 +487,13 @@ def test_fp8_block_scaled_source(oracle_env, glm5, tmp_path):
     sd = load_file(str(hf_dir / "model.safetensors"))
     deq, fp8 = {}, {}
     for name, w in sd.items():
-        if (w.ndim == 2 and name.endswith("proj.weight") and "visual" not in name
-                and not w.shape[0] % blk and not w.shape[1] % blk):
+        if (
+            w.ndim == 2
+            and name.endswith("proj.weight")
+            and "visual" not in name
+            and not w.shape[0] % blk
+            and not w.shape[1] % blk
+        ):
             codes, scale, d = _fp8_blocks(w, blk)
             deq[name] = torch.from_numpy(d)
             fp8[name] = codes
@@ -452,8 +508,11 @@ def test_fp8_block_scaled_source(oracle_env, glm5, tmp_path):
     shutil.copytree(hf_dir, src)
     save_file(fp8, str(src / "model.safetensors"), metadata={"format": "pt"})
     cfg = json.loads((src / "config.json").read_text())
-    cfg["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3",
-                                  "weight_block_size": [blk, blk]}
+    cfg["quantization_config"] = {
+        "quant_method": "fp8",
+        "fmt": "e4m3",
+        "weight_block_size": [blk, blk],
+    }
     (src / "config.json").write_text(json.dumps(cfg))
     ref_model = tf.Glm5NextForConditionalGeneration.from_pretrained(ref_dir, dtype=torch.float32)
     ref = oracle_env.logits(ref_model.eval(), PROMPT).numpy()
@@ -463,17 +522,29 @@ def test_fp8_block_scaled_source(oracle_env, glm5, tmp_path):
 
 
 @pytest.mark.oracle
-@pytest.mark.parametrize("kw", [
-    {},
-    {"index_topk_pattern": "FFSFSS" * 7 + "FFF"},
-    {"index_topk_freq": 3, "index_skip_topk_offset": 2},
-    {"layer_types": ["indexed_attention"] * 45, "index_topk_pattern": "FSS" * 15},
-    {"layer_types": ["indexed_attention"] * 45, "index_topk_freq": 2},
-    {"layer_types": ["full_attention" if i % 2 else "linear_attention" for i in range(45)],
-     "mlp_layer_types": ["dense"] + ["sparse"] * 44},
-    {"linear_attn_config": {"head_dim": 64, "num_heads": 8, "short_conv_kernel_size": 3,
-                            "gate_lower_bound": None, "safe_gate": False}},
-])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {},
+        {"index_topk_pattern": "FFSFSS" * 7 + "FFF"},
+        {"index_topk_freq": 3, "index_skip_topk_offset": 2},
+        {"layer_types": ["indexed_attention"] * 45, "index_topk_pattern": "FSS" * 15},
+        {"layer_types": ["indexed_attention"] * 45, "index_topk_freq": 2},
+        {
+            "layer_types": ["full_attention" if i % 2 else "linear_attention" for i in range(45)],
+            "mlp_layer_types": ["dense"] + ["sparse"] * 44,
+        },
+        {
+            "linear_attn_config": {
+                "head_dim": 64,
+                "num_heads": 8,
+                "short_conv_kernel_size": 3,
+                "gate_lower_bound": None,
+                "safe_gate": False,
+            }
+        },
+    ],
+)
 def test_config_schedules_follow_transformers(oracle_env, kw):
     """The converter derives the per-layer schedules as transformers' config does (layer
     types, MLP types, indexer sharing from a pattern or a frequency, linear_attn_config)."""
@@ -485,19 +556,34 @@ def test_config_schedules_follow_transformers(oracle_env, kw):
     ref = tf.Glm5NextTextConfig(**kw)
     cfg = {"model_type": "glm5_next_text", "num_hidden_layers": 45, **kw}
     tc = hf_glm5._text_config(cfg)
-    assert (tc["linear_head_dim"], tc["linear_num_heads"], tc["linear_conv_kernel_dim"],
-            tc["linear_lower_bound"]) == (ref.linear_head_dim, ref.linear_num_heads,
-                                          ref.linear_conv_kernel_dim, ref.linear_lower_bound)
+    assert (
+        tc["linear_head_dim"],
+        tc["linear_num_heads"],
+        tc["linear_conv_kernel_dim"],
+        tc["linear_lower_bound"],
+    ) == (
+        ref.linear_head_dim,
+        ref.linear_num_heads,
+        ref.linear_conv_kernel_dim,
+        ref.linear_lower_bound,
+    )
     try:
         attn, mlp, index = hf_glm5._schedules(tc, 45)
     except ConvertError as e:  # a shared layer after a KDA layer: transformers would fail too
         assert "shares the indexer selection" in str(e)
-        bad = [i for i, t in enumerate(ref.layer_types) if t == "indexed_attention"
-               and ref.indexer_types[i] == "shared" and (ref.layer_types[i - 1] != "indexed_attention"
-                                                          or ref.indexer_types[i - 1] != "full")]
+        bad = [
+            i
+            for i, t in enumerate(ref.layer_types)
+            if t == "indexed_attention"
+            and ref.indexer_types[i] == "shared"
+            and (
+                ref.layer_types[i - 1] != "indexed_attention" or ref.indexer_types[i - 1] != "full"
+            )
+        ]
         assert bad
         return
     assert attn == ["kda" if t == "linear_attention" else "full" for t in ref.layer_types]
     assert mlp == ref.mlp_layer_types
-    assert index == ["none" if t == "linear_attention" else k
-                     for t, k in zip(ref.layer_types, ref.indexer_types)]
+    assert index == [
+        "none" if t == "linear_attention" else k for t, k in zip(ref.layer_types, ref.indexer_types)
+    ]
