@@ -9,11 +9,14 @@ the 48-token prompt most queries attend to fewer keys than causality allows (ass
 from transformers' own selection). The checkpoint is the multimodal one (a tiny vision
 tower, skipped by the converter) in the release's tensor spelling.
 
-F32: max |dlogit| <= 1e-4 over the prompt (chunks of 64 and 5) and 16 decode steps
-against transformers decoding with its cache; Q8_0: the same 16-token greedy continuation
+F32: max |dlogit| <= 1e-4 over the prompt (chunks of 64, 5 and 1) and 16 decode steps
+against transformers decoding with its cache, and again for a second draw taking the other
+branches (one-key pools, the softplus KDA gate, ungrouped routing); Q8_0: the same 16-token greedy continuation
 and mean KL <= 1e-3; expert streaming at the floor bit-identical to all-resident; state
 save/load round-trips and continues identically; plan_memory's kv_bytes equals a hand
-computation of every layer kind; converter refusals of bad configs.
+computation of every layer kind (also through `warp plan`); the engine's exactness on the
+Q8_0 weights; the converter on transformers' spelling, fp8 block-scaled sources, a
+multi-token-prediction layer, the config schedules, and its refusals of bad configs.
 """
 
 from __future__ import annotations
@@ -218,6 +221,51 @@ def test_f32_matches_transformers(glm5, tmp_path):
 
 
 @pytest.mark.oracle
+def test_f32_other_draw_matches_transformers(oracle_env, tmp_path):
+    """The other branches: pools of one key (no incomplete pool), KDA's softplus forget
+    gate (no lower bound), two streams, a shared indexer right after the first layer,
+    ungrouped routing, only the last layer dense."""
+    import torch
+
+    from warp_providers import Engine
+
+    model = _build(
+        seed=3,
+        index_kpool=1,
+        index_topk=5,
+        linear_lower_bound=None,
+        hc_mult=2,
+        hc_sinkhorn_iters=3,
+        layer_types=[
+            "indexed_attention",
+            "indexed_attention",
+            "linear_attention",
+            "indexed_attention",
+        ],
+        indexer_types=["full", "shared", "full", "full"],
+        mlp_layer_types=["sparse", "sparse", "sparse", "dense"],
+        n_group=1,
+        topk_group=1,
+    )
+    assert model.config.text_config.linear_lower_bound is None
+    hf_dir = oracle_env.save(model, tmp_path / "hf")
+    ref_all, ref_tokens, ref_steps = _ref_decode(model, PROMPT, STEPS)
+    seen: list[Any] = []
+    hook = model.model.language_model.layers[0].self_attn.indexer.register_forward_hook(
+        lambda mod, args, out: seen.append(out)
+    )
+    with torch.no_grad():
+        model(torch.tensor([PROMPT]))
+    hook.remove()
+    assert ((seen[0][0] >= 0).sum(-1).numpy() == np.minimum(np.arange(1, 49), 5)).all()
+    out = _convert(hf_dir, tmp_path / "m.warp", experts="f32", trunk="f32")
+    assert "kda_lower_bound" not in json.loads((out / "manifest.json").read_text())["hparams"]
+    for chunk in (64, 7):
+        with Engine.open(out, threads=2, prefill_chunk=chunk) as eng:
+            _check_f32(eng, ref_all, ref_tokens, ref_steps, f"other draw, chunk {chunk}")
+
+
+@pytest.mark.oracle
 def test_q8_0_same_greedy_and_small_kl(glm5, tmp_path):
     from warp_providers import Engine
 
@@ -386,6 +434,7 @@ def test_converter_takes_the_text_model(glm5, tmp_path):
         (dict(qk_rope_head_dim=8), "no rope"),
         (dict(index_kpool_always_select_tail=False), "select_tail"),
         (dict(layer_types=["linear_attention"] * 3), "layer_types must list 4"),
+        (dict(swiglu_limit=0.0), "swiglu_limit must be a positive number"),
     ],
 )
 def test_converter_refuses_bad_configs(glm5, tmp_path, edit, match):

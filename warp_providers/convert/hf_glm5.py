@@ -213,9 +213,9 @@ def _hparams(cfg: Mapping[str, Any], gen: Mapping[str, Any]) -> dict[str, Any]:
     lb = tc.get("linear_lower_bound")
     if lb is not None and (isinstance(lb, bool) or not isinstance(lb, (int, float)) or lb > 0):
         raise ConvertError(f"config.json: linear_lower_bound must be null or <= 0, got {lb!r}")
-    lim = tc.get("swiglu_limit")
-    if isinstance(lim, bool) or not isinstance(lim, (int, float)) or lim < 0:
-        raise ConvertError(f"config.json: swiglu_limit must be a number >= 0, got {lim!r}")
+    lim = tc.get("swiglu_limit")  # transformers clamps by it unconditionally
+    if isinstance(lim, bool) or not isinstance(lim, (int, float)) or not lim > 0:
+        raise ConvertError(f"config.json: swiglu_limit must be a positive number, got {lim!r}")
     hp.update(
         attn_kinds=attn,
         kda_heads=heads,
