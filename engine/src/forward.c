@@ -77,7 +77,7 @@ static uint64_t layout(const wpi_hparams *hp, uint32_t chunk, wpi_model *m, char
     /* glm5_next: hyper-connection streams and weights, the DSA indexer's chunk buffers */
     const uint64_t HC = hp->hc_mult;
     const wpi_hc_dims hd = {hp->hc_mult, hp->hidden_size, hp->hc_sinkhorn_iters, 0, 0};
-    const uint64_t NI = hp->index_n_heads;
+    const uint64_t NI = hp->index_heads;
     const uint64_t SEL = hp->index_kpool ? hp->index_topk / hp->index_kpool : 0;
     CARVE(hc_x, float, C * HC * H);
     CARVE(hc_post, float, C * HC);
@@ -175,21 +175,21 @@ wp_status wpi_model_init(wpi_model *m, const wpi_container *c, void *kv, void *s
             L->kda_a_log = vec(find(c, "blk.%u.kda_a_log", l));
             L->kda_o_norm = vec(find(c, "blk.%u.kda_o_norm.weight", l));
         }
-        L->hc_attn_fn = vec(find(c, "blk.%u.hc_attn_fn", l));
-        L->hc_attn_base = vec(find(c, "blk.%u.hc_attn_base", l));
-        L->hc_attn_scale = vec(find(c, "blk.%u.hc_attn_scale", l));
-        L->hc_ffn_fn = vec(find(c, "blk.%u.hc_ffn_fn", l));
-        L->hc_ffn_base = vec(find(c, "blk.%u.hc_ffn_base", l));
-        L->hc_ffn_scale = vec(find(c, "blk.%u.hc_ffn_scale", l));
+        L->hc_attn_fn = vec(find(c, "blk.%u.hc_attn.fn", l));
+        L->hc_attn_base = vec(find(c, "blk.%u.hc_attn.base", l));
+        L->hc_attn_scale = vec(find(c, "blk.%u.hc_attn.scale", l));
+        L->hc_ffn_fn = vec(find(c, "blk.%u.hc_ffn.fn", l));
+        L->hc_ffn_base = vec(find(c, "blk.%u.hc_ffn.base", l));
+        L->hc_ffn_scale = vec(find(c, "blk.%u.hc_ffn.scale", l));
         if (hp->layer_index[l] == WPI_INDEX_FULL && hp->layer_attn[l] != WPI_ATTN_KDA) {
             L->idx_slot = n_idx++;
-            L->idx_q_b = wmat(find(c, "blk.%u.idx_q_b.weight", l));
-            L->idx_k = wmat(find(c, "blk.%u.idx_k.weight", l));
-            L->idx_gate = wmat(find(c, "blk.%u.idx_gate.weight", l));
-            L->idx_w = wmat(find(c, "blk.%u.idx_w.weight", l));
-            L->idx_k_norm = vec(find(c, "blk.%u.idx_k_norm.weight", l));
-            L->idx_k_norm_b = vec(find(c, "blk.%u.idx_k_norm.bias", l));
-            L->idx_ape = vec(find(c, "blk.%u.idx_ape", l));
+            L->idx_q = wmat(find(c, "blk.%u.attn_idx_q.weight", l));
+            L->idx_k = wmat(find(c, "blk.%u.attn_idx_k.weight", l));
+            L->idx_gate = wmat(find(c, "blk.%u.attn_idx_gate.weight", l));
+            L->idx_w = wmat(find(c, "blk.%u.attn_idx_w.weight", l));
+            L->idx_k_norm = vec(find(c, "blk.%u.attn_idx_k_norm.weight", l));
+            L->idx_k_norm_b = vec(find(c, "blk.%u.attn_idx_k_norm.bias", l));
+            L->idx_ape = vec(find(c, "blk.%u.attn_idx_ape", l));
         }
         L->sinks = vec(find(c, "blk.%u.attn_sinks", l));
         L->wq_a = wmat(find(c, "blk.%u.attn_q_a.weight", l));

@@ -2,7 +2,7 @@
  * hparams_glm5.c -- the optional hyperparameters of docs/FORMAT.md section 3 for glm5_next:
  * hyper-connections (hc_mult, hc_sinkhorn_iters, hc_eps), the bounded KDA forget gate
  * (kda_lower_bound), the eps of the MLA lora norms (lora_norm_eps) and the DSA indexer
- * (index_n_heads, index_head_dim, index_topk, index_kpool, index_tail, index_kinds).
+ * (index_heads, index_head_dim, index_topk, index_kpool, index_tail, index_kinds).
  *
  * Every key is optional; absent means off. Present keys are bounds-checked; the
  * architecture's check function decides which it needs.
@@ -65,9 +65,9 @@ static wp_status index_kinds(const wpi_json *h, wpi_hparams *hp, char *err, size
         else
             return wpi_fail(err, cap, WP_E_FORMAT,
                             W ".index_kinds[%u]: expected \"none\", \"full\" or \"shared\"", l);
-        if (hp->layer_index[l] != WPI_INDEX_NONE && !hp->index_n_heads)
+        if (hp->layer_index[l] != WPI_INDEX_NONE && !hp->index_heads)
             return wpi_fail(err, cap, WP_E_FORMAT,
-                            W ".index_kinds[%u]: an indexer needs index_n_heads, index_head_dim, "
+                            W ".index_kinds[%u]: an indexer needs index_heads, index_head_dim, "
                               "index_topk and index_kpool", l);
         /* a shared layer reuses the selection of the layer right before it */
         if (hp->layer_index[l] == WPI_INDEX_SHARED &&
@@ -89,7 +89,7 @@ wp_status wpi_hparams_glm5(const struct wpi_json *h, wpi_hparams *hp, char *err,
         (st = num_key(h, "hc_eps", 0, 1, &hp->hc_eps, NULL, err, cap)) != WP_OK ||
         (st = num_key(h, "kda_lower_bound", -1e6, 0, lb, &safe, err, cap)) != WP_OK ||
         (st = num_key(h, "lora_norm_eps", 0, 1, &hp->lora_norm_eps, NULL, err, cap)) != WP_OK ||
-        (st = u32_key(h, "index_n_heads", 1, 4096, &hp->index_n_heads, err, cap)) != WP_OK ||
+        (st = u32_key(h, "index_heads", 1, 4096, &hp->index_heads, err, cap)) != WP_OK ||
         (st = u32_key(h, "index_head_dim", 1, 4096, &hp->index_head_dim, err, cap)) != WP_OK ||
         (st = u32_key(h, "index_topk", 1, 1u << 24, &hp->index_topk, err, cap)) != WP_OK ||
         (st = u32_key(h, "index_kpool", 1, 4096, &hp->index_kpool, err, cap)) != WP_OK)
@@ -97,10 +97,10 @@ wp_status wpi_hparams_glm5(const struct wpi_json *h, wpi_hparams *hp, char *err,
     hp->kda_safe_gate = safe;
     if (hp->hc_mult && !hp->hc_sinkhorn_iters)
         return wpi_fail(err, cap, WP_E_FORMAT, W ": hc_mult needs hc_sinkhorn_iters");
-    if (!hp->index_n_heads != !hp->index_head_dim || !hp->index_n_heads != !hp->index_topk ||
-        !hp->index_n_heads != !hp->index_kpool)
+    if (!hp->index_heads != !hp->index_head_dim || !hp->index_heads != !hp->index_topk ||
+        !hp->index_heads != !hp->index_kpool)
         return wpi_fail(err, cap, WP_E_FORMAT,
-                        W ": index_n_heads, index_head_dim, index_topk, index_kpool go together");
+                        W ": index_heads, index_head_dim, index_topk, index_kpool go together");
     if (hp->index_kpool) {
         if (hp->index_topk % hp->index_kpool)
             return wpi_fail(err, cap, WP_E_FORMAT,

@@ -99,7 +99,7 @@ typedef struct wpi_hparams {
     int32_t kda_safe_gate;                  /* bool: g = kda_lower_bound * sigmoid(...) */
     float kda_lower_bound;
     float lora_norm_eps;                    /* 0: 1e-6 */
-    uint32_t index_n_heads, index_head_dim, index_topk, index_kpool;
+    uint32_t index_heads, index_head_dim, index_topk, index_kpool;
     int32_t index_tail;                     /* bool: the incomplete pool is always attended */
     uint8_t layer_index[WPI_MAX_LAYERS];    /* WPI_INDEX_* per layer */
 } wpi_hparams;
@@ -330,9 +330,9 @@ typedef struct wpi_layer {
     /* fn [(2+hc)*hc, hc*hidden], base [(2+hc)*hc], scale [3] */
     const float *hc_attn_fn, *hc_attn_base, *hc_attn_scale;
     const float *hc_ffn_fn, *hc_ffn_base, *hc_ffn_scale;
-    wpi_wmat idx_q_b;                             /* [index_n_heads*index_head_dim, q_lora_rank] */
+    wpi_wmat idx_q;                               /* [index_heads*index_head_dim, q_lora_rank] */
     wpi_wmat idx_k, idx_gate;                     /* [index_head_dim, hidden] */
-    wpi_wmat idx_w;                               /* [index_n_heads, hidden] */
+    wpi_wmat idx_w;                               /* [index_heads, hidden] */
     const float *idx_k_norm, *idx_k_norm_b;       /* LayerNorm [index_head_dim] */
     const float *idx_ape;                         /* [index_kpool, index_head_dim] */
     uint32_t kv_slot;             /* this layer's block of the KV cache (or of kda_state) */
@@ -384,8 +384,8 @@ typedef struct wpi_model {
     float *hc_x;                 /* [C, hc_mult, hidden] hyper-connection streams */
     float *hc_post, *hc_comb;    /* [C, hc_mult], [C, hc_mult, hc_mult] */
     float *hc_scr;               /* wpi_hc_scratch_floats(C) */
-    float *idx_q;                /* [C, index_n_heads * index_head_dim] indexer queries */
-    float *idx_wt;               /* [C, index_n_heads] indexer head weights */
+    float *idx_q;                /* [C, index_heads * index_head_dim] indexer queries */
+    float *idx_wt;               /* [C, index_heads] indexer head weights */
     int32_t *idx_sel;            /* [C, index_topk / index_kpool] selected pools, ascending */
     int32_t *idx_nsel;           /* [C] */
     float *idx_cache;            /* [indexer layers][ctx][wpi_dsa_row_floats], after kda_state */

@@ -12,11 +12,12 @@ tower, skipped by the converter) in the release's tensor spelling.
 F32: max |dlogit| <= 1e-4 over the prompt (chunks of 64, 5 and 1) and 16 decode steps
 against transformers decoding with its cache, and again for a second draw taking the other
 branches (one-key pools, the softplus KDA gate, ungrouped routing); Q8_0: the same
-16-token greedy continuation and mean KL <= 1e-3; expert streaming at the floor bit-identical to all-resident; state
-save/load round-trips and continues identically; plan_memory's kv_bytes equals a hand
-computation of every layer kind (also through `warp plan`); the engine's exactness on the
-Q8_0 weights; the converter on transformers' spelling, fp8 block-scaled sources, a
-multi-token-prediction layer, the config schedules, and its refusals of bad configs.
+16-token greedy continuation and mean KL <= 1e-3; expert streaming at the floor
+bit-identical to all-resident; state save/load round-trips and continues identically;
+plan_memory's kv_bytes equals a hand computation of every layer kind (also through
+`warp plan`); the engine's exactness on the Q8_0 weights; the converter on transformers'
+spelling, fp8 block-scaled sources, a multi-token-prediction layer, the config schedules,
+and its refusals of bad configs.
 """
 
 from __future__ import annotations

@@ -14,9 +14,9 @@ quirks and the tensor map:
 * tensors, in either spelling (the release's ``hc_attn_fn``, ``self_attn.f_a_proj``,
   ``q_conv1d``..., per-expert ``mlp.experts.N.*``; transformers' ``attn_hc.fn``,
   ``forget_gate.*``, ``conv1d``, fused experts), fp8 block-scaled matrices included:
-  hyper-connection weights (f32, ``blk.{i}.hc_{attn,ffn}_{fn,base,scale}``), KDA layers as
+  hyper-connection weights (f32, ``blk.{i}.hc_{attn,ffn}.{fn,base,scale}``), KDA layers as
   kimi_linear's ``blk.{i}.kda_*``, MLA layers as deepseek_v3's, the indexer as
-  ``blk.{i}.idx_*``. The multi-token-prediction layers (``layers.{n_layers}.`` and later,
+  ``blk.{i}.attn_idx_*``. The multi-token-prediction layers (``layers.{n_layers}.`` and later,
   ``shared_head``) are skipped.
 
 Anything else is refused with a ``ConvertError`` naming the tensor or key.
@@ -226,7 +226,7 @@ def _hparams(cfg: Mapping[str, Any], gen: Mapping[str, Any]) -> dict[str, Any]:
         hc_eps=float(tc["hc_eps"]),
         lora_norm_eps=hp["rms_norm_eps"],
         swiglu_limit=float(lim),
-        index_n_heads=hf._int(tc, "index_n_heads"),
+        index_heads=hf._int(tc, "index_n_heads"),
         index_head_dim=hf._int(tc, "index_head_dim"),
         index_topk=topk,
         index_kpool=pool,
@@ -259,7 +259,7 @@ def _load(src: Path, cfg: dict[str, Any], gen: Mapping[str, Any]) -> Plan:
     inter, sh, E = hp["intermediate_size"], hp["shared_expert_intermediate_size"], hp["n_experts"]
     HC = hp["hc_mult"]
     MIX = (2 + HC) * HC
-    NI, ID, P = hp["index_n_heads"], hp["index_head_dim"], hp["index_kpool"]
+    NI, ID, P = hp["index_heads"], hp["index_head_dim"], hp["index_kpool"]
 
     trunk = [
         s.tensor(b, pre0 + "embed_tokens.weight", "token_embd.weight", "embedding", (V, H)),
@@ -291,9 +291,9 @@ def _load(src: Path, cfg: dict[str, Any], gen: Mapping[str, Any]) -> Plan:
         need(pre, ("input_layernorm.weight",), blk + "attn_norm.weight", "f32", (H,))
         need(pre, ("post_attention_layernorm.weight",), blk + "ffn_norm.weight", "f32", (H,))
         for part in ("attn", "ffn"):
-            flat(pre, (f"hc_{part}_fn", f"{part}_hc.fn"), blk + f"hc_{part}_fn", (MIX, HC * H))
-            flat(pre, (f"hc_{part}_base", f"{part}_hc.base"), blk + f"hc_{part}_base", (MIX,))
-            flat(pre, (f"hc_{part}_scale", f"{part}_hc.scale"), blk + f"hc_{part}_scale", (3,))
+            flat(pre, (f"hc_{part}_fn", f"{part}_hc.fn"), blk + f"hc_{part}.fn", (MIX, HC * H))
+            flat(pre, (f"hc_{part}_base", f"{part}_hc.base"), blk + f"hc_{part}.base", (MIX,))
+            flat(pre, (f"hc_{part}_scale", f"{part}_hc.scale"), blk + f"hc_{part}.scale", (3,))
         if hp["attn_kinds"][i] == "kda":
             for p in ("q", "k", "v"):
                 need(a, (f"{p}_proj.weight",), blk + f"attn_{p}.weight", "trunk", (D, H))
@@ -339,13 +339,19 @@ def _load(src: Path, cfg: dict[str, Any], gen: Mapping[str, Any]) -> Plan:
             need(a, ("o_proj.weight",), blk + "attn_output.weight", "trunk", (H, nh * vd))
             if hp["index_kinds"][i] == "full":
                 x = a + "indexer."
-                need(x, ("wq_b.weight",), blk + "idx_q_b.weight", "trunk", (NI * ID, QL))
-                need(x, ("wk.weight",), blk + "idx_k.weight", "trunk", (ID, H))
-                need(x, ("index_kpool_compress_gate",), blk + "idx_gate.weight", "trunk", (ID, H))
-                need(x, ("weights_proj.weight",), blk + "idx_w.weight", "trunk", (NI, H))
-                need(x, ("k_norm.weight",), blk + "idx_k_norm.weight", "f32", (ID,))
-                need(x, ("k_norm.bias",), blk + "idx_k_norm.bias", "f32", (ID,))
-                flat(x, ("index_kpool_compress_ape",), blk + "idx_ape", (P, ID))
+                need(x, ("wq_b.weight",), blk + "attn_idx_q.weight", "trunk", (NI * ID, QL))
+                need(x, ("wk.weight",), blk + "attn_idx_k.weight", "trunk", (ID, H))
+                need(
+                    x,
+                    ("index_kpool_compress_gate",),
+                    blk + "attn_idx_gate.weight",
+                    "trunk",
+                    (ID, H),
+                )
+                need(x, ("weights_proj.weight",), blk + "attn_idx_w.weight", "trunk", (NI, H))
+                need(x, ("k_norm.weight",), blk + "attn_idx_k_norm.weight", "f32", (ID,))
+                need(x, ("k_norm.bias",), blk + "attn_idx_k_norm.bias", "f32", (ID,))
+                flat(x, ("index_kpool_compress_ape",), blk + "attn_idx_ape", (P, ID))
         if hp["layer_kinds"][i] == "dense":
             for p, cn, shape in (
                 ("gate_proj", "ffn_gate", (inter, H)),

@@ -62,16 +62,16 @@ static wp_status check(const wpi_container *c, char *err, size_t cap)
     const uint64_t QL = hp->q_lora_rank, QD = NH * hp->head_dim;
     const uint64_t d = hp->kda_head_dim, D = hp->kda_heads * d;
     const uint64_t HC = hp->hc_mult, MIX = (2 + HC) * HC;
-    const uint64_t ID = hp->index_head_dim, NI = hp->index_n_heads;
+    const uint64_t ID = hp->index_head_dim, NI = hp->index_heads;
     char n[96];
     for (uint32_t l = 0; l < hp->n_layers; l++) {
 #define NAME(s) (snprintf(n, sizeof n, "blk.%u." s, l), n)
-        TRY(wpi_need_vector(c, NAME("hc_attn_fn"), MIX * HC * H, err, cap));
-        TRY(wpi_need_vector(c, NAME("hc_attn_base"), MIX, err, cap));
-        TRY(wpi_need_vector(c, NAME("hc_attn_scale"), 3, err, cap));
-        TRY(wpi_need_vector(c, NAME("hc_ffn_fn"), MIX * HC * H, err, cap));
-        TRY(wpi_need_vector(c, NAME("hc_ffn_base"), MIX, err, cap));
-        TRY(wpi_need_vector(c, NAME("hc_ffn_scale"), 3, err, cap));
+        TRY(wpi_need_vector(c, NAME("hc_attn.fn"), MIX * HC * H, err, cap));
+        TRY(wpi_need_vector(c, NAME("hc_attn.base"), MIX, err, cap));
+        TRY(wpi_need_vector(c, NAME("hc_attn.scale"), 3, err, cap));
+        TRY(wpi_need_vector(c, NAME("hc_ffn.fn"), MIX * HC * H, err, cap));
+        TRY(wpi_need_vector(c, NAME("hc_ffn.base"), MIX, err, cap));
+        TRY(wpi_need_vector(c, NAME("hc_ffn.scale"), 3, err, cap));
         if (hp->layer_is_moe[l])
             TRY(wpi_opt_vector(c, NAME("exp_probs_b.bias"), hp->n_experts, err, cap));
         if (hp->layer_attn[l] == WPI_ATTN_KDA) {
@@ -99,13 +99,13 @@ static wp_status check(const wpi_container *c, char *err, size_t cap)
                             NH * (hp->qk_nope_head_dim + hp->v_head_dim), R, err, cap));
         TRY(wpi_need_matrix(c, NAME("attn_output.weight"), H, NH * hp->v_head_dim, err, cap));
         if (hp->layer_index[l] != WPI_INDEX_FULL) continue;
-        TRY(wpi_need_matrix(c, NAME("idx_q_b.weight"), NI * ID, QL, err, cap));
-        TRY(wpi_need_matrix(c, NAME("idx_k.weight"), ID, H, err, cap));
-        TRY(wpi_need_matrix(c, NAME("idx_gate.weight"), ID, H, err, cap));
-        TRY(wpi_need_matrix(c, NAME("idx_w.weight"), NI, H, err, cap));
-        TRY(wpi_need_vector(c, NAME("idx_k_norm.weight"), ID, err, cap));
-        TRY(wpi_need_vector(c, NAME("idx_k_norm.bias"), ID, err, cap));
-        TRY(wpi_need_vector(c, NAME("idx_ape"), (uint64_t)hp->index_kpool * ID, err, cap));
+        TRY(wpi_need_matrix(c, NAME("attn_idx_q.weight"), NI * ID, QL, err, cap));
+        TRY(wpi_need_matrix(c, NAME("attn_idx_k.weight"), ID, H, err, cap));
+        TRY(wpi_need_matrix(c, NAME("attn_idx_gate.weight"), ID, H, err, cap));
+        TRY(wpi_need_matrix(c, NAME("attn_idx_w.weight"), NI, H, err, cap));
+        TRY(wpi_need_vector(c, NAME("attn_idx_k_norm.weight"), ID, err, cap));
+        TRY(wpi_need_vector(c, NAME("attn_idx_k_norm.bias"), ID, err, cap));
+        TRY(wpi_need_vector(c, NAME("attn_idx_ape"), (uint64_t)hp->index_kpool * ID, err, cap));
 #undef NAME
     }
     return WP_OK;

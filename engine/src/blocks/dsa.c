@@ -3,7 +3,7 @@
  *
  * Keys are grouped in pools of P = index_kpool consecutive positions (pool j holds
  * jP..jP+P-1). Per token, from x (the layer's normed input) and q_resid (mla_qa, the
- * rmsnorm'd q_a projection), with D = index_head_dim and NI = index_n_heads:
+ * rmsnorm'd q_a projection), with D = index_head_dim and NI = index_heads:
  *   k    = LayerNorm(W_k x) (weight, bias, eps 1e-6)          [D]
  *   gate = W_gate x                                           [D]
  *   q_h  = (W_q_b q_resid)_h,  w_h = (W_w x)_h * NI^-1/2       [NI][D], [NI]
@@ -81,7 +81,7 @@ static void select_task(void *arg, uint32_t t)
     const sel_ctx *a = arg;
     wpi_model *m = a->m;
     const wpi_hparams *hp = m->hp;
-    const uint32_t D = hp->index_head_dim, NI = hp->index_n_heads, P = hp->index_kpool;
+    const uint32_t D = hp->index_head_dim, NI = hp->index_heads, P = hp->index_kpool;
     const uint32_t per = hp->index_topk / P, p = a->pos + t, nvis = (p + 1) / P;
     const size_t RW = 3 * (size_t)D;
     int32_t *sel = m->idx_sel + (size_t)t * per;
@@ -127,14 +127,14 @@ void wpi_dsa_index(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
 {
     const wpi_hparams *hp = m->hp;
     const wpi_layer *L = &m->layers[l];
-    const uint32_t D = hp->index_head_dim, NI = hp->index_n_heads, P = hp->index_kpool;
+    const uint32_t D = hp->index_head_dim, NI = hp->index_heads, P = hp->index_kpool;
     const size_t H = hp->hidden_size, RW = 3 * (size_t)D;
     float *rows = m->idx_cache + (size_t)L->idx_slot * m->ctx * RW;
     float *r0 = rows + (size_t)pos * RW;
 
     wpi_mm a[3] = {{&L->idx_k, r0, RW}, {&L->idx_gate, r0 + D, RW}, {&L->idx_w, m->idx_wt, NI}};
     wpi_matmul(m, a, 3, m->xn, H, n);
-    wpi_mm b = {&L->idx_q_b, m->idx_q, (size_t)NI * D};
+    wpi_mm b = {&L->idx_q, m->idx_q, (size_t)NI * D};
     wpi_matmul(m, &b, 1, m->mla_qa, hp->q_lora_rank, n);
     const float ws = 1.0f / sqrtf((float)NI);
     for (uint32_t t = 0; t < n; t++) {
