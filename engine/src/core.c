@@ -260,7 +260,7 @@ wp_status wp_state_truncate(wp_ctx *ctx, uint32_t pos)
         return fail(ctx, WP_E_STATE,
                     "a recurrent (KDA) state cannot be truncated to %u of %u tokens; reset",
                     pos, ctx->pos);
-    if (pos > 0 && pos < ctx->pos && ctx->c->hp.hc_mult)
+    if (pos > 0 && pos < ctx->pos && ctx->c->hp.v4_state)
         return fail(ctx, WP_E_STATE,
                     "a sliding-window and compressed state cannot be truncated to %u of %u "
                     "tokens; reset", pos, ctx->pos);

@@ -21,13 +21,15 @@ static uint32_t umax(uint32_t a, uint32_t b) { return a > b ? a : b; }
 
 uint64_t wpi_kv_bytes(const wpi_hparams *hp, uint32_t ctx)
 {
-    if (hp->hc_mult) /* deepseek_v4: windows, compressors, entries (attention_csa.c) */
+    if (hp->v4_state) /* deepseek_v4: windows, compressors, entries (attention_csa.c) */
         return wpi_v4_state_floats(hp, ctx) * sizeof(float);
     if (hp->kv_lora_rank) /* MLA: one latent row (kv_lora_rank + rope_dim) per token */
         /* KDA layers (kimi_linear) keep a fixed recurrent state instead (kda.c) */
+        /* glm5_next's indexer layers also cache a row per position (dsa.c) */
         return (uint64_t)(hp->n_layers - wpi_kda_layers(hp)) * ctx *
                    (hp->kv_lora_rank + hp->rope_dim) * sizeof(float) +
-               (uint64_t)wpi_kda_layers(hp) * wpi_kda_state_floats(hp) * sizeof(float);
+               (uint64_t)wpi_kda_layers(hp) * wpi_kda_state_floats(hp) * sizeof(float) +
+               (uint64_t)wpi_dsa_layers(hp) * ctx * wpi_dsa_row_floats(hp) * sizeof(float);
     return 2ull * hp->n_layers * ctx * hp->n_kv_heads * hp->head_dim * sizeof(float);
 }
 
@@ -75,6 +77,20 @@ static uint64_t layout(const wpi_hparams *hp, uint32_t chunk, wpi_model *m, char
     CARVE(mla_o, float, C * hp->n_heads * hp->kv_lora_rank);
     CARVE(kda_buf, float, wpi_kda_scratch_floats(hp, chunk));
     CARVE(v4_buf, float, wpi_v4_scratch_floats(hp, chunk));
+    /* glm5_next: hyper-connection streams and weights, the DSA indexer's chunk buffers
+     * (deepseek_v4 keeps its own in v4_buf) */
+    const uint64_t HC = hp->v4_state ? 0 : hp->hc_mult;
+    const wpi_hc_dims hd = {hp->hc_mult, hp->hidden_size, hp->hc_sinkhorn_iters, 0, 0};
+    const uint64_t NI = hp->index_kpool ? hp->index_heads : 0;
+    const uint64_t SEL = hp->index_kpool ? hp->index_topk / hp->index_kpool : 0;
+    CARVE(hc_x, float, C * HC * H);
+    CARVE(hc_post, float, C * HC);
+    CARVE(hc_comb, float, C * HC * HC);
+    CARVE(hc_scr, float, HC ? wpi_hc_scratch_floats(&hd, chunk) : 0);
+    CARVE(idx_q, float, C * NI * hp->index_head_dim);
+    CARVE(idx_wt, float, C * NI);
+    CARVE(idx_sel, int32_t, C * SEL);
+    CARVE(idx_nsel, int32_t, SEL ? C : 0);
 #undef CARVE
     return off;
 }
@@ -126,7 +142,9 @@ wp_status wpi_model_init(wpi_model *m, const wpi_container *c, void *kv, void *s
     if (hp->kv_lora_rank) /* then the KDA layers' recurrent states */
         m->kda_state = (float *)kv + (size_t)(hp->n_layers - wpi_kda_layers(hp)) * ctx *
                                          (hp->kv_lora_rank + hp->rope_dim);
-    uint32_t n_att = 0, n_kda = 0;
+    if (hp->kv_lora_rank) /* then the indexer rows (dsa.c) */
+        m->idx_cache = m->kda_state + (size_t)wpi_kda_layers(hp) * wpi_kda_state_floats(hp);
+    uint32_t n_att = 0, n_kda = 0, n_idx = 0;
     size_t v4_off = 0;
     m->rope_freqs_c = vec(wpi_container_tensor(c, "rope_freqs_compress"));
     m->hc_head_fn = vec(wpi_container_tensor(c, "hc_head.fn"));
@@ -166,6 +184,22 @@ wp_status wpi_model_init(wpi_model *m, const wpi_container *c, void *kv, void *s
             L->kda_a_log = vec(find(c, "blk.%u.kda_a_log", l));
             L->kda_o_norm = vec(find(c, "blk.%u.kda_o_norm.weight", l));
         }
+        L->hc_attn_fn = vec(find(c, "blk.%u.hc_attn.fn", l));
+        L->hc_attn_base = vec(find(c, "blk.%u.hc_attn.base", l));
+        L->hc_attn_scale = vec(find(c, "blk.%u.hc_attn.scale", l));
+        L->hc_ffn_fn = vec(find(c, "blk.%u.hc_ffn.fn", l));
+        L->hc_ffn_base = vec(find(c, "blk.%u.hc_ffn.base", l));
+        L->hc_ffn_scale = vec(find(c, "blk.%u.hc_ffn.scale", l));
+        if (hp->layer_index[l] == WPI_INDEX_FULL && hp->layer_attn[l] != WPI_ATTN_KDA) {
+            L->idx_slot = n_idx++;
+            L->idx_q = wmat(find(c, "blk.%u.attn_idx_q.weight", l));
+            L->idx_k = wmat(find(c, "blk.%u.attn_idx_k.weight", l));
+            L->idx_gate = wmat(find(c, "blk.%u.attn_idx_gate.weight", l));
+            L->idx_w = wmat(find(c, "blk.%u.attn_idx_w.weight", l));
+            L->idx_k_norm = vec(find(c, "blk.%u.attn_idx_k_norm.weight", l));
+            L->idx_k_norm_b = vec(find(c, "blk.%u.attn_idx_k_norm.bias", l));
+            L->idx_ape = vec(find(c, "blk.%u.attn_idx_ape", l));
+        }
         L->sinks = vec(find(c, "blk.%u.attn_sinks", l));
         L->wq_a = wmat(find(c, "blk.%u.attn_q_a.weight", l));
         L->wq_b = wmat(find(c, "blk.%u.attn_q_b.weight", l));
@@ -175,13 +209,7 @@ wp_status wpi_model_init(wpi_model *m, const wpi_container *c, void *kv, void *s
         L->kv_a_norm = vec(find(c, "blk.%u.attn_kv_a_norm.weight", l));
         L->bq_a = vec(find(c, "blk.%u.attn_q_a.bias", l));
         L->bkv_a = vec(find(c, "blk.%u.attn_kv_a_mqa.bias", l));
-        if (hp->hc_mult) { /* deepseek_v4 */
-            L->hc_attn_fn = vec(find(c, "blk.%u.hc_attn.fn", l));
-            L->hc_attn_base = vec(find(c, "blk.%u.hc_attn.base", l));
-            L->hc_attn_scale = vec(find(c, "blk.%u.hc_attn.scale", l));
-            L->hc_ffn_fn = vec(find(c, "blk.%u.hc_ffn.fn", l));
-            L->hc_ffn_base = vec(find(c, "blk.%u.hc_ffn.base", l));
-            L->hc_ffn_scale = vec(find(c, "blk.%u.hc_ffn.scale", l));
+        if (hp->v4_state) {
             L->wkv = wmat(find(c, "blk.%u.attn_kv.weight", l));
             L->kv_norm = vec(find(c, "blk.%u.attn_kv_norm.weight", l));
             L->wo_a = wmat(find(c, "blk.%u.attn_output_a.weight", l));

@@ -1,6 +1,7 @@
 /*
  * hparams_dsv4.c -- the optional hyperparameters of docs/FORMAT.md section 3 for
- * deepseek_v4: hyper-connections (hc_mult, hc_sinkhorn_iters, hc_eps), the grouped output
+ * deepseek_v4: hyper-connections (hc_mult, hc_sinkhorn_iters, hc_eps; glm5_next too, whose
+ * own keys hparams_glm5.c reads after these), the grouped output
  * projection (o_groups, o_lora_rank), the CSA indexer (index_heads, index_head_dim,
  * index_topk), the compression rates (compress_rate_csa, compress_rate_hca), the per-layer
  * attention compression (compress_kinds: "none", "csa" or "hca") and hash-routed MoE
@@ -35,6 +36,8 @@ wp_status wpi_hparams_dsv4(const struct wpi_json *h, wpi_hparams *hp, char *err,
     memset(hp->layer_compress, WPI_CMP_NONE, sizeof hp->layer_compress);
     memset(hp->layer_hash, 0, sizeof hp->layer_hash);
     hp->hc_eps = 0;
+    /* deepseek_v4 keeps a state block per layer (attention_csa.c) instead of KV rows */
+    hp->v4_state = strcmp(hp->model_type, "deepseek_v4") == 0;
     if ((st = u32_key(h, "hc_mult", WPI_HC_MAX, &hp->hc_mult, err, cap)) != WP_OK ||
         (st = u32_key(h, "hc_sinkhorn_iters", 10000, &hp->hc_sinkhorn_iters, err, cap)) != WP_OK ||
         (st = u32_key(h, "o_groups", 4096, &hp->o_groups, err, cap)) != WP_OK ||

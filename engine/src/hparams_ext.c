@@ -50,6 +50,7 @@ wp_status wpi_hparams_ext(const struct wpi_json *h, wpi_hparams *hp, char *err, 
     wp_status st;
     if ((st = wpi_hparams_mla(h, hp, err, cap)) != WP_OK) return st;
     if ((st = wpi_hparams_dsv4(h, hp, err, cap)) != WP_OK) return st;
+    if ((st = wpi_hparams_glm5(h, hp, err, cap)) != WP_OK) return st;
     memset(hp->layer_attn, WPI_ATTN_FULL, sizeof hp->layer_attn);
     if ((st = opt_u32(h, "sliding_window", 1, 1u << 30, &hp->sliding_window, err, cap)) != WP_OK ||
         (st = opt_float(h, "swiglu_alpha", 0, 1e6, &hp->swiglu_alpha, err, cap)) != WP_OK ||

@@ -91,19 +91,31 @@ typedef struct wpi_hparams {
     int32_t scoring;                        /* WPI_SCORE_*; softmax when absent */
     uint32_t n_group, topk_group;           /* 0 or 1 group: no group limit */
     float routed_scaling_factor;            /* multiplies the routed weights; 1 when absent */
-    /* deepseek_v4 (hparams_dsv4.c, blocks/attention_csa.c, blocks/moe_v4.c); 0 when absent.
-     * hc_mult > 0 marks a model whose residual is hc_mult hyper-connection streams. */
+    /* hyper-connections (blocks/hyper.c; deepseek_v4 and glm5_next), 0 when absent:
+     * hc_mult > 0 makes the residual hc_mult streams */
     uint32_t hc_mult, hc_sinkhorn_iters;
     float hc_eps;
+    uint32_t index_heads, index_head_dim, index_topk; /* indexer: CSA (v4) or DSA (glm5) */
+    /* deepseek_v4 (hparams_dsv4.c, blocks/attention_csa.c, blocks/moe_v4.c); 0 when absent */
     uint32_t o_groups, o_lora_rank;         /* grouped output projection */
-    uint32_t index_heads, index_head_dim, index_topk; /* CSA lightning indexer */
     uint32_t compress_rate_csa, compress_rate_hca;
     uint8_t layer_compress[WPI_MAX_LAYERS]; /* WPI_CMP_* per layer */
     uint8_t layer_hash[WPI_MAX_LAYERS];     /* 1: experts chosen by token id (hash routing) */
+    uint8_t v4_state;                       /* 1: deepseek_v4's per-layer state blocks */
+    /* glm5_next (hparams_glm5.c), zero when absent: the KDA forget gate with a lower bound,
+     * the eps of the MLA lora norms, and the DSA indexer (blocks/dsa.c) of the MLA layers,
+     * per layer WPI_INDEX_*. */
+    int32_t kda_safe_gate;                  /* bool: g = kda_lower_bound * sigmoid(...) */
+    float kda_lower_bound;
+    float lora_norm_eps;                    /* 0: 1e-6 */
+    uint32_t index_kpool;
+    int32_t index_tail;                     /* bool: the incomplete pool is always attended */
+    uint8_t layer_index[WPI_MAX_LAYERS];    /* WPI_INDEX_* per layer */
 } wpi_hparams;
 
 enum { WPI_SCORE_SOFTMAX = 0, WPI_SCORE_SIGMOID = 1, WPI_SCORE_SQRTSOFTPLUS = 2 };
 enum { WPI_CMP_NONE = 0, WPI_CMP_CSA = 1, WPI_CMP_HCA = 2 };
+enum { WPI_INDEX_NONE = 0, WPI_INDEX_FULL = 1, WPI_INDEX_SHARED = 2 };
 
 enum { WPI_ATTN_FULL = 0, WPI_ATTN_SLIDING = 1, WPI_ATTN_KDA = 2 };
 
@@ -166,6 +178,9 @@ wp_status wpi_hparams_mla(const struct wpi_json *h, wpi_hparams *hp, char *err, 
 /* hparams_dsv4.c: the optional deepseek_v4 keys (hc_*, o_groups, o_lora_rank, index_*,
  * compress_rate_csa/hca, compress_kinds, hash_layers); called by wpi_hparams_ext. */
 wp_status wpi_hparams_dsv4(const struct wpi_json *h, wpi_hparams *hp, char *err, size_t cap);
+/* hparams_glm5.c: the optional glm5_next keys (hc_mult, hc_sinkhorn_iters, hc_eps,
+ * kda_lower_bound, lora_norm_eps, index_*, index_kinds); called by wpi_hparams_ext. */
+wp_status wpi_hparams_glm5(const struct wpi_json *h, wpi_hparams *hp, char *err, size_t cap);
 
 /* The tensor of that name, or NULL. */
 const wpi_tensor *wpi_container_tensor(const wpi_container *c, const char *name);
@@ -322,18 +337,29 @@ typedef struct wpi_layer {
     wpi_wmat kda_f_a, kda_f_b, kda_b, kda_g_a, kda_g_b;
     const float *kda_conv;                        /* [3D, kda_conv] depthwise, f32 */
     const float *kda_dt_bias, *kda_a_log, *kda_o_norm; /* [D], [kda_heads], [kda_head_dim] */
+    /* hyper-connections (blocks/hyper.c; deepseek_v4, glm5_next) around attention and FFN,
+     * f32: fn [(2+hc)*hc, hc*hidden], base [(2+hc)*hc], scale [3] */
+    const float *hc_attn_fn, *hc_attn_base, *hc_attn_scale;
+    const float *hc_ffn_fn, *hc_ffn_base, *hc_ffn_scale;
+    /* the indexer: glm5_next's DSA (blocks/dsa.c) of a WPI_INDEX_FULL layer, deepseek_v4's
+     * CSA lightning indexer (blocks/attention_csa.c) */
+    wpi_wmat idx_q;                               /* [index_heads*index_head_dim, q_lora_rank] */
+    wpi_wmat idx_w;                               /* [index_heads, hidden] */
+    wpi_wmat idx_gate;                            /* glm5 [ihd, H]; v4 [2ihd, H] */
+    wpi_wmat idx_k;                               /* glm5: [index_head_dim, hidden] */
+    const float *idx_k_norm, *idx_k_norm_b;       /* glm5: LayerNorm [index_head_dim] */
+    const float *idx_ape;                         /* glm5: [index_kpool, index_head_dim] */
     uint32_t kv_slot;             /* this layer's block of the KV cache (or of kda_state) */
     /* deepseek_v4 (blocks/attention_csa.c, blocks/moe_v4.c); q is wq_a, q_a_norm, wq_b */
-    const float *hc_attn_fn, *hc_attn_base, *hc_attn_scale; /* hyper-connections, f32 */
-    const float *hc_ffn_fn, *hc_ffn_base, *hc_ffn_scale;
     wpi_wmat wkv, wo_a, wo_b;                     /* kv [hd, H], o_a [g*r, nh*hd/g], o_b */
     const float *kv_norm;                         /* [head_dim] */
     wpi_wmat cmp_kv, cmp_gate;                    /* compressor [w, H], w = hd (HCA), 2hd (CSA) */
     const float *cmp_bias, *cmp_norm;             /* [rate, w], [head_dim] */
-    wpi_wmat idx_kv, idx_gate, idx_q, idx_w;      /* indexer [2ihd, H] x2, [ih*ihd, q_lora], [ih, H] */
+    wpi_wmat idx_kv;                              /* indexer compressor kv [2ihd, H] */
     const float *idx_bias, *idx_norm;             /* [rate, 2ihd], [ihd] */
     const float *hash_ids;                        /* [vocab, top_k] expert ids as f32, or NULL */
     float *cstate;                                /* this layer's state block (attention_csa.c) */
+    uint32_t idx_slot;            /* this layer's block of idx_cache (WPI_INDEX_FULL) */
 } wpi_layer;
 
 /* Everything the forward pass reads and writes. Buffers are carved from one scratch
@@ -382,6 +408,14 @@ typedef struct wpi_model {
     float *v4_buf;               /* wpi_v4_scratch_floats (deepseek_v4) */
     const float *rope_freqs_c;   /* [rope_dim/2] compressed-branch frequencies, or NULL */
     const float *hc_head_fn, *hc_head_base, *hc_head_scale; /* final hyper head */
+    float *hc_x;                 /* [C, hc_mult, hidden] hyper-connection streams */
+    float *hc_post, *hc_comb;    /* [C, hc_mult], [C, hc_mult, hc_mult] */
+    float *hc_scr;               /* wpi_hc_scratch_floats(C) */
+    float *idx_q;                /* [C, index_heads * index_head_dim] indexer queries */
+    float *idx_wt;               /* [C, index_heads] indexer head weights */
+    int32_t *idx_sel;            /* [C, index_topk / index_kpool] selected pools, ascending */
+    int32_t *idx_nsel;           /* [C] */
+    float *idx_cache;            /* [indexer layers][ctx][wpi_dsa_row_floats], after kda_state */
     char *err;                   /* detail of the last error */
     size_t err_cap;
 } wpi_model;
@@ -442,6 +476,8 @@ wp_status wpi_moe_oss_block(wpi_model *mdl, uint32_t layer, uint32_t n);
 void wpi_swiglu(wpi_model *mdl, const wpi_wmat *gate, const wpi_wmat *up,
                 const wpi_wmat *down, const float *x, size_t ldx, uint32_t m,
                 float *out, size_t ldo);
+/* The clamp of wpi_swiglu's gate (at most) and up (both signs), 0 for none (ffn.c). */
+float wpi_swiglu_clamp(const wpi_hparams *hp);
 /* Rope cos/sin of the chunk's positions into mdl->rope_cos/sin (attention.c). */
 void wpi_rope_prepare(wpi_model *mdl, uint32_t n, uint32_t pos);
 /* Rotates the first rope_dim dims of n_heads heads of head_dim (HF rotate_half). */
@@ -457,6 +493,17 @@ uint32_t wpi_kda_layers(const wpi_hparams *hp);
 uint64_t wpi_kda_scratch_floats(const wpi_hparams *hp, uint32_t chunk);
 /* Multi-head latent attention over the latent KV cache, absorbed up-projections (mla.c). */
 void wpi_mla_block(wpi_model *mdl, uint32_t layer, uint32_t n, uint32_t pos);
+/* Its two halves: attn_norm, q (q_a rmsnorm'd into mla_qa, then q), the latent row into the
+ * cache -- and the attention plus output projection, into xn and added to x. sparse: each
+ * token attends only to the pools in idx_sel / idx_nsel and its incomplete pool (dsa.c). */
+void wpi_mla_project(wpi_model *mdl, uint32_t layer, uint32_t n, uint32_t pos);
+void wpi_mla_attend(wpi_model *mdl, uint32_t layer, uint32_t n, uint32_t pos, int sparse);
+/* dsa.c: the DSA indexer of a WPI_INDEX_FULL layer, after wpi_mla_project (reads xn and
+ * mla_qa): caches the chunk's indexer rows, completes pool keys, selects each token's
+ * pools into idx_sel / idx_nsel. Rows per indexer layer and token; indexer layers. */
+void wpi_dsa_index(wpi_model *mdl, uint32_t layer, uint32_t n, uint32_t pos);
+uint64_t wpi_dsa_row_floats(const wpi_hparams *hp);
+uint32_t wpi_dsa_layers(const wpi_hparams *hp);
 /* Rotates rope_dim dims of n_heads heads, head_dim apart, in GPT-J pairs (2i, 2i+1). */
 void wpi_rope_apply_interleaved(float *v, uint32_t n_heads, uint32_t head_dim,
                                 uint32_t rope_dim, const float *cos, const float *sin);

@@ -16,6 +16,8 @@
  *            row [kv_lora_rank + rope_dim] per position and no V rows; a KDA layer
  *            (kimi_linear) has its recurrent state instead (kda.c), whatever the position;
  *            a deepseek_v4 layer its whole state block (attention_csa.c), likewise
+ *            an MLA layer with a DSA indexer (glm5_next) adds its indexer rows
+ *            [0, position) of 3 * index_head_dim floats (dsa.c) where V rows would be
  *   trailer: u32 CRC32C of the payload
  * A header of another model or shape is WP_E_STATE; anything truncated or garbled is
  * WP_E_FORMAT, found before the context is touched (the payload CRC is checked in a
@@ -103,23 +105,35 @@ static float *kv_rows(wp_ctx *ctx, uint32_t l, int v)
            (size_t)ctx->mdl.layers[l].kv_slot * ctx->mdl.ctx * kvd;
 }
 
+/* An MLA layer with its own DSA indexer (glm5_next): its indexer rows are its part 1. */
+static int is_indexer(const wpi_hparams *hp, uint32_t l)
+{
+    return hp->kv_lora_rank && hp->layer_index[l] == WPI_INDEX_FULL &&
+           hp->layer_attn[l] != WPI_ATTN_KDA;
+}
+
 /* Saved bytes of layer l's part v at position pos, and where they live: a KDA layer
- * (kimi_linear) saves its recurrent state (kda.c) as part 0, whatever the position. */
+ * (kimi_linear, glm5_next) saves its recurrent state (kda.c) as part 0, whatever the
+ * position; an indexer layer its indexer rows [0, position) (dsa.c) as part 1. */
 static size_t part_bytes(wp_ctx *ctx, uint32_t l, int v, uint32_t pos)
 {
     const wpi_hparams *hp = &ctx->c->hp;
     if (hp->layer_attn[l] == WPI_ATTN_KDA) return v ? 0 : wpi_kda_state_floats(hp) * sizeof(float);
-    if (hp->hc_mult) /* deepseek_v4: the layer's whole state block (attention_csa.c) */
+    if (hp->v4_state) /* deepseek_v4: the layer's whole state block (attention_csa.c) */
         return v ? 0 : wpi_v4_layer_state_floats(hp, l, ctx->mdl.ctx) * sizeof(float);
+    if (v && is_indexer(hp, l)) return wpi_dsa_row_floats(hp) * sizeof(float) * pos;
     return row_bytes(hp, v) * pos;
 }
 
 static float *part_ptr(wp_ctx *ctx, uint32_t l, int v)
 {
-    if (ctx->c->hp.hc_mult) return ctx->mdl.layers[l].cstate;
+    if (ctx->c->hp.v4_state) return ctx->mdl.layers[l].cstate;
     if (ctx->c->hp.layer_attn[l] == WPI_ATTN_KDA)
         return ctx->mdl.kda_state +
                (size_t)ctx->mdl.layers[l].kv_slot * wpi_kda_state_floats(&ctx->c->hp);
+    if (v && is_indexer(&ctx->c->hp, l))
+        return ctx->mdl.idx_cache +
+               (size_t)ctx->mdl.layers[l].idx_slot * ctx->mdl.ctx * wpi_dsa_row_floats(&ctx->c->hp);
     return kv_rows(ctx, l, v);
 }
 

@@ -789,7 +789,7 @@ def test_refusals_name_the_fault(tmp_path: Path) -> None:
 
     with_cfg(model_type="bloom")
     with pytest.raises(
-        ConvertError, match="bloom.*supported: deepseek_v3, deepseek_v4, glm4_moe, gpt_oss, kimi_linear, llama, mixtral"
+        ConvertError, match="bloom.*supported: deepseek_v3, deepseek_v4, glm4_moe, glm5_next, glm5_next_text, gpt_oss, kimi_linear, llama, mixtral"
     ):
         convert(src, tmp_path / "o")
     with_cfg(hidden_size=None)

@@ -1012,13 +1012,16 @@ def load_hf(src: Path) -> Plan:
     cfg = _load_json(cfg_path)
     mt = cfg.get("model_type")
     from .hf_ext import EXT_MODEL_TYPES, load_ext
+    from .hf_glm5 import GLM5_MODEL_TYPES, load_glm5
 
     if mt in EXT_MODEL_TYPES:
         return load_ext(src, cfg)
+    if mt in GLM5_MODEL_TYPES:
+        return load_glm5(src, cfg)
     if mt not in SUPPORTED_MODEL_TYPES:
         raise ConvertError(
-            f"{cfg_path}: model_type {mt!r} is not supported; "
-            f"supported: {', '.join(sorted(SUPPORTED_MODEL_TYPES + EXT_MODEL_TYPES))}"
+            f"{cfg_path}: model_type {mt!r} is not supported; supported: "
+            f"{', '.join(sorted(SUPPORTED_MODEL_TYPES + EXT_MODEL_TYPES + GLM5_MODEL_TYPES))}"
         )
     gen_path = src / "generation_config.json"
     gen = _load_json(gen_path) if gen_path.is_file() else {}

@@ -12,6 +12,7 @@ extern const wpi_arch wpi_arch_llama, wpi_arch_mixtral, wpi_arch_olmoe, wpi_arch
 extern const wpi_arch wpi_arch_gpt_oss, wpi_arch_kimi_linear;
 extern const wpi_arch wpi_arch_deepseek_v3, wpi_arch_glm4_moe;
 extern const wpi_arch wpi_arch_deepseek_v4;
+extern const wpi_arch wpi_arch_glm5_next;
 
 static const wpi_arch *const archs[] = {
     &wpi_arch_llama,
@@ -24,6 +25,7 @@ static const wpi_arch *const archs[] = {
     &wpi_arch_deepseek_v3,
     &wpi_arch_glm4_moe,
     &wpi_arch_deepseek_v4,
+    &wpi_arch_glm5_next,
 };
 #define N_ARCHS (sizeof archs / sizeof archs[0])
 

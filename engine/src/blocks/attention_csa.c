@@ -82,7 +82,7 @@ static v4_state state_of(const wpi_hparams *hp, uint32_t l, uint32_t ctx)
 
 uint64_t wpi_v4_layer_state_floats(const wpi_hparams *hp, uint32_t l, uint32_t ctx)
 {
-    return hp->hc_mult ? state_of(hp, l, ctx).total : 0;
+    return hp->v4_state ? state_of(hp, l, ctx).total : 0;
 }
 
 uint64_t wpi_v4_state_floats(const wpi_hparams *hp, uint32_t ctx)
@@ -136,7 +136,7 @@ static uint64_t carve(const wpi_hparams *hp, uint32_t C, float *b, v4_scr *o)
 
 uint64_t wpi_v4_scratch_floats(const wpi_hparams *hp, uint32_t chunk)
 {
-    if (!hp->hc_mult) return 0;
+    if (!hp->v4_state) return 0;
     return carve(hp, chunk, NULL, NULL);
 }
 

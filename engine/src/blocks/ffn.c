@@ -1,6 +1,7 @@
 /*
  * ffn.c -- the SwiGLU feed-forward, down(silu(gate x) * up x), for dense layers, routed
- * experts and shared experts alike.
+ * experts and shared experts alike. With swiglu_limit and no swiglu_alpha (glm5_next)
+ * gate is clamped to at most the limit and up to [-limit, limit] first.
  *
  * gate and up run in one parallel section over blocks of their rows, each task also
  * applying silu(g) * u to its rows, so a SwiGLU costs two dispatches: gate/up and down.
@@ -18,6 +19,7 @@ typedef struct gu_ctx {
     const float *x;
     size_t ldx;
     uint32_t n_tok, blk;
+    float lim;              /* wpi_swiglu_clamp */
 } gu_ctx;
 
 static void gu_task(void *arg, uint32_t task)
@@ -28,11 +30,21 @@ static void gu_task(void *arg, uint32_t task)
     float *g = c->m->ff_g, *u = c->m->ff_u;
     c->fg(c->gate->data, c->gate->cols, r0, r1, c->x, c->ldx, c->n_tok, g, I);
     c->fu(c->up->data, c->up->cols, r0, r1, c->x, c->ldx, c->n_tok, u, I);
+    const float lim = c->lim;
     for (uint32_t t = 0; t < c->n_tok; t++)
         for (size_t r = r0; r < r1; r++) {
-            float a = g[t * I + r];
-            g[t * I + r] = a / (1.0f + expf(-a)) * u[t * I + r];
+            float a = g[t * I + r], b = u[t * I + r];
+            if (lim > 0) {
+                a = a < lim ? a : lim;
+                b = b < -lim ? -lim : b > lim ? lim : b;
+            }
+            g[t * I + r] = a / (1.0f + expf(-a)) * b;
         }
+}
+
+float wpi_swiglu_clamp(const wpi_hparams *hp)
+{
+    return hp->swiglu_alpha == 0 ? hp->swiglu_limit : 0; /* gpt_oss clamps in moe_oss.c */
 }
 
 void wpi_swiglu(wpi_model *m, const wpi_wmat *gate, const wpi_wmat *up,
@@ -40,7 +52,7 @@ void wpi_swiglu(wpi_model *m, const wpi_wmat *gate, const wpi_wmat *up,
                 float *out, size_t ldo)
 {
     gu_ctx c = {m, wpi_kernels_matmul(m->k, gate->dtype), wpi_kernels_matmul(m->k, up->dtype),
-                gate, up, x, ldx, n_tok, 0};
+                gate, up, x, ldx, n_tok, 0, m->hp ? wpi_swiglu_clamp(m->hp) : 0};
     const uint32_t I = gate->rows;
     const uint32_t nt = wpi_pool_threads(m->pool);
     uint64_t work = 2ull * I * gate->cols * n_tok;

@@ -8,6 +8,7 @@
  *   mixed = silu(causal depthwise conv over the last kda_conv inputs)
  *   q, k  = per-head l2norm (x / sqrt(sum x^2 + 1e-6)); q *= d^-1/2
  *   g     = -exp(A_log_h) * softplus(f_b f_a x + dt_bias)  [D]  (softplus(y) = y above 20)
+ *           or, with kda_safe_gate (glm5_next), kda_lower_bound * sigmoid(exp(A_log_h) * y)
  *   beta  = sigmoid(b x)                                  [heads]
  *   per head: S = S * exp(g)[:, None]; delta = (v - S^T k) * beta;
  *             S += k delta^T; o = S^T q                  S: [d (k), d (v)]
@@ -81,9 +82,13 @@ static void head_task(void *arg, uint32_t h)
         /* S *= exp(g) per key row; kv_mem = S^T k */
         for (uint32_t j = 0; j < d; j++) delta[j] = 0;
         for (uint32_t i = 0; i < d; i++) {
-            float y = gi[i];
-            float sp = y > 20.0f ? y : logf(1.0f + expf(y));
-            float e = expf(-decay * sp);
+            float y = gi[i], e;
+            if (hp->kda_safe_gate) { /* glm5_next: g = lower_bound * sigmoid(exp(A_log) y) */
+                e = expf(hp->kda_lower_bound / (1.0f + expf(-decay * y)));
+            } else {
+                float sp = y > 20.0f ? y : logf(1.0f + expf(y));
+                e = expf(-decay * sp);
+            }
             float *row = S + (size_t)i * d;
             for (uint32_t j = 0; j < d; j++) {
                 row[j] *= e;

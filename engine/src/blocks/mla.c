@@ -10,9 +10,11 @@
  *   score(t, h, j) = (W_uk_h^T q_nope + q_rope) . [c_j | k_rope_j] * attn_scale
  *   out(t, h)      = W_uv_h (sum_j softmax_j c_j)
  * so no per-head key or value is ever expanded. The q/kv lora norms use eps 1e-6 (the
- * reference RMSNorm default), not rms_norm_eps. RoPE: HF rotate_half pairing, or GPT-J
- * pairs (2i, 2i+1) when rope_interleave; k is rotated before it enters the cache, and
- * cos/sin carry rope_attn_factor as in attention.c. Each (token, head) attention task
+ * reference RMSNorm default) unless hparams give lora_norm_eps (glm5_next: rms_norm_eps).
+ * RoPE: HF rotate_half pairing, or GPT-J pairs (2i, 2i+1) when rope_interleave; k is
+ * rotated before it enters the cache, and cos/sin carry rope_attn_factor as in
+ * attention.c. Sparse (glm5_next's DSA layers): a token attends only to the key pools its
+ * indexer selected and its own incomplete pool (dsa.c). Each (token, head) attention task
  * streams keys in fixed blocks with a running maximum, so thread count never changes
  * a result.
  */
@@ -24,6 +26,7 @@
 #define KEY_BLOCK 256
 #define LORA_EPS 1e-6f
 #define MAX_RANK 4096 /* kv_lora_rank bound (a row buffer on the task's stack) */
+#define MAX_RANGES 1025 /* selected pools (hparams_glm5.c bound) + the incomplete pool */
 
 void wpi_rope_apply_interleaved(float *v, uint32_t n_heads, uint32_t head_dim,
                                 uint32_t rope_dim, const float *cos_, const float *sin_)
@@ -59,6 +62,7 @@ typedef struct mla_ctx {
     const float *cache;  /* this layer's latent rows, row 0 */
     uint32_t n, pos;
     wpi_matmul_fn fn;    /* kv_b matmul */
+    int sparse;          /* keys from idx_sel (dsa.c) */
 } mla_ctx;
 
 /* Task h: the absorbed query of head h for all n tokens. */
@@ -88,7 +92,33 @@ static void absorb_task(void *arg, uint32_t h)
     }
 }
 
-/* Task (t, h): softmax over positions 0..pos+t of the latent output. */
+/* The keys token t attends, as ranges [r0, r1) in ascending order: all of 0..pos+t, or
+ * (sparse) its selected pools and then its incomplete pool (blocks/dsa.c). */
+static uint32_t key_ranges(const mla_ctx *a, uint32_t t, uint32_t *r0, uint32_t *r1)
+{
+    const wpi_hparams *hp = a->m->hp;
+    const uint32_t npos = a->pos + t + 1;
+    if (!a->sparse) {
+        r0[0] = 0;
+        r1[0] = npos;
+        return 1;
+    }
+    const uint32_t P = hp->index_kpool, per = hp->index_topk / P;
+    const int32_t *sel = a->m->idx_sel + (size_t)t * per;
+    uint32_t nr = 0, ns = (uint32_t)a->m->idx_nsel[t];
+    for (uint32_t i = 0; i < ns; i++) {
+        r0[nr] = (uint32_t)sel[i] * P;
+        r1[nr++] = (uint32_t)sel[i] * P + P;
+    }
+    const uint32_t tail = npos / P * P;
+    if (hp->index_tail && tail < npos) {
+        r0[nr] = tail;
+        r1[nr++] = npos;
+    }
+    return nr;
+}
+
+/* Task (t, h): softmax over the keys of token t of the latent output. */
 static void attn_task(void *arg, uint32_t task)
 {
     const mla_ctx *a = arg;
@@ -98,13 +128,15 @@ static void attn_task(void *arg, uint32_t task)
     const uint32_t R = hp->kv_lora_rank, W = R + hp->rope_dim;
     const float *q = m->mla_q + ((size_t)t * H + h) * W;
     float *out = m->mla_o + ((size_t)t * H + h) * R;
-    const uint32_t npos = a->pos + t + 1;
     const float scale = hp->attn_scale;
     float s[KEY_BLOCK];
     float mx = -INFINITY, sum = 0;
+    uint32_t rs[MAX_RANGES], re[MAX_RANGES];
+    const uint32_t nr = key_ranges(a, t, rs, re);
     memset(out, 0, R * sizeof(float));
-    for (uint32_t j0 = 0; j0 < npos; j0 += KEY_BLOCK) {
-        uint32_t nb = npos - j0 < KEY_BLOCK ? npos - j0 : KEY_BLOCK;
+    for (uint32_t r = 0; r < nr; r++)
+    for (uint32_t j0 = rs[r]; j0 < re[r]; j0 += KEY_BLOCK) {
+        uint32_t nb = re[r] - j0 < KEY_BLOCK ? re[r] - j0 : KEY_BLOCK;
         float bmax = -INFINITY;
         for (uint32_t j = 0; j < nb; j++) {
             s[j] = m->k->dot_f32(q, a->cache + (size_t)(j0 + j) * W, W) * scale;
@@ -124,7 +156,7 @@ static void attn_task(void *arg, uint32_t task)
             m->k->axpy_f32(p, a->cache + (size_t)(j0 + j) * W, out, R);
         }
     }
-    const float inv = 1.0f / sum;
+    const float inv = sum > 0 ? 1.0f / sum : 0.0f;
     for (uint32_t i = 0; i < R; i++) out[i] *= inv;
 }
 
@@ -150,17 +182,17 @@ static void run(wpi_model *m, uint32_t tasks, uint64_t work, wpi_task_fn fn, voi
     }
 }
 
-void wpi_mla_block(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
+void wpi_mla_project(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
 {
     const wpi_hparams *hp = m->hp;
     const wpi_layer *L = &m->layers[l];
     const size_t H = hp->hidden_size, NH = hp->n_heads;
     const uint32_t R = hp->kv_lora_rank, RD = hp->rope_dim, QL = hp->q_lora_rank;
-    const size_t W = (size_t)R + RD, qd = NH * hp->head_dim, od = NH * hp->v_head_dim;
+    const size_t W = (size_t)R + RD, qd = NH * hp->head_dim;
     /* kv_slot: the layer's block of latent rows (kimi_linear's KDA layers have none) */
-    const float *cache = m->kcache + (size_t)L->kv_slot * m->ctx * W;
     float *lat = m->kcache + ((size_t)L->kv_slot * m->ctx + pos) * W;
     const uint32_t half = RD / 2;
+    const float eps = hp->lora_norm_eps > 0 ? hp->lora_norm_eps : LORA_EPS;
 
     for (uint32_t t = 0; t < n; t++)
         wpi_rmsnorm(m->xn + t * H, m->x + t * H, L->attn_norm, H, hp->rms_norm_eps);
@@ -170,7 +202,7 @@ void wpi_mla_block(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
         for (uint32_t t = 0; t < n; t++) {
             float *qa = m->mla_qa + (size_t)t * QL;
             if (L->bq_a) add(qa, L->bq_a, QL);
-            wpi_rmsnorm(qa, qa, L->q_a_norm, QL, LORA_EPS);
+            wpi_rmsnorm(qa, qa, L->q_a_norm, QL, eps);
         }
         wpi_mm b = {&L->wq_b, m->q, qd};
         wpi_matmul(m, &b, 1, m->mla_qa, QL, n);
@@ -181,15 +213,24 @@ void wpi_mla_block(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
     for (uint32_t t = 0; t < n; t++) {
         float *c = lat + t * W;
         if (L->bkv_a) add(c, L->bkv_a, W);
-        wpi_rmsnorm(c, c, L->kv_a_norm, R, LORA_EPS);
+        wpi_rmsnorm(c, c, L->kv_a_norm, R, eps);
         if (half) {
             const float *cs = m->rope_cos + t * half, *sn = m->rope_sin + t * half;
             rope(hp, c + R, 1, (uint32_t)W, cs, sn);
             rope(hp, m->q + t * qd + hp->qk_nope_head_dim, hp->n_heads, hp->head_dim, cs, sn);
         }
     }
+}
 
-    mla_ctx a = {m, L, cache, n, pos, wpi_kernels_matmul(m->k, L->wkv_b.dtype)};
+void wpi_mla_attend(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos, int sparse)
+{
+    const wpi_hparams *hp = m->hp;
+    const wpi_layer *L = &m->layers[l];
+    const size_t H = hp->hidden_size, NH = hp->n_heads;
+    const uint32_t R = hp->kv_lora_rank, RD = hp->rope_dim;
+    const size_t W = (size_t)R + RD, od = NH * hp->v_head_dim;
+    const float *cache = m->kcache + (size_t)L->kv_slot * m->ctx * W;
+    mla_ctx a = {m, L, cache, n, pos, wpi_kernels_matmul(m->k, L->wkv_b.dtype), sparse};
     run(m, hp->n_heads, (uint64_t)n * NH * hp->qk_nope_head_dim * R, absorb_task, &a);
     run(m, n * hp->n_heads, (uint64_t)n * NH * (pos + n) * (W + R), attn_task, &a);
     run(m, hp->n_heads, (uint64_t)n * NH * hp->v_head_dim * R, up_task, &a);
@@ -200,4 +241,10 @@ void wpi_mla_block(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
         if (L->bo) add(m->xn + t * H, L->bo, H);
         add(m->x + t * H, m->xn + t * H, H);
     }
+}
+
+void wpi_mla_block(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
+{
+    wpi_mla_project(m, l, n, pos);
+    wpi_mla_attend(m, l, n, pos, 0);
 }

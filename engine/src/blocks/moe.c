@@ -113,6 +113,7 @@ typedef struct group_ctx {
     float *out[GROUP_MAX];    /* each expert's output row (H floats) */
     wpi_matmul_fn fn;
     uint32_t blk, tasks_gu, tasks_down; /* tasks per expert */
+    float lim;                /* wpi_swiglu_clamp */
 } group_ctx;
 
 static void group_gu_task(void *arg, uint32_t t)
@@ -123,7 +124,15 @@ static void group_gu_task(void *arg, uint32_t t)
     float *g = c->g + (size_t)e * I, *u = c->u + (size_t)e * I;
     c->fn(c->v[e].gate, H, r0, r1, c->x, H, 1, g, I);
     c->fn(c->v[e].up, H, r0, r1, c->x, H, 1, u, I);
-    for (size_t r = r0; r < r1; r++) g[r] = g[r] / (1.0f + expf(-g[r])) * u[r];
+    const float lim = c->lim;
+    for (size_t r = r0; r < r1; r++) {
+        float a = g[r], b = u[r];
+        if (lim > 0) {
+            a = a < lim ? a : lim;
+            b = b < -lim ? -lim : b > lim ? lim : b;
+        }
+        g[r] = a / (1.0f + expf(-a)) * b;
+    }
 }
 
 static void group_down_task(void *arg, uint32_t t)
@@ -157,7 +166,7 @@ static void apply_group_decode(wpi_model *m, const wpi_expert_view *v, uint32_t 
     const size_t H = m->hp->hidden_size;
     const uint32_t I = v[0].inter, nt = wpi_pool_threads(m->pool);
     group_ctx c = {m, v, m->xn, m->ff_g, m->ff_u, {0}, wpi_kernels_matmul(m->k, v[0].dtype),
-                   0, 0, 0};
+                   0, 0, 0, wpi_swiglu_clamp(m->hp)};
     for (uint32_t s = 0; s < cnt; s++)
         c.out[s] = m->eo + (size_t)m->ex_pick[m->ex_start[s0 + s]] * H;
     /* About four tasks per thread over all rows, in whole 16-row blocks. */
