@@ -48,6 +48,10 @@ cdef extern from "wp.h" nogil:
         uint32_t ctx_tokens
         uint32_t cache_slots
         int32_t budget_multiple
+        uint64_t state_bytes[8]
+
+    enum:
+        WP_STATE_KINDS
 
     wp_status wp_plan_memory(const char *path, const wp_cfg *cfg, wp_plan *out,
                              char *err, size_t err_cap)

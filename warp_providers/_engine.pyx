@@ -78,7 +78,12 @@ cdef class _Cfg:
                 raise TypeError(f"unknown engine option {key!r}")
 
 
+STATE_KINDS = ("kv", "mla_latent", "recurrent", "indexer", "window", "csa", "hca")
+"""Names of the WP_STATE_* kinds, in their order (a plan's "state_bytes" keys)."""
+
+
 cdef dict _plan_dict(const wp_plan *p):
+    assert len(STATE_KINDS) < WP_STATE_KINDS
     return {
         "trunk_bytes": p.trunk_bytes, "kv_bytes": p.kv_bytes,
         "scratch_bytes": p.scratch_bytes, "min_cache_bytes": p.min_cache_bytes,
@@ -88,6 +93,9 @@ cdef dict _plan_dict(const wp_plan *p):
         "usable_ram_bytes": p.usable_ram_bytes, "budget_bytes": p.budget_bytes,
         "cache_bytes": p.cache_bytes, "ctx_tokens": p.ctx_tokens,
         "cache_slots": p.cache_slots, "budget_multiple": p.budget_multiple,
+        # kv_bytes by kind of state; only the kinds this model has
+        "state_bytes": {name: p.state_bytes[k] for k, name in enumerate(STATE_KINDS)
+                        if p.state_bytes[k]},
     }
 
 

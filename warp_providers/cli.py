@@ -129,6 +129,9 @@ def cmd_plan(a: argparse.Namespace) -> int:
                 "working_set_bytes", "recommended_bytes", "experts_total_bytes",
                 "usable_ram_bytes", "budget_bytes", "cache_bytes"):
         _say(f"{key[:-6]:<20} {_gib(plan[key]):>12}\n")
+        if key == "kv_bytes":  # the context state, by kind of layer state
+            for kind, n in plan["state_bytes"].items():
+                _say(f"  {kind:<18} {_gib(n):>12}\n")
     _say(f"{'ctx_tokens':<20} {plan['ctx_tokens']:>12}\n{'cache_slots':<20} "
          f"{plan['cache_slots']:>12}\n")
     return 0

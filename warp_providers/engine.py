@@ -129,12 +129,14 @@ def plan_memory(
     ctx: int | None = None,
     threads: int | None = None,
     **options: Any,
-) -> dict[str, int]:
+) -> dict[str, Any]:
     """Plans the memory of a container without loading it.
 
     Returns:
         A dict of byte counts: trunk, kv, scratch, min cache, floor, working set,
-        recommended, the budget open would use and the expert cache it would get.
+        recommended, the budget open would use and the expert cache it would get; and
+        "state_bytes", the kv bytes by kind of layer state ("kv", "mla_latent",
+        "recurrent", "indexer", "window", "csa", "hca"; only the kinds present).
 
     Raises:
         MemoryBudgetError: an explicit budget is below the floor (the message names both).

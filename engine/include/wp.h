@@ -77,6 +77,18 @@ typedef struct wp_cfg {
 void wp_cfg_init(wp_cfg *cfg);
 
 /* Memory plan of a container at a configuration, in bytes. */
+/* The kinds of context state a plan itemizes (wp_plan.state_bytes). */
+enum {
+    WP_STATE_KV = 0,         /* K and V rows per position (full and sliding attention) */
+    WP_STATE_MLA_LATENT = 1, /* MLA: one latent row (kv_lora_rank + rope_dim) per position */
+    WP_STATE_RECURRENT = 2,  /* linear attention (KDA): recurrent state + conv window, fixed */
+    WP_STATE_INDEXER = 3,    /* DSA indexer rows per position (glm5_next) */
+    WP_STATE_WINDOW = 4,     /* deepseek_v4: every layer's sliding-window key ring */
+    WP_STATE_CSA = 5,        /* deepseek_v4 CSA layers: compressor/indexer windows, entries */
+    WP_STATE_HCA = 6,        /* deepseek_v4 HCA layers: compressor window, entries */
+    WP_STATE_KINDS = 8       /* array length (room for one more kind) */
+};
+
 typedef struct wp_plan {
     uint64_t trunk_bytes;        /* resident tensors */
     uint64_t kv_bytes;           /* KV cache / recurrent state at ctx_tokens */
@@ -93,6 +105,7 @@ typedef struct wp_plan {
     uint32_t ctx_tokens;         /* resolved context length */
     uint32_t cache_slots;        /* expert records the cache holds */
     int32_t budget_multiple;     /* k in floor + k*ws chosen by the resolver; -1 explicit */
+    uint64_t state_bytes[WP_STATE_KINDS]; /* kv_bytes by WP_STATE_* kind; they sum to it */
 } wp_plan;
 
 /* Plans memory without loading weights. err (may be NULL) receives a detail message.

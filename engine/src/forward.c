@@ -19,18 +19,39 @@
 
 static uint32_t umax(uint32_t a, uint32_t b) { return a > b ? a : b; }
 
+void wpi_state_bytes(const wpi_hparams *hp, uint32_t ctx, uint64_t out[WP_STATE_KINDS])
+{
+    const uint64_t F = sizeof(float);
+    memset(out, 0, WP_STATE_KINDS * sizeof out[0]);
+    if (hp->v4_state) { /* deepseek_v4: per layer a window ring, then its compressor state */
+        const uint64_t win = (uint64_t)hp->sliding_window * hp->head_dim;
+        for (uint32_t l = 0; l < hp->n_layers; l++) {
+            const uint64_t rest = wpi_v4_layer_state_floats(hp, l, ctx) - win;
+            out[WP_STATE_WINDOW] += win * F;
+            out[hp->layer_compress[l] == WPI_CMP_CSA   ? WP_STATE_CSA
+                : hp->layer_compress[l] == WPI_CMP_HCA ? WP_STATE_HCA
+                                                       : WP_STATE_WINDOW] += rest * F;
+        }
+        return;
+    }
+    if (hp->kv_lora_rank) { /* MLA latent rows; KDA layers a fixed recurrent state (kda.c);
+                             * glm5_next's indexer layers a row per position (dsa.c) */
+        const uint64_t kda = wpi_kda_layers(hp);
+        out[WP_STATE_MLA_LATENT] = (hp->n_layers - kda) * ctx *
+                                   (uint64_t)(hp->kv_lora_rank + hp->rope_dim) * F;
+        out[WP_STATE_RECURRENT] = kda * wpi_kda_state_floats(hp) * F;
+        out[WP_STATE_INDEXER] = (uint64_t)wpi_dsa_layers(hp) * ctx * wpi_dsa_row_floats(hp) * F;
+        return;
+    }
+    out[WP_STATE_KV] = 2ull * hp->n_layers * ctx * hp->n_kv_heads * hp->head_dim * F;
+}
+
 uint64_t wpi_kv_bytes(const wpi_hparams *hp, uint32_t ctx)
 {
-    if (hp->v4_state) /* deepseek_v4: windows, compressors, entries (attention_csa.c) */
-        return wpi_v4_state_floats(hp, ctx) * sizeof(float);
-    if (hp->kv_lora_rank) /* MLA: one latent row (kv_lora_rank + rope_dim) per token */
-        /* KDA layers (kimi_linear) keep a fixed recurrent state instead (kda.c) */
-        /* glm5_next's indexer layers also cache a row per position (dsa.c) */
-        return (uint64_t)(hp->n_layers - wpi_kda_layers(hp)) * ctx *
-                   (hp->kv_lora_rank + hp->rope_dim) * sizeof(float) +
-               (uint64_t)wpi_kda_layers(hp) * wpi_kda_state_floats(hp) * sizeof(float) +
-               (uint64_t)wpi_dsa_layers(hp) * ctx * wpi_dsa_row_floats(hp) * sizeof(float);
-    return 2ull * hp->n_layers * ctx * hp->n_kv_heads * hp->head_dim * sizeof(float);
+    uint64_t by_kind[WP_STATE_KINDS], sum = 0;
+    wpi_state_bytes(hp, ctx, by_kind);
+    for (int k = 0; k < WP_STATE_KINDS; k++) sum += by_kind[k];
+    return sum;
 }
 
 /* Walks the scratch layout: with base == NULL only measures. Returns total bytes. */

@@ -288,6 +288,8 @@ uint64_t wpi_usable_ram(const wp_cfg *cfg);
  * `chunk` tokens at ctx tokens. plan.c uses exactly what the forward allocates
  * (chunk = cfg->prefill_chunk, 0 meaning 64). */
 uint64_t wpi_kv_bytes(const wpi_hparams *hp, uint32_t ctx);
+/* The same bytes by WP_STATE_* kind (they sum to wpi_kv_bytes). */
+void wpi_state_bytes(const wpi_hparams *hp, uint32_t ctx, uint64_t out[WP_STATE_KINDS]);
 uint64_t wpi_scratch_bytes(const wpi_hparams *hp, uint32_t chunk, uint32_t ctx);
 
 typedef struct wpi_arch wpi_arch;

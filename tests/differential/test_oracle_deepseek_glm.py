@@ -339,10 +339,13 @@ def test_plan_kv_bytes_by_hand(arch, models, f32_containers):
     for ctx in (64, 1000):
         plan = plan_memory(out, ctx=ctx)
         if arch.startswith("deepseek_v3"):
+            kind = "mla_latent"
             want = cfg.num_hidden_layers * ctx * (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * 4
         else:
+            kind = "kv"
             want = 2 * cfg.num_hidden_layers * ctx * cfg.num_key_value_heads * cfg.head_dim * 4
         assert plan["kv_bytes"] == want, (arch, ctx, plan["kv_bytes"], want)
+        assert plan["state_bytes"] == {kind: want}
 
 
 @pytest.mark.oracle

@@ -290,25 +290,24 @@ def test_state_roundtrip_continues_identically(model, tmp_path):
         assert np.array_equal(a, b)
 
 
-def _hand_state_bytes(hp: dict[str, Any], ctx: int) -> int:
-    """Per layer: the sliding window's keys (W rows of head_dim); HCA (rate m): the open
-    window's projected rows c and z (m rows of head_dim each) and one entry of head_dim
-    per m positions; CSA (rate m): two windows of c and z rows of 2*head_dim (the overlap
-    needs the previous window), the entries, and the same again for the indexer at
-    index_head_dim."""
+def _hand_state_bytes(hp: dict[str, Any], ctx: int) -> dict[str, int]:
+    """By kind. Every layer: the sliding window's keys (W rows of head_dim). HCA (rate m):
+    the open window's projected rows c and z (m rows of head_dim each) and one entry of
+    head_dim per m positions; CSA (rate m): two windows of c and z rows of 2*head_dim (the
+    overlap needs the previous window), the entries, and the same again for the indexer
+    at index_head_dim."""
     hd, ihd, w = hp["head_dim"], hp["index_head_dim"], hp["sliding_window"]
-    total = 0
+    out = {"window": 0, "csa": 0, "hca": 0}
     for kind in hp["compress_kinds"]:
-        floats = w * hd
+        out["window"] += 4 * w * hd
         if kind == "hca":
             m = hp["compress_rate_hca"]
-            floats += 2 * m * hd + (ctx // m) * hd
+            out["hca"] += 4 * (2 * m * hd + (ctx // m) * hd)
         elif kind == "csa":
             m = hp["compress_rate_csa"]
-            floats += 2 * (2 * m) * (2 * hd) + (ctx // m) * hd
-            floats += 2 * (2 * m) * (2 * ihd) + (ctx // m) * ihd
-        total += floats
-    return 4 * total
+            out["csa"] += 4 * (2 * (2 * m) * (2 * hd) + (ctx // m) * hd)
+            out["csa"] += 4 * (2 * (2 * m) * (2 * ihd) + (ctx // m) * ihd)
+    return out
 
 
 @pytest.mark.oracle
@@ -323,13 +322,15 @@ def test_plan_state_bytes(model, tmp_path, capsys):
     assert hp["hash_layers"] == [True, False, True, False]
     # by hand for ctx 64: none 8*32 = 256; hca 256 + 2*8*32 + 8*32 = 1024;
     # csa 256 + 2*8*64 + 16*32 + 2*8*32 + 16*16 = 2560
-    assert _hand_state_bytes(hp, 64) == 4 * (256 + 2560 + 1024 + 2560)
+    assert _hand_state_bytes(hp, 64) == {"window": 4 * 4 * 256, "csa": 4 * 2 * (2560 - 256),
+                                         "hca": 4 * (1024 - 256)}
     for ctx in (64, 300):
         plan = plan_memory(out, ctx=ctx)
-        assert plan["kv_bytes"] == _hand_state_bytes(hp, ctx)
+        assert plan["state_bytes"] == _hand_state_bytes(hp, ctx)
+        assert plan["kv_bytes"] == sum(_hand_state_bytes(hp, ctx).values())
     capsys.readouterr()
     assert main(["plan", str(out), "--ctx", "300", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["kv_bytes"] == _hand_state_bytes(hp, 300)
+    assert json.loads(capsys.readouterr().out)["state_bytes"] == _hand_state_bytes(hp, 300)
 
 
 @pytest.mark.oracle

@@ -329,7 +329,7 @@ def test_state_roundtrip_continues_identically(glm5, tmp_path):
     assert got_gen == want_gen
 
 
-def _hand_kv_bytes(hp: dict[str, Any], ctx: int) -> int:
+def _hand_kv_bytes(hp: dict[str, Any], ctx: int) -> dict[str, int]:
     """Every layer kind by hand: an MLA layer keeps one latent row (kv_lora_rank floats, no
     rope) per position; an indexer layer also [k | gate | pool key] (3 * index_head_dim)
     per position; a KDA layer a recurrent state S [heads, d, d] plus the conv window
@@ -340,7 +340,7 @@ def _hand_kv_bytes(hp: dict[str, Any], ctx: int) -> int:
     mla = 2 * ctx * hp["kv_lora_rank"]
     indexer = 1 * ctx * 3 * hp["index_head_dim"]
     kda = 2 * (h * d * d + (k - 1) * 3 * h * d)
-    return 4 * (mla + indexer + kda)
+    return {"mla_latent": 4 * mla, "indexer": 4 * indexer, "recurrent": 4 * kda}
 
 
 @pytest.mark.oracle
@@ -351,7 +351,9 @@ def test_plan_state_bytes(glm5, tmp_path):
     out = _convert(hf_dir, tmp_path / "p.warp", experts="q8_0", trunk="q8_0")
     hp = json.loads((out / "manifest.json").read_text())["hparams"]
     for ctx in (64, 300):
-        assert plan_memory(out, ctx=ctx)["kv_bytes"] == _hand_kv_bytes(hp, ctx)
+        plan = plan_memory(out, ctx=ctx)
+        assert plan["state_bytes"] == _hand_kv_bytes(hp, ctx)
+        assert plan["kv_bytes"] == sum(_hand_kv_bytes(hp, ctx).values())
     p = subprocess.run(
         [sys.executable, "-m", "warp_providers.cli", "plan", str(out), "--ctx", "300", "--json"],
         capture_output=True,
@@ -359,7 +361,7 @@ def test_plan_state_bytes(glm5, tmp_path):
         timeout=600,
     )
     assert p.returncode == 0, p.stderr
-    assert json.loads(p.stdout)["kv_bytes"] == _hand_kv_bytes(hp, 300)
+    assert json.loads(p.stdout)["state_bytes"] == _hand_kv_bytes(hp, 300)
 
 
 @pytest.mark.oracle

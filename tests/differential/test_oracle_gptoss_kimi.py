@@ -259,9 +259,9 @@ def test_state_roundtrip_continues_identically(arch, models, tmp_path):
         assert np.array_equal(a, b)
 
 
-def _hand_kv_bytes(arch: str, hp: dict[str, Any], ctx: int) -> int:
+def _hand_kv_bytes(arch: str, hp: dict[str, Any], ctx: int) -> dict[str, int]:
     if arch == "gpt_oss":  # K and V rows of every position, every layer
-        return 2 * hp["n_layers"] * ctx * hp["n_kv_heads"] * hp["head_dim"] * 4
+        return {"kv": 2 * hp["n_layers"] * ctx * hp["n_kv_heads"] * hp["head_dim"] * 4}
     # kimi_linear: MLA layers keep one latent row (kv_lora_rank + rope dims) per position;
     # KDA layers a recurrent state S [heads, d, d] plus the conv window [kernel-1, 3*heads*d]
     n_kda = hp["attn_kinds"].count("kda")
@@ -269,7 +269,8 @@ def _hand_kv_bytes(arch: str, hp: dict[str, Any], ctx: int) -> int:
     assert n_kda == 2 and n_mla == 2
     h, d, k = hp["kda_heads"], hp["kda_head_dim"], hp["kda_conv"]
     kda = h * d * d + (k - 1) * 3 * h * d
-    return 4 * (n_mla * ctx * (hp["kv_lora_rank"] + hp["rope_dim"]) + n_kda * kda)
+    return {"mla_latent": 4 * n_mla * ctx * (hp["kv_lora_rank"] + hp["rope_dim"]),
+            "recurrent": 4 * n_kda * kda}
 
 
 @pytest.mark.oracle
@@ -282,7 +283,8 @@ def test_plan_state_bytes(arch, models, tmp_path):
     hp = json.loads((out / "manifest.json").read_text())["hparams"]
     for ctx in (64, 300):
         plan = plan_memory(out, ctx=ctx)
-        assert plan["kv_bytes"] == _hand_kv_bytes(arch, hp, ctx)
+        assert plan["state_bytes"] == _hand_kv_bytes(arch, hp, ctx)
+        assert plan["kv_bytes"] == sum(_hand_kv_bytes(arch, hp, ctx).values())
 
 
 # --------------------------------------------------------------------------- gpt_oss MXFP4

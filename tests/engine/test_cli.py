@@ -45,6 +45,9 @@ def test_help():
 def test_plan_info_eval_tokenize_json(model):
     plan = json.loads(warp("plan", str(model), "--json").stdout)
     assert plan["floor_bytes"] > 0
+    assert plan["state_bytes"] == {"kv": plan["kv_bytes"]}  # qwen3_moe: K and V rows only
+    text = warp("plan", str(model)).stdout
+    assert text.splitlines()[1].startswith("kv ") and text.splitlines()[2].split()[0] == "kv"
     info = json.loads(warp("info", str(model), "--json").stdout)
     assert info["model_type"] == "qwen3_moe"
     ev = json.loads(warp("eval", str(model), "--ids", "10,11,12", "--json").stdout)

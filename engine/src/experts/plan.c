@@ -60,6 +60,7 @@ wp_status wpi_plan(const wpi_container *c, const wp_cfg *cfg, wp_plan *out, char
     out->ctx_tokens = ctx;
     out->trunk_bytes = c->trunk_bytes;
     out->kv_bytes = wpi_kv_bytes(hp, ctx);
+    wpi_state_bytes(hp, ctx, out->state_bytes);
     out->scratch_bytes = wpi_scratch_bytes(hp, chunk, ctx);
     out->record_bytes = rec;
     out->experts_total_bytes = c->experts_total_bytes;
