@@ -34,11 +34,12 @@ def assert_q8_0_matches(eng, prompt: list[int], ref_all: np.ndarray, ref_tokens:
     On a random-weight model a Q8_0 rounding can flip a near-tied expert selection or a
     near-tied next token by itself, whatever the engine does. So the draw is checked
     first, in transformers alone: its own quantize -> dequantize weights must keep the F32
-    continuation and a mean KL <= 5e-4; a draw that does not is reported as such (change
-    its seed), never counted against the engine.
+    continuation and a mean KL <= 8e-4 (the engine, exact on those weights, then lands
+    within the 1e-3 bound); a draw that does not is reported as such (change its seed),
+    never counted against the engine.
     """
     ref_kl = mean_kl(ref_all, qdq_all)
-    assert ref_kl <= 5e-4 and qdq_tokens == ref_tokens, (
+    assert ref_kl <= 8e-4 and qdq_tokens == ref_tokens, (
         f"{tag}: this random draw is not Q8_0-stable in transformers itself (mean KL "
         f"{ref_kl:.3g}, same continuation {qdq_tokens == ref_tokens}); draw another seed")
     kl = mean_kl(ref_all, eng.eval(list(prompt), all_logits=True))

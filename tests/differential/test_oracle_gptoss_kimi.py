@@ -72,6 +72,10 @@ def _kimi_linear_config(**over: Any) -> Any:
 
 
 CONFIGS = {"gpt_oss": _gpt_oss_config, "kimi_linear": _kimi_linear_config}
+# kimi_linear's selection-only routing bias is drawn as large as a trained one (which
+# settles most selections): with a bias as small as the other weights, near-tied grouped
+# selections flip under Q8_0 rounding in transformers itself (mean KL 1.5e-2)
+ROUTING_BIAS_STD = {"kimi_linear": 2.0}
 
 
 def _build(name: str, seed: int = 0) -> Any:
@@ -81,7 +85,7 @@ def _build(name: str, seed: int = 0) -> Any:
 
     torch.manual_seed(seed)
     model = tf.AutoModelForCausalLM.from_config(CONFIGS[name](), dtype=torch.float32)
-    return randomize(model, std=STD, routing_bias_std=0.1)
+    return randomize(model, std=STD, routing_bias_std=ROUTING_BIAS_STD.get(name, 0.1))
 
 
 def _greedy_ref(oracle_env, model, prompt: list[int], n: int) -> tuple[list[int], np.ndarray]:
@@ -137,16 +141,7 @@ def test_f32_matches_transformers(arch, models, tmp_path):
             _check_f32(eng, ref_all, ref_tokens, ref_steps, f"{arch} chunk {chunk}")
 
 
-Q8_CASES = [
-    a if a != "kimi_linear" else pytest.param(a, marks=pytest.mark.xfail(strict=True, reason=(
-        "no random draw tried (seeds 0-19, KDA head sizes 16-64) is Q8_0-stable in "
-        "transformers itself: the KDA output before its gated RMSNorm has an RMS near 1e-3, "
-        "so the norm magnifies rounding of q_proj (layer 0 alone: KL 1.2e-3) and the "
-        "reference's own quantize->dequantize weights give mean KL 1.7e-3 to 4e-2; the "
-        "engine's exactness on those weights is asserted by "
-        "test_q8_0_container_is_exact_on_its_own_weights")))
-    for a in ARCHS
-]
+Q8_CASES = ARCHS
 
 
 @pytest.mark.oracle
