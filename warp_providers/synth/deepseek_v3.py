@@ -108,7 +108,9 @@ def make_deepseek_v3_checkpoint(out: str | Path, shape: DeepseekV3Shape | None =
         if i < shape.first_k_dense_replace:
             t.update(mlp(p + "mlp.", shape.intermediate_size))
         else:
-            t[p + "mlp.gate.weight"] = w(shape.n_routed_experts, h, scale=1.0)
+            # router logits ~ N(0, 1): sigmoid scores spread over (0, 1); a larger scale
+            # saturates them at 1.0 and the bias alone would pick the same experts always
+            t[p + "mlp.gate.weight"] = w(shape.n_routed_experts, h, scale=std)
             t[p + "mlp.gate.e_score_correction_bias"] = (
                 wr.rng.standard_normal(shape.n_routed_experts, dtype=np.float32) * 0.1)
             t.update(mlp(p + "mlp.shared_experts.",

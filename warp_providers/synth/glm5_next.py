@@ -124,8 +124,8 @@ def make_glm5_next_checkpoint(out: str | Path, shape: Glm5NextShape | None = Non
 
     Args:
         out: the directory to create.
-        shape: sizes (default: 4.83 G parameters, 9.66 GB of float16 of which the routed
-            experts are 94%; 5.1 GB as a Q8_0 container).
+        shape: sizes (default: 4.80 G parameters, 9.6 GB of float16 of which the routed
+            experts are 94%; a 5.1 GB Q8_0 container, floor ~0.43 GB).
         seed: the RNG seed; the same seed gives the same bytes.
         tokenizer: as for `make_moe_checkpoint` (a directory with tokenizer.json).
 
@@ -214,7 +214,10 @@ def make_glm5_next_checkpoint(out: str | Path, shape: Glm5NextShape | None = Non
         if i < sh.first_k_dense_replace:
             t.update(mlp(p + "mlp.", sh.intermediate_size))
         else:
-            t[p + "mlp.gate.weight"] = w(sh.n_routed_experts, h, scale=1.0, dtype=np.float32)
+            # router logits ~ N(0, 1): sigmoid scores spread over (0, 1); a larger scale
+            # saturates them at 1.0 and the bias alone would pick the same experts always
+            t[p + "mlp.gate.weight"] = w(sh.n_routed_experts, h, scale=1.0 / np.sqrt(h),
+                                         dtype=np.float32)
             t[p + "mlp.gate.e_score_correction_bias"] = w(sh.n_routed_experts, scale=0.1,
                                                           dtype=np.float32)
             t.update(mlp(p + "mlp.shared_experts.",
