@@ -49,6 +49,8 @@ ALIASES: dict[str, str] = {
     "kimi_k2": "kimi",
     "kimi_linear": "kimi",
     "glm4_moe": "glm",
+    "glm5_next": "glm",
+    "glm5_next_text": "glm",
     "chat.json": "chatjson",
     "jinja": "hf_template",
 }

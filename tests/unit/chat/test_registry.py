@@ -47,6 +47,7 @@ def test_unknown_name_lists_valid_names() -> None:
 
 def test_aliases_and_register(monkeypatch: pytest.MonkeyPatch) -> None:
     assert get("kimi_k3").name == "xtml" and get("glm4_moe").name == "glm"
+    assert get("glm5_next").name == "glm" and get("glm5_next_text").name == "glm"
     monkeypatch.setitem(FORMATS, "mine", "warp_providers.chat.formats.chatjson:ChatJsonFormat")
     assert get("mine") is ChatJsonFormat
     with pytest.raises(ValueError):
