@@ -43,7 +43,7 @@ from typing import Any, Final
 import numpy as np
 
 from . import hf
-from .hf_ext import _base_hparams, _computed, _St, _top_tensors
+from .hf_ext import _base_hparams, _computed, _St, _top_tensors, expert_layer
 from .quant import ConvertError
 from .writer import ExpertLayerSrc, Plan, SrcTensor, const_rows
 
@@ -395,19 +395,7 @@ def _load_deepseek_v4(src: Path, cfg: dict[str, Any], gen: Mapping[str, Any]) ->
                                  ("up_proj", "ffn_up_shexp", (sh, H)),
                                  ("down_proj", "ffn_down_shexp", (H, sh))):
                 t(g + f"shared_experts.{p}.weight", f"{cn}.weight", "trunk", shape)
-        per: dict[int, dict[str, str]] = {}
-        fused: dict[str, str] = {}
-        for tname, name in alias.items():
-            if not tname.startswith(pre):
-                continue
-            rest = tname[len(pre):]
-            if (em := hf._EXPERT_RE.fullmatch(rest)) is not None:
-                per.setdefault(int(em.group(1)), {})[hf._EXPERT_PART[em.group(2)]] = name
-                s.used.add(name)
-            elif (fm := hf._FUSED_RE.fullmatch(rest)) is not None:
-                fused[fm.group(1)] = name
-                s.used.add(name)
-        experts.append(hf._expert_layer(src, b, hp, i, per or None, fused or None))
+        experts.append(expert_layer(src, b, hp, i, pre, alias.items(), s.used))
     for layer in experts:
         for e in range(layer.n_experts):
             layer.expert(e)

@@ -25,7 +25,7 @@ Everything not listed is refused with a ``ConvertError`` naming the tensor.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Final
 
@@ -288,6 +288,28 @@ def _gpt_oss_experts(s: _St, i: int, E: int, H: int, inter: int) -> ExpertLayerS
     return ExpertLayerSrc(i, E, (gshape, gshape, dshape), expert_f, nbytes * E)
 
 
+def expert_layer(src: Path, b: hf._Builder, hp: Mapping[str, Any], i: int, pre: str,
+                 names: Iterable[tuple[str, str]], used: set[str]) -> ExpertLayerSrc:
+    """Return the routed experts of layer `i` (per-expert or fused tensors under `pre`).
+
+    `names` pairs the spelling matched against the expert patterns with the stored name
+    (the same unless the checkpoint's names were mapped); each one taken joins `used`.
+    """
+    per: dict[int, dict[str, str]] = {}
+    fused: dict[str, str] = {}
+    for spelled, name in names:
+        if not spelled.startswith(pre):
+            continue
+        rest = spelled[len(pre):]
+        if (em := hf._EXPERT_RE.fullmatch(rest)) is not None:
+            per.setdefault(int(em.group(1)), {})[hf._EXPERT_PART[em.group(2)]] = name
+            used.add(name)
+        elif (fm := hf._FUSED_RE.fullmatch(rest)) is not None:
+            fused[fm.group(1)] = name
+            used.add(name)
+    return hf._expert_layer(src, b, hp, i, per or None, fused or None)
+
+
 # --------------------------------------------------------------------------- kimi_linear
 
 _KIMI_ALIASES: Final[dict[str, str]] = {  # transformers-config spelling <- checkpoint's
@@ -436,19 +458,7 @@ def _load_kimi_linear(src: Path, cfg: dict[str, Any], gen: Mapping[str, Any]) ->
                                  ("down_proj", "ffn_down_shexp", (H, sh))):
                 need(pre, (f"block_sparse_moe.shared_experts.{p}.weight", f"mlp.shared_experts.{p}.weight"),
                      blk + f"{cn}.weight", "trunk", shape)
-        per: dict[int, dict[str, str]] = {}
-        fused: dict[str, str] = {}
-        for name in st.entries:
-            if not name.startswith(pre):
-                continue
-            rest = name[len(pre):]
-            if (em := hf._EXPERT_RE.fullmatch(rest)) is not None:
-                per.setdefault(int(em.group(1)), {})[hf._EXPERT_PART[em.group(2)]] = name
-                s.used.add(name)
-            elif (fm := hf._FUSED_RE.fullmatch(rest)) is not None:
-                fused[fm.group(1)] = name
-                s.used.add(name)
-        experts.append(hf._expert_layer(src, b, hp, i, per or None, fused or None))
+        experts.append(expert_layer(src, b, hp, i, pre, ((n, n) for n in st.entries), s.used))
     for layer in experts:
         for e in range(layer.n_experts):
             layer.expert(e)

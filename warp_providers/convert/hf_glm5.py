@@ -31,7 +31,7 @@ from typing import Any, Final
 import numpy as np
 
 from . import hf
-from .hf_ext import _computed, _first, _St
+from .hf_ext import _computed, _first, _St, expert_layer
 from .quant import ConvertError
 from .writer import ExpertLayerSrc, Plan
 
@@ -368,19 +368,7 @@ def _load(src: Path, cfg: dict[str, Any], gen: Mapping[str, Any]) -> Plan:
             ("down_proj", "ffn_down_shexp", (H, sh)),
         ):
             need(pre, (f"mlp.shared_experts.{p}.weight",), blk + f"{cn}.weight", "trunk", shape)
-        per: dict[int, dict[str, str]] = {}
-        fused: dict[str, str] = {}
-        for name in st.entries:
-            if not name.startswith(pre):
-                continue
-            rest = name[len(pre) :]
-            if (em := hf._EXPERT_RE.fullmatch(rest)) is not None:
-                per.setdefault(int(em.group(1)), {})[hf._EXPERT_PART[em.group(2)]] = name
-                s.used.add(name)
-            elif (fm := hf._FUSED_RE.fullmatch(rest)) is not None:
-                fused[fm.group(1)] = name
-                s.used.add(name)
-        experts.append(hf._expert_layer(src, b, hp, i, per or None, fused or None))
+        experts.append(expert_layer(src, b, hp, i, pre, ((n, n) for n in st.entries), s.used))
     for layer in experts:
         for e in range(layer.n_experts):
             layer.expert(e)
