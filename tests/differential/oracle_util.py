@@ -47,3 +47,32 @@ def assert_q8_0_matches(eng, prompt: list[int], ref_all: np.ndarray, ref_tokens:
     eng.reset()
     res = eng.generate(list(prompt), max_tokens=len(ref_tokens), stop_ids=[])
     assert res.token_ids == ref_tokens, f"{tag}: q8_0 greedy continuation differs"
+
+
+def greedy_trace(path: Path, prompt: list[int], steps: int, **opts) -> np.ndarray:
+    """All prompt logits, then `steps` greedy decode steps' logits, stacked."""
+    from warp_providers import Engine
+
+    opts.setdefault("threads", 2)
+    with Engine.open(path, **opts) as eng:
+        rows = list(eng.eval(list(prompt), all_logits=True))
+        tok = int(rows[-1].argmax())
+        for _ in range(steps):
+            last = eng.eval([tok])
+            rows.append(last)
+            tok = int(last.argmax())
+        return np.stack(rows)
+
+
+def assert_streaming_bit_identical(path: Path, prompt: list[int], steps: int) -> None:
+    """The expert cache at the floor budget (with and without router lookahead) gives
+    bit-identical logits to a cache holding every expert."""
+    from warp_providers import plan_memory
+
+    plan = plan_memory(path)
+    everything = plan["floor_bytes"] + plan["experts_total_bytes"]
+    full = greedy_trace(path, prompt, steps, budget=everything)
+    floor = greedy_trace(path, prompt, steps, budget=plan["floor_bytes"])
+    assert np.array_equal(full, floor), f"max |d| = {np.abs(full - floor).max():.3g}"
+    lean = greedy_trace(path, prompt, steps, budget=plan["floor_bytes"], lookahead=False)
+    assert np.array_equal(lean, full)

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from oracle_util import assert_q8_0_matches
+from oracle_util import assert_q8_0_matches, assert_streaming_bit_identical, greedy_trace
 from oracle_util import convert_to as _convert
 from support import has_module, requires
 
@@ -271,20 +271,6 @@ def test_q8_0_container_is_exact_on_its_own_weights(arch, models, tmp_path):
         assert eng.generate(PROMPT, max_tokens=16, stop_ids=[]).token_ids == ref_tokens
 
 
-def _trace(path: Path, **opts: Any) -> np.ndarray:
-    from warp_providers import Engine
-
-    opts.setdefault("threads", 2)
-    with Engine.open(path, **opts) as eng:
-        rows = list(eng.eval(PROMPT, all_logits=True))
-        tok = int(rows[-1].argmax())
-        for _ in range(16):
-            last = eng.eval([tok])
-            rows.append(last)
-            tok = int(last.argmax())
-        return np.stack(rows)
-
-
 @pytest.mark.oracle
 @pytest.mark.parametrize("arch", ARCHS)
 def test_streaming_at_floor_bit_identical(arch, f32_containers):
@@ -293,10 +279,9 @@ def test_streaming_at_floor_bit_identical(arch, f32_containers):
     out = f32_containers[arch]
     plan = plan_memory(out)
     assert plan["floor_bytes"] < plan["floor_bytes"] + plan["experts_total_bytes"]
-    full = _trace(out, budget=plan["floor_bytes"] + plan["experts_total_bytes"])
-    assert np.array_equal(_trace(out, budget=plan["floor_bytes"]), full)
-    assert np.array_equal(_trace(out, budget=plan["floor_bytes"], lookahead=False), full)
-    assert np.array_equal(_trace(out, threads=1), full)
+    assert_streaming_bit_identical(out, PROMPT, 16)
+    full = greedy_trace(out, PROMPT, 16)
+    assert np.array_equal(greedy_trace(out, PROMPT, 16, threads=1), full)
 
 
 @pytest.mark.oracle

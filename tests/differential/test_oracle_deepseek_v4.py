@@ -20,11 +20,11 @@ release checkpoint spelling and transformers' spelling convert to the same conta
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from oracle_util import assert_streaming_bit_identical
 from oracle_util import convert_to as _convert
 from oracle_util import mean_kl as _kl
 from support import has_module, requires
@@ -245,30 +245,11 @@ def test_q8_0_container_is_exact_on_its_own_weights(model, tmp_path):
         _check_f32(eng, ref_all, ref_tokens, ref_steps, "q8_0 exact")
 
 
-def _trace(path: Path, **opts) -> np.ndarray:
-    from warp_providers import Engine
-
-    with Engine.open(path, threads=2, **opts) as eng:
-        rows = list(eng.eval(PROMPT, all_logits=True))
-        tok = int(rows[-1].argmax())
-        for _ in range(N_DECODE):
-            last = eng.eval([tok])
-            rows.append(last)
-            tok = int(last.argmax())
-        return np.stack(rows)
-
-
 @pytest.mark.oracle
 def test_streaming_at_floor_bit_identical(model, tmp_path):
-    from warp_providers import plan_memory
-
     _, hf_dir, *_ = model
     out = _convert(hf_dir, tmp_path / "s.warp", experts="q8_0", trunk="q8_0")
-    plan = plan_memory(out)
-    full = _trace(out, budget=plan["floor_bytes"] + plan["experts_total_bytes"])
-    floor = _trace(out, budget=plan["floor_bytes"])
-    assert np.array_equal(full, floor), f"max |d| = {np.abs(full - floor).max():.3g}"
-    assert np.array_equal(_trace(out, budget=plan["floor_bytes"], lookahead=False), full)
+    assert_streaming_bit_identical(out, PROMPT, N_DECODE)
 
 
 @pytest.mark.oracle

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from oracle_util import assert_streaming_bit_identical
 from oracle_util import convert_to as _convert
 from oracle_util import mean_kl as _kl
 from support import has_module, requires
@@ -280,30 +281,11 @@ def test_q8_0_same_greedy_and_small_kl(glm5, tmp_path):
         assert res.token_ids == ref_tokens, "q8_0 greedy continuation differs"
 
 
-def _trace(path: Path, **opts: Any) -> np.ndarray:
-    from warp_providers import Engine
-
-    with Engine.open(path, threads=2, **opts) as eng:
-        rows = list(eng.eval(PROMPT, all_logits=True))
-        tok = int(rows[-1].argmax())
-        for _ in range(STEPS):
-            last = eng.eval([tok])
-            rows.append(last)
-            tok = int(last.argmax())
-        return np.stack(rows)
-
-
 @pytest.mark.oracle
 def test_streaming_at_floor_bit_identical(glm5, tmp_path):
-    from warp_providers import plan_memory
-
     _, hf_dir, *_ = glm5
     out = _convert(hf_dir, tmp_path / "s.warp", experts="q8_0", trunk="q8_0")
-    plan = plan_memory(out)
-    full = _trace(out, budget=plan["floor_bytes"] + plan["experts_total_bytes"])
-    floor = _trace(out, budget=plan["floor_bytes"])
-    assert np.array_equal(full, floor), f"max |d| = {np.abs(full - floor).max():.3g}"
-    assert np.array_equal(_trace(out, budget=plan["floor_bytes"], lookahead=False), full)
+    assert_streaming_bit_identical(out, PROMPT, STEPS)
 
 
 @pytest.mark.oracle
