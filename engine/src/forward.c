@@ -450,6 +450,26 @@ static wp_status check_hparams(const wpi_hparams *hp, char *err, size_t cap)
     return WP_OK;
 }
 
+wp_status wpi_check_expert_bank(const wpi_container *c, uint32_t l, char *err, size_t cap)
+{
+    const wpi_hparams *hp = &c->hp;
+    int32_t b = c->bank_of_layer[l];
+    if (b < 0 || (uint32_t)b >= c->n_banks)
+        return wpi_fail(err, cap, WP_E_FORMAT, "layer %u is MoE but has no expert bank", l);
+    const wpi_bank *bk = &c->banks[b];
+    if (bk->n_experts != hp->n_experts || bk->inter != hp->moe_intermediate_size ||
+        bk->hidden != hp->hidden_size)
+        return wpi_fail(err, cap, WP_E_FORMAT,
+                        "expert bank of layer %u is %u x [%u, %u], expected %u x [%u, %u]", l,
+                        bk->n_experts, bk->inter, bk->hidden, hp->n_experts,
+                        hp->moe_intermediate_size, hp->hidden_size);
+    if (!wpi_dtype_valid(bk->dtype) || wpi_row_bytes(bk->dtype, bk->hidden) == 0 ||
+        wpi_row_bytes(bk->dtype, bk->inter) == 0)
+        return wpi_fail(err, cap, WP_E_UNSUPPORTED,
+                        "expert bank of layer %u has unsupported dtype %d", l, bk->dtype);
+    return WP_OK;
+}
+
 wp_status wpi_check_decoder(const wpi_container *c, char *err, size_t cap)
 {
     const wpi_hparams *hp = &c->hp;
@@ -495,20 +515,7 @@ wp_status wpi_check_decoder(const wpi_container *c, char *err, size_t cap)
             continue;
         }
         TRY(need_f32_matrix(c, NAME("ffn_gate_inp.weight"), hp->n_experts, H, err, cap));
-        int32_t b = c->bank_of_layer[l];
-        if (b < 0 || (uint32_t)b >= c->n_banks)
-            return wpi_fail(err, cap, WP_E_FORMAT, "layer %u is MoE but has no expert bank", l);
-        const wpi_bank *bk = &c->banks[b];
-        if (bk->n_experts != hp->n_experts || bk->inter != hp->moe_intermediate_size ||
-            bk->hidden != hp->hidden_size)
-            return wpi_fail(err, cap, WP_E_FORMAT,
-                            "expert bank of layer %u is %u x [%u, %u], expected %u x [%u, %u]",
-                            l, bk->n_experts, bk->inter, bk->hidden, hp->n_experts,
-                            hp->moe_intermediate_size, hp->hidden_size);
-        if (!wpi_dtype_valid(bk->dtype) || wpi_row_bytes(bk->dtype, bk->hidden) == 0 ||
-            wpi_row_bytes(bk->dtype, bk->inter) == 0)
-            return wpi_fail(err, cap, WP_E_UNSUPPORTED,
-                            "expert bank of layer %u has unsupported dtype %d", l, bk->dtype);
+        TRY(wpi_check_expert_bank(c, l, err, cap));
         uint64_t S = hp->shared_expert_intermediate_size;
         if (S > 0) {
             TRY(wpi_need_matrix(c, NAME("ffn_gate_shexp.weight"), S, H, err, cap));

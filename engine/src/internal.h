@@ -453,6 +453,9 @@ wp_status wpi_opt_vector(const wpi_container *c, const char *name, uint64_t n,
 /* Checks what every decoder shares: embeddings, norms, rope, q/k/v/o (+ biases present),
  * qk norms per hparams, dense FFN or router + expert bank per layer, shared expert. */
 wp_status wpi_check_decoder(const wpi_container *c, char *err, size_t cap);
+/* Checks layer l's expert bank: present, n_experts x [moe_intermediate_size, hidden_size],
+ * a dtype the kernels read. */
+wp_status wpi_check_expert_bank(const wpi_container *c, uint32_t l, char *err, size_t cap);
 
 /* blocks/: one block of a layer over a chunk of n tokens at positions pos..pos+n. Each
  * reads x, writes the residual sum back into x. */

@@ -142,20 +142,7 @@ static wp_status check(const wpi_container *c, char *err, size_t cap)
             TRY(wpi_need_matrix(c, NAME("ffn_up_shexp.weight"), S, H, err, cap));
             TRY(wpi_need_matrix(c, NAME("ffn_down_shexp.weight"), H, S, err, cap));
         }
-        int32_t b = c->bank_of_layer[l];
-        if (b < 0 || (uint32_t)b >= c->n_banks)
-            return wpi_fail(err, cap, WP_E_FORMAT, "layer %u is MoE but has no expert bank", l);
-        const wpi_bank *bk = &c->banks[b];
-        if (bk->n_experts != hp->n_experts || bk->inter != hp->moe_intermediate_size ||
-            bk->hidden != hp->hidden_size)
-            return wpi_fail(err, cap, WP_E_FORMAT,
-                            "expert bank of layer %u is %u x [%u, %u], expected %u x [%u, %u]",
-                            l, bk->n_experts, bk->inter, bk->hidden, hp->n_experts,
-                            hp->moe_intermediate_size, hp->hidden_size);
-        if (!wpi_dtype_valid(bk->dtype) || wpi_row_bytes(bk->dtype, bk->hidden) == 0 ||
-            wpi_row_bytes(bk->dtype, bk->inter) == 0)
-            return wpi_fail(err, cap, WP_E_UNSUPPORTED,
-                            "expert bank of layer %u has unsupported dtype %d", l, bk->dtype);
+        TRY(wpi_check_expert_bank(c, l, err, cap));
 #undef NAME
     }
 #undef HP
