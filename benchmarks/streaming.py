@@ -298,8 +298,9 @@ def summarize(r: dict, record: int, bw: float) -> dict:
         r["hit_rate"] = d["expert_hits"] / max(d["expert_lookups"], 1)
         needed = (d["expert_misses"] + d["prefetch_hits"]) * record / max(n, 1)
         r["needed_bytes_per_token"] = needed
-        r["disk_bound_tok_s"] = bw / needed if needed else float("inf")
-        r["of_disk_bound"] = r["decode_tok_s"] / r["disk_bound_tok_s"] if needed else None
+        # no disk run in this invocation (bw 0): no bound to compare with
+        r["disk_bound_tok_s"] = bw / needed if needed and bw else float("inf")
+        r["of_disk_bound"] = r["decode_tok_s"] / r["disk_bound_tok_s"] if needed and bw else None
     return r
 
 

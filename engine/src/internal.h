@@ -571,6 +571,9 @@ void wpi_v4_attention(wpi_model *mdl, uint32_t layer, const float *xin, uint32_t
 /* moe_v4.c: routed experts (sqrtsoftplus scores; hash or biased top-k selection) plus the
  * shared expert, clamped SwiGLU, on xin [n, H]; sum into out [n, H]. */
 wp_status wpi_v4_moe(wpi_model *mdl, uint32_t layer, const float *xin, uint32_t n, float *out);
+/* Prefetches layer+1's experts while decoding one token (timing only): a hash layer's
+ * from the token id, a top-k layer's by its router on `approx` [H] (its input, guessed). */
+void wpi_v4_lookahead(wpi_model *mdl, uint32_t layer, const float *approx);
 
 /* arch/registry.c: an architecture is found by its model_type. */
 struct wpi_arch {

@@ -183,6 +183,13 @@ static wp_status layer_forward(wpi_model *m, uint32_t l, uint32_t n, uint32_t po
     wp_status st = wpi_v4_moe(m, l, m->xn, n, y);
     if (st != WP_OK) return st;
     wpi_hc_post(m->pool, &d, streams, y, H, post, comb, n);
+    if (m->lookahead && n == 1 && l + 1 < hp->n_layers && m->layers[l + 1].is_moe) {
+        /* the next layer's FFN input, approximated by the streams' mean (its attention
+         * and mixes skipped): enough for its router to name most of its experts */
+        memset(y, 0, H * sizeof(float));
+        for (size_t k = 0; k < hc; k++) m->k->axpy_f32(1.0f / (float)hc, streams + k * H, y, H);
+        wpi_v4_lookahead(m, l, y);
+    }
 
     if (l + 1 == hp->n_layers) {
         wpi_hc_head(m->k, m->pool, &d, m->hc_head_fn, m->hc_head_base, m->hc_head_scale,

@@ -9,7 +9,9 @@
  *   down(silu(min(gate x, limit)) * clamp(up x, -limit, limit))   (limit = swiglu_limit).
  * Experts stream through wpi_experts_* as in moe.c (the chunk's distinct experts, each
  * read once; outputs summed per token in router order), so results never depend on the
- * cache state or the thread count.
+ * cache state or the thread count. Decoding one token, the next layer's experts are
+ * prefetched (timing only): a hash layer's exactly from the token id, a top-k layer's
+ * as its router picks them on an approximation of its input (wpi_v4_lookahead).
  */
 #include <math.h>
 #include <string.h>
@@ -109,4 +111,24 @@ wp_status wpi_v4_moe(wpi_model *m, uint32_t l, const float *x, uint32_t n, float
         if (shared) m->k->axpy_f32(1.0f, m->yg + t * H, acc, H);
     }
     return WP_OK;
+}
+
+void wpi_v4_lookahead(wpi_model *m, uint32_t l, const float *approx)
+{
+    const wpi_hparams *hp = m->hp;
+    const wpi_layer *N = &m->layers[l + 1];
+    const size_t H = hp->hidden_size, E = hp->n_experts, K = hp->top_k;
+    if (N->hash_ids) { /* the same token picks the next layer's experts: exact */
+        const float *row = N->hash_ids + (size_t)m->tokens[0] * K;
+        for (size_t j = 0; j < K; j++) m->la_ids[j] = (int32_t)row[j];
+    } else {
+        wpi_rmsnorm(m->xg, approx, N->ffn_norm, H, hp->rms_norm_eps);
+        wpi_wmat r = {N->router, WPI_F32, hp->n_experts, hp->hidden_size};
+        wpi_mm job = {&r, m->la_probs, E};
+        wpi_matmul(m, &job, 1, m->xg, H, 1);
+        for (size_t e = 0; e < E; e++)
+            m->la_probs[e] = sqrt_softplus(m->la_probs[e]) + (N->exp_bias ? N->exp_bias[e] : 0.0f);
+        wpi_topk(m->la_probs, (uint32_t)E, (uint32_t)K, m->la_ids, m->la_w);
+    }
+    wpi_experts_prefetch(m->experts, l + 1, m->la_ids, (uint32_t)K);
 }
