@@ -388,6 +388,8 @@ def main() -> None:
         print(line, flush=True)
 
     rt = ["--reader-threads", str(a.reader_threads)] if a.reader_threads is not None else []
+    if a.lookahead is not None:  # passed on to the warp children (it was read only there)
+        rt += ["--lookahead", str(a.lookahead)]
     if "a" in runs and "warp" in engines:
         show("(a) warp whole", run_child(a, "warp", python=sys.executable, budget=whole,
                                          extra=rt))
