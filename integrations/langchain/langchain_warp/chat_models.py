@@ -309,6 +309,8 @@ def _split_calls(result: WarpResult) -> tuple[list[Any], list[Any]]:
             why = (
                 "the model gave no function name"
                 if not c.name
+                else "the call is not complete JSON (cut short by the token limit?)"
+                if c.malformed
                 else "the arguments are not a JSON object"
             )
             invalid.append(

@@ -327,9 +327,20 @@ READER = [
         {"calls": [("call_0", "f", '{"a": 1}', False)]},
     ),
     (
-        "end marker inside a call",
+        "end marker inside a call keeps the name written",
         '<tool_call>{"name": "f"<|im_end|>',
-        {"calls": [("call_0", "", '{"name": "f"', True)]},
+        {"calls": [("call_0", "f", '{"name": "f"', True)]},
+    ),
+    (
+        "call cut inside its arguments keeps its name",
+        '<tool_call>\n{"name": "greet_\\u4f60", "arguments": {"who": "\u4f60\u597d',
+        {"calls": [("call_0", "greet_\u4f60",
+                    '\n{"name": "greet_\\u4f60", "arguments": {"who": "\u4f60\u597d', True)]},
+    ),
+    (
+        "a name that is not a string is no name",
+        '<tool_call>{"name": 3, "arguments": {',
+        {"calls": [("call_0", "", '{"name": 3, "arguments": {', True)]},
     ),
     (
         "second open files the first",

@@ -579,7 +579,9 @@ class HfTemplateParser(ReplyParser):
             value = None
         name = value.get("name") if isinstance(value, dict) else None
         if not isinstance(name, str):
-            call = self._new_call()
+            # unusable (cut by the token limit, or not JSON): kept raw, with the function
+            # name when the model wrote it first, so the caller can tell which call broke
+            call = self._new_call(name=_leading_name(body) if value is None else "")
             call.arguments, call.raw, call.malformed = body, body, True
             self._seal(call)
             return
@@ -600,3 +602,18 @@ class HfTemplateParser(ReplyParser):
         if not (self._after_call and not self._held_content.strip()):
             self._add_content(self._held_content)
         self._held_content = ""
+
+
+_LEADING_NAME = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")')
+
+
+def _leading_name(body: str) -> str:
+    """The `"name"` a call object starts with, from text that is not whole JSON ("" if none)."""
+    m = _LEADING_NAME.match(body)
+    if m is None:
+        return ""
+    try:
+        name = json.loads(m.group(1))
+    except ValueError:
+        return ""
+    return name if isinstance(name, str) else ""
