@@ -496,6 +496,8 @@ void wpi_kda_block(wpi_model *mdl, uint32_t layer, uint32_t n, uint32_t pos);
 uint64_t wpi_kda_state_floats(const wpi_hparams *hp);
 uint32_t wpi_kda_layers(const wpi_hparams *hp);
 uint64_t wpi_kda_scratch_floats(const wpi_hparams *hp, uint32_t chunk);
+/* Checks a KDA layer's tensors (q/k/v/o, gates, conv, dt_bias, a_log, o_norm) and shapes. */
+wp_status wpi_kda_check_layer(const wpi_container *c, uint32_t l, char *err, size_t cap);
 /* Multi-head latent attention over the latent KV cache, absorbed up-projections (mla.c). */
 void wpi_mla_block(wpi_model *mdl, uint32_t layer, uint32_t n, uint32_t pos);
 /* Its two halves: attn_norm, q (q_a rmsnorm'd into mla_qa, then q), the latent row into the

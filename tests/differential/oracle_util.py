@@ -76,3 +76,23 @@ def assert_streaming_bit_identical(path: Path, prompt: list[int], steps: int) ->
     assert np.array_equal(full, floor), f"max |d| = {np.abs(full - floor).max():.3g}"
     lean = greedy_trace(path, prompt, steps, budget=plan["floor_bytes"], lookahead=False)
     assert np.array_equal(lean, full)
+
+
+def assert_matches_reference(eng, prompt: list[int], ref_all: np.ndarray, ref_tokens: list[int],
+                             ref_steps: np.ndarray, tag: str) -> None:
+    """Every prompt position's logits within 1e-4 of the reference, then the greedy decode
+    through the cache: the prompt minus its last token, then one token per step, each
+    step's logits within 1e-4 of `ref_steps[i]` (the reference after prompt + the first i
+    greedy tokens) and picking `ref_tokens[i]`."""
+    got_all = eng.eval(list(prompt), all_logits=True)
+    diff = np.abs(got_all - ref_all).max()
+    assert diff <= 1e-4, f"{tag}: prompt logits max |d| = {diff:.3g}"
+    eng.reset()
+    eng.eval(list(prompt[:-1]))
+    last = prompt[-1]
+    for step in range(len(ref_tokens)):
+        got = eng.eval([last])
+        d = np.abs(got - ref_steps[step]).max()
+        assert d <= 1e-4, f"{tag}: decode step {step} max |d| = {d:.3g}"
+        assert int(got.argmax()) == ref_tokens[step]
+        last = ref_tokens[step]

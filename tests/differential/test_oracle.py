@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from oracle_util import assert_q8_0_matches
+from oracle_util import assert_matches_reference, assert_q8_0_matches
 from oracle_util import convert_to as _convert
 from oracle_util import mean_kl as _kl
 from support import has_module, requires
@@ -87,19 +87,7 @@ def test_f32_matches_transformers(arch, models, oracle_env, tmp_path):
     ref_all = oracle_env.logits(model, PROMPT).numpy()
     ref_tokens, ref_steps = _greedy_ref(oracle_env, model, PROMPT, 16)
     with Engine.open(out, threads=2) as eng:
-        got_all = eng.eval(PROMPT, all_logits=True)
-        diff = np.abs(got_all - ref_all).max()
-        assert diff <= 1e-4, f"{arch}: prompt logits max |d| = {diff:.3g}"
-        # 16 incremental decode steps through the KV cache.
-        eng.reset()
-        eng.eval(PROMPT[:-1])
-        last = PROMPT[-1]
-        for step in range(16):
-            got = eng.eval([last])
-            d = np.abs(got - ref_steps[step]).max()
-            assert d <= 1e-4, f"{arch}: decode step {step} max |d| = {d:.3g}"
-            assert int(got.argmax()) == ref_tokens[step]
-            last = ref_tokens[step]
+        assert_matches_reference(eng, PROMPT, ref_all, ref_tokens, ref_steps, arch)
 
 
 Q8_CASES = ARCH_PARAMS

@@ -23,7 +23,12 @@ from typing import Any
 
 import numpy as np
 import pytest
-from oracle_util import assert_q8_0_matches, assert_streaming_bit_identical, greedy_trace
+from oracle_util import (
+    assert_matches_reference,
+    assert_q8_0_matches,
+    assert_streaming_bit_identical,
+    greedy_trace,
+)
 from oracle_util import convert_to as _convert
 from support import has_module, requires
 
@@ -200,18 +205,7 @@ def test_f32_matches_transformers(arch, models, f32_containers):
 
     _, _, ref_all, ref_tokens, ref_steps = models[arch]
     with Engine.open(f32_containers[arch], threads=2) as eng:
-        got_all = eng.eval(PROMPT, all_logits=True)
-        diff = np.abs(got_all - ref_all).max()
-        assert diff <= 1e-4, f"{arch}: prompt logits max |d| = {diff:.3g}"
-        eng.reset()
-        eng.eval(PROMPT[:-1])
-        last = PROMPT[-1]
-        for step in range(16):
-            got = eng.eval([last])
-            d = np.abs(got - ref_steps[step]).max()
-            assert d <= 1e-4, f"{arch}: decode step {step} max |d| = {d:.3g}"
-            assert int(got.argmax()) == ref_tokens[step]
-            last = ref_tokens[step]
+        assert_matches_reference(eng, PROMPT, ref_all, ref_tokens, ref_steps, arch)
 
 
 Q8_CASES = ARCHS

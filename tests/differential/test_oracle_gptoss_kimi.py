@@ -17,7 +17,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-from oracle_util import assert_q8_0_matches, assert_streaming_bit_identical
+from oracle_util import (
+    assert_matches_reference,
+    assert_q8_0_matches,
+    assert_streaming_bit_identical,
+)
 from oracle_util import convert_to as _convert
 from oracle_util import mean_kl as _kl
 from support import has_module, requires
@@ -113,21 +117,6 @@ def models(oracle_env, tmp_path_factory):
     return built
 
 
-def _check_f32(eng, ref_all, ref_tokens, ref_steps, tag: str) -> None:
-    got_all = eng.eval(PROMPT, all_logits=True)
-    diff = np.abs(got_all - ref_all).max()
-    assert diff <= 1e-4, f"{tag}: prompt logits max |d| = {diff:.3g}"
-    eng.reset()
-    eng.eval(PROMPT[:-1])
-    last = PROMPT[-1]
-    for step in range(16):
-        got = eng.eval([last])
-        d = np.abs(got - ref_steps[step]).max()
-        assert d <= 1e-4, f"{tag}: decode step {step} max |d| = {d:.3g}"
-        assert int(got.argmax()) == ref_tokens[step]
-        last = ref_tokens[step]
-
-
 @pytest.mark.oracle
 @pytest.mark.parametrize("arch", ARCHS)
 def test_f32_matches_transformers(arch, models, tmp_path):
@@ -137,7 +126,8 @@ def test_f32_matches_transformers(arch, models, tmp_path):
     out = _convert(hf_dir, tmp_path / "m.warp", experts="f32", trunk="f32")
     for chunk in (64, 5):
         with Engine.open(out, threads=2, prefill_chunk=chunk) as eng:
-            _check_f32(eng, ref_all, ref_tokens, ref_steps, f"{arch} chunk {chunk}")
+            assert_matches_reference(eng, PROMPT, ref_all, ref_tokens, ref_steps,
+                                     f"{arch} chunk {chunk}")
 
 
 Q8_CASES = ARCHS
@@ -322,7 +312,7 @@ def test_gpt_oss_mxfp4_source(oracle_env, tmp_path):
     ref_all = oracle_env.logits(model, PROMPT).numpy()
     ref_tokens, ref_steps = _greedy_ref(oracle_env, model, PROMPT, 16)
     with Engine.open(out, threads=2) as eng:
-        _check_f32(eng, ref_all, ref_tokens, ref_steps, "gpt_oss mxfp4")
+        assert_matches_reference(eng, PROMPT, ref_all, ref_tokens, ref_steps, "gpt_oss mxfp4")
     q4 = _convert(hf_dir, tmp_path / "q4.warp", experts="q4_0", trunk="q8_0")
     with Engine.open(q4, threads=2) as eng:
         assert _kl(ref_all, eng.eval(PROMPT, all_logits=True)) <= 3e-2

@@ -60,7 +60,6 @@ static wp_status check(const wpi_container *c, char *err, size_t cap)
     TRY(wpi_check_decoder(c, err, cap));
     const uint64_t H = hp->hidden_size, NH = hp->n_heads, R = hp->kv_lora_rank;
     const uint64_t QL = hp->q_lora_rank, QD = NH * hp->head_dim;
-    const uint64_t d = hp->kda_head_dim, D = hp->kda_heads * d;
     const uint64_t HC = hp->hc_mult, MIX = (2 + HC) * HC;
     const uint64_t ID = hp->index_head_dim, NI = hp->index_heads;
     char n[96];
@@ -75,19 +74,7 @@ static wp_status check(const wpi_container *c, char *err, size_t cap)
         if (hp->layer_is_moe[l])
             TRY(wpi_opt_vector(c, NAME("exp_probs_b.bias"), hp->n_experts, err, cap));
         if (hp->layer_attn[l] == WPI_ATTN_KDA) {
-            TRY(wpi_need_matrix(c, NAME("attn_q.weight"), D, H, err, cap));
-            TRY(wpi_need_matrix(c, NAME("attn_k.weight"), D, H, err, cap));
-            TRY(wpi_need_matrix(c, NAME("attn_v.weight"), D, H, err, cap));
-            TRY(wpi_need_matrix(c, NAME("attn_output.weight"), H, D, err, cap));
-            TRY(wpi_need_matrix(c, NAME("kda_f_a.weight"), d, H, err, cap));
-            TRY(wpi_need_matrix(c, NAME("kda_f_b.weight"), D, d, err, cap));
-            TRY(wpi_need_matrix(c, NAME("kda_b.weight"), hp->kda_heads, H, err, cap));
-            TRY(wpi_need_matrix(c, NAME("kda_g_a.weight"), d, H, err, cap));
-            TRY(wpi_need_matrix(c, NAME("kda_g_b.weight"), D, d, err, cap));
-            TRY(wpi_need_vector(c, NAME("kda_conv.weight"), 3 * D * hp->kda_conv, err, cap));
-            TRY(wpi_need_vector(c, NAME("kda_dt_bias"), D, err, cap));
-            TRY(wpi_need_vector(c, NAME("kda_a_log"), hp->kda_heads, err, cap));
-            TRY(wpi_need_vector(c, NAME("kda_o_norm.weight"), d, err, cap));
+            TRY(wpi_kda_check_layer(c, l, err, cap));
             continue;
         }
         TRY(wpi_need_matrix(c, NAME("attn_q_a.weight"), QL, H, err, cap));

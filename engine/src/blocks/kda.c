@@ -19,6 +19,7 @@
  * count never changes a result.
  */
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "internal.h"
@@ -176,4 +177,33 @@ void wpi_kda_block(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
         const float *y = m->xn + t * H;
         for (size_t i = 0; i < H; i++) x[i] += y[i];
     }
+}
+
+wp_status wpi_kda_check_layer(const wpi_container *c, uint32_t l, char *err, size_t cap)
+{
+    const wpi_hparams *hp = &c->hp;
+    const uint64_t H = hp->hidden_size, d = hp->kda_head_dim, D = hp->kda_heads * d;
+    char n[96];
+    wp_status st;
+#define NAME(s) (snprintf(n, sizeof n, "blk.%u." s, l), n)
+#define TRY(expr)                     \
+    do {                              \
+        if ((st = (expr)) != WP_OK) return st; \
+    } while (0)
+    TRY(wpi_need_matrix(c, NAME("attn_q.weight"), D, H, err, cap));
+    TRY(wpi_need_matrix(c, NAME("attn_k.weight"), D, H, err, cap));
+    TRY(wpi_need_matrix(c, NAME("attn_v.weight"), D, H, err, cap));
+    TRY(wpi_need_matrix(c, NAME("attn_output.weight"), H, D, err, cap));
+    TRY(wpi_need_matrix(c, NAME("kda_f_a.weight"), d, H, err, cap));
+    TRY(wpi_need_matrix(c, NAME("kda_f_b.weight"), D, d, err, cap));
+    TRY(wpi_need_matrix(c, NAME("kda_b.weight"), hp->kda_heads, H, err, cap));
+    TRY(wpi_need_matrix(c, NAME("kda_g_a.weight"), d, H, err, cap));
+    TRY(wpi_need_matrix(c, NAME("kda_g_b.weight"), D, d, err, cap));
+    TRY(wpi_need_vector(c, NAME("kda_conv.weight"), 3 * D * hp->kda_conv, err, cap));
+    TRY(wpi_need_vector(c, NAME("kda_dt_bias"), D, err, cap));
+    TRY(wpi_need_vector(c, NAME("kda_a_log"), hp->kda_heads, err, cap));
+    TRY(wpi_need_vector(c, NAME("kda_o_norm.weight"), d, err, cap));
+#undef TRY
+#undef NAME
+    return WP_OK;
 }
