@@ -459,6 +459,11 @@ wp_status wpi_check_expert_bank(const wpi_container *c, uint32_t l, char *err, s
 
 /* blocks/: one block of a layer over a chunk of n tokens at positions pos..pos+n. Each
  * reads x, writes the residual sum back into x. */
+/* attention.c: the online softmax of one query over cached keys [lo, end) (rows kvd
+ * apart), in fixed blocks so thread count never changes a result: out = the
+ * unnormalized sum of exp(score - *mx) v; returns the sum of those weights. */
+float wpi_attend_keys(const wpi_model *m, const float *q, const float *kc, const float *vc,
+                      size_t kvd, uint32_t lo, uint32_t end, float *out, float *mx);
 /* The two halves every attention variant shares: attn_norm, q/k/v projections into the
  * KV cache at pos (biases, q/k norm, clip, rope) -- and the output projection (+ bias)
  * added to the residual stream. */

@@ -59,25 +59,16 @@ typedef struct attn_ctx {
     uint32_t n_heads, pos;
 } attn_ctx;
 
-/* Output of one (token, head): softmax(q k^T * scale) v over positions 0..pos+t. */
-static void attn_task(void *arg, uint32_t task)
+float wpi_attend_keys(const wpi_model *m, const float *q, const float *kc, const float *vc,
+                      size_t kvd, uint32_t lo, uint32_t end, float *out, float *mx_out)
 {
-    const attn_ctx *a = arg;
-    const wpi_model *m = a->m;
-    const wpi_hparams *hp = m->hp;
-    const uint32_t hd = hp->head_dim, t = task / a->n_heads, h = task % a->n_heads;
-    const size_t qd = (size_t)hp->n_heads * hd, kvd = (size_t)hp->n_kv_heads * hd;
-    const size_t kvh = h / (hp->n_heads / hp->n_kv_heads);
-    const float *q = m->q + t * qd + (size_t)h * hd;
-    const float *kc = a->kc + kvh * hd, *vc = a->vc + kvh * hd;
-    float *out = m->att + t * qd + (size_t)h * hd;
-    const uint32_t npos = a->pos + t + 1;
-    const float scale = hp->attn_scale;
+    const uint32_t hd = m->hp->head_dim;
+    const float scale = m->hp->attn_scale;
     float s[KEY_BLOCK];
     float mx = -INFINITY, sum = 0;
     memset(out, 0, hd * sizeof(float));
-    for (uint32_t j0 = 0; j0 < npos; j0 += KEY_BLOCK) {
-        uint32_t nb = npos - j0 < KEY_BLOCK ? npos - j0 : KEY_BLOCK;
+    for (uint32_t j0 = lo; j0 < end; j0 += KEY_BLOCK) {
+        uint32_t nb = end - j0 < KEY_BLOCK ? end - j0 : KEY_BLOCK;
         float bmax = -INFINITY;
         for (uint32_t j = 0; j < nb; j++) {
             s[j] = m->k->dot_f32(q, kc + (j0 + j) * kvd, hd) * scale;
@@ -92,11 +83,30 @@ static void attn_task(void *arg, uint32_t task)
             mx = bmax;
         }
         for (uint32_t j = 0; j < nb; j++) {
-            float p = expf(s[j] - mx);
-            sum += p;
-            m->k->axpy_f32(p, vc + (j0 + j) * kvd, out, hd);
+            float e = expf(s[j] - mx);
+            sum += e;
+            m->k->axpy_f32(e, vc + (j0 + j) * kvd, out, hd);
         }
     }
+    *mx_out = mx;
+    return sum;
+}
+
+/* Output of one (token, head): softmax(q k^T * scale) v over positions 0..pos+t. */
+static void attn_task(void *arg, uint32_t task)
+{
+    const attn_ctx *a = arg;
+    const wpi_model *m = a->m;
+    const wpi_hparams *hp = m->hp;
+    const uint32_t hd = hp->head_dim, t = task / a->n_heads, h = task % a->n_heads;
+    const size_t qd = (size_t)hp->n_heads * hd, kvd = (size_t)hp->n_kv_heads * hd;
+    const size_t kvh = h / (hp->n_heads / hp->n_kv_heads);
+    const float *q = m->q + t * qd + (size_t)h * hd;
+    const float *kc = a->kc + kvh * hd, *vc = a->vc + kvh * hd;
+    float *out = m->att + t * qd + (size_t)h * hd;
+    const uint32_t npos = a->pos + t + 1;
+    float mx;
+    const float sum = wpi_attend_keys(m, q, kc, vc, kvd, 0, npos, out, &mx);
     const float inv = 1.0f / sum;
     for (uint32_t i = 0; i < hd; i++) out[i] *= inv;
 }

@@ -15,7 +15,6 @@
 
 #include "internal.h"
 
-#define KEY_BLOCK 256
 
 typedef struct sw_ctx {
     const wpi_model *m;
@@ -37,31 +36,8 @@ static void sw_task(void *arg, uint32_t task)
     float *out = m->att + t * qd + (size_t)h * hd;
     const uint32_t p = a->pos + t;
     const uint32_t lo = a->window && p + 1 > a->window ? p + 1 - a->window : 0;
-    const float scale = hp->attn_scale;
-    float s[KEY_BLOCK];
-    float mx = -INFINITY, sum = 0;
-    memset(out, 0, hd * sizeof(float));
-    for (uint32_t j0 = lo; j0 <= p; j0 += KEY_BLOCK) {
-        uint32_t nb = p + 1 - j0 < KEY_BLOCK ? p + 1 - j0 : KEY_BLOCK;
-        float bmax = -INFINITY;
-        for (uint32_t j = 0; j < nb; j++) {
-            s[j] = m->k->dot_f32(q, kc + (j0 + j) * kvd, hd) * scale;
-            if (s[j] > bmax) bmax = s[j];
-        }
-        if (bmax > mx) {
-            if (mx != -INFINITY) {
-                float r = expf(mx - bmax);
-                sum *= r;
-                for (uint32_t i = 0; i < hd; i++) out[i] *= r;
-            }
-            mx = bmax;
-        }
-        for (uint32_t j = 0; j < nb; j++) {
-            float e = expf(s[j] - mx);
-            sum += e;
-            m->k->axpy_f32(e, vc + (j0 + j) * kvd, out, hd);
-        }
-    }
+    float mx;
+    float sum = wpi_attend_keys(m, q, kc, vc, kvd, lo, p + 1, out, &mx);
     if (a->sinks) {
         const float sk = a->sinks[h];
         if (sk > mx) {
