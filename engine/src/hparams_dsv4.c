@@ -17,19 +17,6 @@
 
 #define W "manifest.json: hparams"
 
-static wp_status u32_key(const wpi_json *h, const char *key, uint32_t hi, uint32_t *out,
-                         char *err, size_t cap)
-{
-    const wpi_json *v = wpi_json_get(h, key);
-    int64_t x;
-    *out = 0;
-    if (!v || v->type == WPI_JSON_NULL) return WP_OK;
-    if (!wpi_json_int(v, &x) || x < 0 || x > (int64_t)hi)
-        return wpi_fail(err, cap, WP_E_FORMAT, W ".%s: expected an integer in [0, %u]", key, hi);
-    *out = (uint32_t)x;
-    return WP_OK;
-}
-
 wp_status wpi_hparams_dsv4(const struct wpi_json *h, wpi_hparams *hp, char *err, size_t cap)
 {
     wp_status st;
@@ -38,15 +25,15 @@ wp_status wpi_hparams_dsv4(const struct wpi_json *h, wpi_hparams *hp, char *err,
     hp->hc_eps = 0;
     /* deepseek_v4 keeps a state block per layer (attention_csa.c) instead of KV rows */
     hp->v4_state = strcmp(hp->model_type, "deepseek_v4") == 0;
-    if ((st = u32_key(h, "hc_mult", WPI_HC_MAX, &hp->hc_mult, err, cap)) != WP_OK ||
-        (st = u32_key(h, "hc_sinkhorn_iters", 10000, &hp->hc_sinkhorn_iters, err, cap)) != WP_OK ||
-        (st = u32_key(h, "o_groups", 4096, &hp->o_groups, err, cap)) != WP_OK ||
-        (st = u32_key(h, "o_lora_rank", 1u << 16, &hp->o_lora_rank, err, cap)) != WP_OK ||
-        (st = u32_key(h, "index_heads", 4096, &hp->index_heads, err, cap)) != WP_OK ||
-        (st = u32_key(h, "index_head_dim", 4096, &hp->index_head_dim, err, cap)) != WP_OK ||
-        (st = u32_key(h, "index_topk", 1u << 20, &hp->index_topk, err, cap)) != WP_OK ||
-        (st = u32_key(h, "compress_rate_csa", 1u << 16, &hp->compress_rate_csa, err, cap)) != WP_OK ||
-        (st = u32_key(h, "compress_rate_hca", 1u << 16, &hp->compress_rate_hca, err, cap)) != WP_OK)
+    if ((st = wpi_hparam_u32(h, "hc_mult", 0, WPI_HC_MAX, &hp->hc_mult, err, cap)) != WP_OK ||
+        (st = wpi_hparam_u32(h, "hc_sinkhorn_iters", 0, 10000, &hp->hc_sinkhorn_iters, err, cap)) != WP_OK ||
+        (st = wpi_hparam_u32(h, "o_groups", 0, 4096, &hp->o_groups, err, cap)) != WP_OK ||
+        (st = wpi_hparam_u32(h, "o_lora_rank", 0, 1u << 16, &hp->o_lora_rank, err, cap)) != WP_OK ||
+        (st = wpi_hparam_u32(h, "index_heads", 0, 4096, &hp->index_heads, err, cap)) != WP_OK ||
+        (st = wpi_hparam_u32(h, "index_head_dim", 0, 4096, &hp->index_head_dim, err, cap)) != WP_OK ||
+        (st = wpi_hparam_u32(h, "index_topk", 0, 1u << 20, &hp->index_topk, err, cap)) != WP_OK ||
+        (st = wpi_hparam_u32(h, "compress_rate_csa", 0, 1u << 16, &hp->compress_rate_csa, err, cap)) != WP_OK ||
+        (st = wpi_hparam_u32(h, "compress_rate_hca", 0, 1u << 16, &hp->compress_rate_hca, err, cap)) != WP_OK)
         return st;
     const wpi_json *v = wpi_json_get(h, "hc_eps");
     if (v && v->type != WPI_JSON_NULL) {

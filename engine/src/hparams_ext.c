@@ -14,34 +14,33 @@
 
 #define W "manifest.json: hparams"
 
-static wp_status opt_u32(const wpi_json *h, const char *key, uint32_t lo, uint32_t hi,
+wp_status wpi_hparam_u32(const struct wpi_json *h, const char *key, uint32_t lo, uint32_t hi,
                          uint32_t *out, char *err, size_t cap)
 {
     const wpi_json *v = wpi_json_get(h, key);
     int64_t x;
     *out = 0;
     if (!v || v->type == WPI_JSON_NULL) return WP_OK;
-    if (!wpi_json_int(v, &x))
-        return wpi_fail(err, cap, WP_E_FORMAT, W ".%s: expected an integer", key);
-    if (x < lo || x > hi)
-        return wpi_fail(err, cap, WP_E_FORMAT, W ".%s: %lld is out of range [%u, %u]", key,
-                        (long long)x, lo, hi);
+    if (!wpi_json_int(v, &x) || x < lo || x > hi)
+        return wpi_fail(err, cap, WP_E_FORMAT, W ".%s: expected an integer in [%u, %u]", key,
+                        lo, hi);
     *out = (uint32_t)x;
     return WP_OK;
 }
 
-static wp_status opt_float(const wpi_json *h, const char *key, double lo, double hi,
-                           float *out, char *err, size_t cap)
+wp_status wpi_hparam_num(const struct wpi_json *h, const char *key, double lo, double hi,
+                         float *out, int *present, char *err, size_t cap)
 {
     const wpi_json *v = wpi_json_get(h, key);
     double d;
     *out = 0;
+    if (present) *present = 0;
     if (!v || v->type == WPI_JSON_NULL) return WP_OK;
-    if (!wpi_json_num(v, &d))
-        return wpi_fail(err, cap, WP_E_FORMAT, W ".%s: expected a number", key);
-    if (!(d >= lo && d <= hi))
-        return wpi_fail(err, cap, WP_E_FORMAT, W ".%s: %g is out of range", key, d);
+    if (!wpi_json_num(v, &d) || !(d >= lo && d <= hi))
+        return wpi_fail(err, cap, WP_E_FORMAT, W ".%s: expected a number in [%g, %g]", key,
+                        lo, hi);
     *out = (float)d;
+    if (present) *present = 1;
     return WP_OK;
 }
 
@@ -52,12 +51,12 @@ wp_status wpi_hparams_ext(const struct wpi_json *h, wpi_hparams *hp, char *err, 
     if ((st = wpi_hparams_dsv4(h, hp, err, cap)) != WP_OK) return st;
     if ((st = wpi_hparams_glm5(h, hp, err, cap)) != WP_OK) return st;
     memset(hp->layer_attn, WPI_ATTN_FULL, sizeof hp->layer_attn);
-    if ((st = opt_u32(h, "sliding_window", 1, 1u << 30, &hp->sliding_window, err, cap)) != WP_OK ||
-        (st = opt_float(h, "swiglu_alpha", 0, 1e6, &hp->swiglu_alpha, err, cap)) != WP_OK ||
-        (st = opt_float(h, "swiglu_limit", 0, FLT_MAX, &hp->swiglu_limit, err, cap)) != WP_OK ||
-        (st = opt_u32(h, "kda_heads", 1, 4096, &hp->kda_heads, err, cap)) != WP_OK ||
-        (st = opt_u32(h, "kda_head_dim", 1, 1024, &hp->kda_head_dim, err, cap)) != WP_OK ||
-        (st = opt_u32(h, "kda_conv", 1, 64, &hp->kda_conv, err, cap)) != WP_OK)
+    if ((st = wpi_hparam_u32(h, "sliding_window", 1, 1u << 30, &hp->sliding_window, err, cap)) != WP_OK ||
+        (st = wpi_hparam_num(h, "swiglu_alpha", 0, 1e6, &hp->swiglu_alpha, NULL, err, cap)) != WP_OK ||
+        (st = wpi_hparam_num(h, "swiglu_limit", 0, FLT_MAX, &hp->swiglu_limit, NULL, err, cap)) != WP_OK ||
+        (st = wpi_hparam_u32(h, "kda_heads", 1, 4096, &hp->kda_heads, err, cap)) != WP_OK ||
+        (st = wpi_hparam_u32(h, "kda_head_dim", 1, 1024, &hp->kda_head_dim, err, cap)) != WP_OK ||
+        (st = wpi_hparam_u32(h, "kda_conv", 1, 64, &hp->kda_conv, err, cap)) != WP_OK)
         return st;
     const wpi_json *v = wpi_json_get(h, "attn_kinds");
     if (!v || v->type == WPI_JSON_NULL) return WP_OK;

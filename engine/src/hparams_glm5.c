@@ -16,37 +16,6 @@
 #define W "manifest.json: hparams"
 #define MAX_SEL 1024 /* index_topk / index_kpool: pools one token may select */
 
-static wp_status u32_key(const wpi_json *h, const char *key, uint32_t lo, uint32_t hi,
-                         uint32_t *out, char *err, size_t cap)
-{
-    const wpi_json *v = wpi_json_get(h, key);
-    int64_t x;
-    *out = 0;
-    if (!v || v->type == WPI_JSON_NULL) return WP_OK;
-    if (!wpi_json_int(v, &x) || x < lo || x > hi)
-        return wpi_fail(err, cap, WP_E_FORMAT, W ".%s: expected an integer in [%u, %u]", key,
-                        lo, hi);
-    *out = (uint32_t)x;
-    return WP_OK;
-}
-
-/* *present = 1 when the key holds a number in [lo, hi]. */
-static wp_status num_key(const wpi_json *h, const char *key, double lo, double hi,
-                         float *out, int *present, char *err, size_t cap)
-{
-    const wpi_json *v = wpi_json_get(h, key);
-    double d;
-    *out = 0;
-    if (present) *present = 0;
-    if (!v || v->type == WPI_JSON_NULL) return WP_OK;
-    if (!wpi_json_num(v, &d) || !(d >= lo && d <= hi))
-        return wpi_fail(err, cap, WP_E_FORMAT, W ".%s: expected a number in [%g, %g]", key,
-                        lo, hi);
-    *out = (float)d;
-    if (present) *present = 1;
-    return WP_OK;
-}
-
 static wp_status index_kinds(const wpi_json *h, wpi_hparams *hp, char *err, size_t cap)
 {
     memset(hp->layer_index, WPI_INDEX_NONE, sizeof hp->layer_index);
@@ -86,9 +55,9 @@ wp_status wpi_hparams_glm5(const struct wpi_json *h, wpi_hparams *hp, char *err,
     float *lb = &hp->kda_lower_bound;
     /* hc_mult, hc_sinkhorn_iters, hc_eps and index_heads, index_head_dim, index_topk are
      * shared with deepseek_v4 and read by wpi_hparams_dsv4 (called before this) */
-    if ((st = num_key(h, "kda_lower_bound", -1e6, 0, lb, &safe, err, cap)) != WP_OK ||
-        (st = num_key(h, "lora_norm_eps", 0, 1, &hp->lora_norm_eps, NULL, err, cap)) != WP_OK ||
-        (st = u32_key(h, "index_kpool", 1, 4096, &hp->index_kpool, err, cap)) != WP_OK)
+    if ((st = wpi_hparam_num(h, "kda_lower_bound", -1e6, 0, lb, &safe, err, cap)) != WP_OK ||
+        (st = wpi_hparam_num(h, "lora_norm_eps", 0, 1, &hp->lora_norm_eps, NULL, err, cap)) != WP_OK ||
+        (st = wpi_hparam_u32(h, "index_kpool", 1, 4096, &hp->index_kpool, err, cap)) != WP_OK)
         return st;
     hp->kda_safe_gate = safe;
     if (hp->hc_mult && !hp->hc_sinkhorn_iters)

@@ -15,28 +15,15 @@
 
 #define W "manifest.json: hparams"
 
-static wp_status u32_key(const wpi_json *h, const char *key, uint32_t hi, uint32_t *out,
-                         char *err, size_t cap)
-{
-    const wpi_json *v = wpi_json_get(h, key);
-    int64_t x;
-    *out = 0;
-    if (!v || v->type == WPI_JSON_NULL) return WP_OK;
-    if (!wpi_json_int(v, &x) || x < 0 || x > (int64_t)hi)
-        return wpi_fail(err, cap, WP_E_FORMAT, W ".%s: expected an integer in [0, %u]", key, hi);
-    *out = (uint32_t)x;
-    return WP_OK;
-}
-
 wp_status wpi_hparams_mla(const struct wpi_json *h, wpi_hparams *hp, char *err, size_t cap)
 {
     wp_status st;
-    if ((st = u32_key(h, "q_lora_rank", 1u << 16, &hp->q_lora_rank, err, cap)) != WP_OK ||
-        (st = u32_key(h, "kv_lora_rank", 1u << 16, &hp->kv_lora_rank, err, cap)) != WP_OK ||
-        (st = u32_key(h, "qk_nope_head_dim", 4096, &hp->qk_nope_head_dim, err, cap)) != WP_OK ||
-        (st = u32_key(h, "v_head_dim", 4096, &hp->v_head_dim, err, cap)) != WP_OK ||
-        (st = u32_key(h, "n_group", 4096, &hp->n_group, err, cap)) != WP_OK ||
-        (st = u32_key(h, "topk_group", 4096, &hp->topk_group, err, cap)) != WP_OK)
+    if ((st = wpi_hparam_u32(h, "q_lora_rank", 0, 1u << 16, &hp->q_lora_rank, err, cap)) != WP_OK ||
+        (st = wpi_hparam_u32(h, "kv_lora_rank", 0, 1u << 16, &hp->kv_lora_rank, err, cap)) != WP_OK ||
+        (st = wpi_hparam_u32(h, "qk_nope_head_dim", 0, 4096, &hp->qk_nope_head_dim, err, cap)) != WP_OK ||
+        (st = wpi_hparam_u32(h, "v_head_dim", 0, 4096, &hp->v_head_dim, err, cap)) != WP_OK ||
+        (st = wpi_hparam_u32(h, "n_group", 0, 4096, &hp->n_group, err, cap)) != WP_OK ||
+        (st = wpi_hparam_u32(h, "topk_group", 0, 4096, &hp->topk_group, err, cap)) != WP_OK)
         return st;
     if (hp->kv_lora_rank && hp->qk_nope_head_dim + hp->rope_dim != hp->head_dim)
         return wpi_fail(err, cap, WP_E_FORMAT,

@@ -167,9 +167,17 @@ wp_status wpi_container_open(const char *dir, wpi_container **out, char *err, si
  * checking each CRC32C. Errors: WP_E_IO, WP_E_FORMAT (CRC mismatch names the tensor), OOM. */
 wp_status wpi_container_load_trunk(wpi_container *c, wpi_mem *m, char *err, size_t cap);
 
+struct wpi_json;
+
+/* hparams_ext.c: an optional key of the hparams object (absent or null: 0, OK): an
+ * integer in [lo, hi], or a number in [lo, hi] (*present, when not NULL, says whether it
+ * was given). Anything else is WP_E_FORMAT naming the key. */
+wp_status wpi_hparam_u32(const struct wpi_json *h, const char *key, uint32_t lo, uint32_t hi,
+                         uint32_t *out, char *err, size_t cap);
+wp_status wpi_hparam_num(const struct wpi_json *h, const char *key, double lo, double hi,
+                         float *out, int *present, char *err, size_t cap);
 /* hparams_ext.c: the optional hparams keys (sliding_window, attn_kinds, swiglu_*, kda_*)
  * of the object h into hp, after the required ones. WP_E_FORMAT naming the key. */
-struct wpi_json;
 wp_status wpi_hparams_ext(const struct wpi_json *h, wpi_hparams *hp, char *err, size_t cap);
 /* hparams_mla.c: the optional MLA and routing keys (q_lora_rank, kv_lora_rank,
  * qk_nope_head_dim, v_head_dim, rope_interleave, scoring_func, n_group, topk_group,
