@@ -512,7 +512,8 @@ int main(void)
             sets[n_sets++] = k;
             printf("  %s: EXECUTED and compared with the reference\n", simd[i].name);
         } else {
-            printf("  %s: NOT EXECUTED (this CPU or build lacks %s; compiled only)\n",
+            printf("SKIP %s kernels against the reference: this CPU or build lacks %s"
+                   " (compiled only)\n",
                    simd[i].name, simd[i].needs);
         }
     }
