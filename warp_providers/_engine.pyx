@@ -158,6 +158,11 @@ cdef class Context:
             raise ValueError("the engine is closed")
         return 0
 
+    @property
+    def closed(self):
+        """Whether `close` has freed the context."""
+        return self.ctx == NULL
+
     def close(self):
         """Frees the context now (idempotent)."""
         if self.ctx != NULL:

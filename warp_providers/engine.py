@@ -271,8 +271,14 @@ class Engine:
 
     # -- lifecycle ------------------------------------------------------------------
     def close(self) -> None:
-        """Frees the model (idempotent)."""
-        self._ctx.close()
+        """Frees the model (idempotent); waits for a call or generation in progress."""
+        with self._lock:
+            self._ctx.close()
+
+    @property
+    def closed(self) -> bool:
+        """Whether `close` has freed the model."""
+        return bool(self._ctx.closed)
 
     def __enter__(self) -> Engine:
         return self

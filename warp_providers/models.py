@@ -1,10 +1,14 @@
 """The shared model registry: one loaded engine per (model path, options), process-wide.
 
 Owns: `shared_engine` (opens a container lazily, once, under a lock; every later call
-with the same real path and options gets the same `Engine`) and `shared_session` (one
-`ChatSession` per shared engine). Any number of transports and adapters on one path thus
-share one model in memory; requests on it are serialised by the engine's own lock.
-Refuses: nothing beyond what `Engine.open` refuses.
+with the same real path and options gets the same `Engine`), `shared_session` (one
+`ChatSession` per shared engine) and the reference count behind them: each
+`shared_engine` call takes one reference, `release(engine)` gives one back, and the last
+release closes the engine and forgets it (the next `shared_engine` opens it afresh). Any
+number of transports and adapters on one path thus share one model in memory; requests
+on it are serialised by the engine's own lock.
+Refuses: nothing beyond what `Engine.open` refuses; `release` of an engine it does not
+hold raises ValueError.
 Called by: warp_openai, langchain_warp, llama_index.llms.warp and the CLI.
 """
 
@@ -17,12 +21,13 @@ from typing import Any
 from warp_providers.engine import Engine
 from warp_providers.session import ChatSession
 
-__all__ = ["clear", "shared_engine", "shared_session"]
+__all__ = ["clear", "references", "release", "shared_engine", "shared_session"]
 
 _LOCK = threading.Lock()
 _ENGINES: dict[tuple[str, str], Engine] = {}
 _OPENING: dict[tuple[str, str], threading.Lock] = {}
 _SESSIONS: dict[int, ChatSession] = {}
+_REFS: dict[int, int] = {}
 
 
 def _key(path: str | os.PathLike[str], options: dict[str, Any]) -> tuple[str, str]:
@@ -32,6 +37,9 @@ def _key(path: str | os.PathLike[str], options: dict[str, Any]) -> tuple[str, st
 
 def shared_engine(path: str | os.PathLike[str], **options: Any) -> Engine:
     """The process-wide `Engine` for `path` opened with `options` (opened on first use).
+
+    Each call takes one reference; give it back with `release` when done (a caller
+    that never releases keeps the engine open for the life of the process).
 
     Args:
         path: the container directory; symlinks and relative spellings share one engine.
@@ -45,16 +53,52 @@ def shared_engine(path: str | os.PathLike[str], **options: Any) -> Engine:
     with _LOCK:
         engine = _ENGINES.get(key)
         if engine is not None:
+            _REFS[id(engine)] += 1
             return engine
         opening = _OPENING.setdefault(key, threading.Lock())
     with opening:  # one opener per key; other keys open concurrently
         with _LOCK:
             engine = _ENGINES.get(key)
-        if engine is None:
-            engine = Engine.open(key[0], **options)
-            with _LOCK:
-                _ENGINES[key] = engine
+            if engine is not None:
+                _REFS[id(engine)] += 1
+                return engine
+        engine = Engine.open(key[0], **options)
+        with _LOCK:
+            _ENGINES[key] = engine
+            _REFS[id(engine)] = 1
         return engine
+
+
+def release(engine: Engine) -> bool:
+    """Gives back one reference taken by `shared_engine`; the last one closes the engine.
+
+    Returns:
+        True when this release closed the engine.
+
+    Raises:
+        ValueError: `engine` is not a shared engine (or all its references are back).
+
+    """
+    with _LOCK:
+        count = _REFS.get(id(engine))
+        if count is None:
+            raise ValueError("release() of an engine the registry does not hold")
+        if count > 1:
+            _REFS[id(engine)] = count - 1
+            return False
+        del _REFS[id(engine)]
+        _SESSIONS.pop(id(engine), None)
+        for key, held in list(_ENGINES.items()):
+            if held is engine:
+                del _ENGINES[key]
+    engine.close()  # waits for a generation in progress
+    return True
+
+
+def references(engine: Engine) -> int:
+    """How many references to `engine` are out (0 if the registry does not hold it)."""
+    with _LOCK:
+        return _REFS.get(id(engine), 0)
 
 
 def shared_session(path: str | os.PathLike[str], **options: Any) -> ChatSession:
@@ -80,5 +124,6 @@ def clear() -> None:
         _ENGINES.clear()
         _SESSIONS.clear()
         _OPENING.clear()
+        _REFS.clear()
     for engine in engines:
         engine.close()

@@ -126,6 +126,7 @@ class WarpAPI:
         model_id: str | None = None,
         api_key: str | None = None,
         default_max_tokens: int = DEFAULT_MAX_TOKENS,
+        on_close: Callable[[], Any] | None = None,
     ) -> None:
         """Serve a session (or an engine: its chat format is resolved here).
 
@@ -136,8 +137,10 @@ class WarpAPI:
             model_id: the served model id (default: the session's model name).
             api_key: require `Authorization: Bearer <key>` (None: no auth).
             default_max_tokens: completion limit when a request sets none.
+            on_close: called once by `close()` (gives back a shared engine's reference).
 
         """
+        self._on_close = on_close
         self._format_error: ChatFormatError | None = None
         if session is None:
             if engine is None:
@@ -155,6 +158,12 @@ class WarpAPI:
         self.default_max_tokens = default_max_tokens
         self.created = int(time.time())
         self._started = time.monotonic()
+
+    def close(self) -> None:
+        """Ends this surface's use of its engine (idempotent; see `on_close`)."""
+        on_close, self._on_close = self._on_close, None
+        if on_close is not None:
+            on_close()
 
     # ------------------------------------------------------------------ entry point
     def handle(

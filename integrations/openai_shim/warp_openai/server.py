@@ -269,11 +269,16 @@ def serve(model_path: str | os.PathLike[str], host: str = "127.0.0.1", port: int
         **engine_options: passed to `Engine.open` (budget, threads, ctx, ...).
 
     """
-    from warp_providers.models import shared_engine
+    from warp_providers.models import release, shared_engine
 
     key = api_key if api_key is not None else (os.environ.get("WARP_API_KEY") or None)
-    api = WarpAPI(engine=shared_engine(model_path, **engine_options), model_id=model)
-    httpd = make_server(api, host, port, api_key=key)
+    engine = shared_engine(model_path, **engine_options)
+    api = WarpAPI(engine=engine, model_id=model, on_close=lambda: release(engine))
+    try:
+        httpd = make_server(api, host, port, api_key=key)
+    except BaseException:
+        api.close()
+        raise
     log.info("serving %s on http://%s:%d/v1", api.model_id, host, httpd.server_address[1])
     try:
         httpd.serve_forever()
@@ -281,3 +286,4 @@ def serve(model_path: str | os.PathLike[str], host: str = "127.0.0.1", port: int
         pass
     finally:
         httpd.server_close()
+        api.close()

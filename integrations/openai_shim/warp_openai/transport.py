@@ -177,6 +177,10 @@ def transport_classes(flavor: str = "httpx") -> tuple[type, type]:
                 raise timeout_error(request)
             return _respond(status, out)
 
+        def close(self) -> None:
+            """Called by `Client.close()`: gives back the shared engine's reference."""
+            self.api.close()
+
     def _respond(status: int, body: dict[str, Any]) -> Any:
         data = json.dumps(body, ensure_ascii=False).encode("utf-8")
         return hx.Response(status, headers=_json_headers(status, data), content=data)
@@ -225,6 +229,10 @@ def transport_classes(flavor: str = "httpx") -> tuple[type, type]:
                 return hx.Response(200, headers=_SSE_HEADERS, stream=AsyncSSEStream(pump, request),
                                    request=request)
             return _respond(status, out)
+
+        async def aclose(self) -> None:
+            """Called by `AsyncClient.aclose()`: gives back the shared engine's reference."""
+            await asyncio.to_thread(self.api.close)  # closing waits for a generation
 
     WarpTransport.__qualname__ = WarpTransport.__name__ = "WarpTransport"
     AsyncWarpTransport.__qualname__ = AsyncWarpTransport.__name__ = "AsyncWarpTransport"
@@ -344,13 +352,19 @@ def _api(
 ) -> WarpAPI:
     if sum(x is not None for x in (model_path, engine, session)) != 1:
         raise TypeError("give exactly one of model_path, engine= or session=")
-    if model_path is not None:
-        from warp_providers.models import shared_engine
+    if model_path is None:
+        if engine_options:
+            raise TypeError(f"engine options {sorted(engine_options)} need a model_path")
+        return WarpAPI(session, engine=engine, model_id=model, api_key=api_key)
+    from warp_providers.models import release, shared_engine
 
-        engine = shared_engine(model_path, **engine_options)
-    elif engine_options:
-        raise TypeError(f"engine options {sorted(engine_options)} need a model_path")
-    return WarpAPI(session, engine=engine, model_id=model, api_key=api_key)
+    shared = shared_engine(model_path, **engine_options)
+    try:
+        return WarpAPI(engine=shared, model_id=model, api_key=api_key,
+                       on_close=lambda: release(shared))
+    except BaseException:
+        release(shared)
+        raise
 
 
 def warp_transport(
@@ -366,7 +380,9 @@ def warp_transport(
     """An http client whose requests a local model answers in-process.
 
     Pass it as `openai.OpenAI(http_client=...)`. Any number of clients on one path share
-    one loaded engine (`warp_providers.models.shared_engine`).
+    one loaded engine (`warp_providers.models.shared_engine`); closing the client (or the
+    `openai.OpenAI` that holds it) gives its reference back, and the last one closes the
+    engine.
 
     Args:
         model_path: a container directory (`warp convert` output).

@@ -333,3 +333,47 @@ def test_context_overflow(moe):
             model=moe.model_id, messages=[{"role": "user", "content": "x" * 5000}]
         )
     assert info.value.code == "context_length_exceeded"
+
+
+# ------------------------------------------------------------------ the shared registry
+def test_clients_share_one_engine_and_the_last_close_frees_it(moe_path) -> None:
+    """Each client holds one reference to the shared engine; closing gives it back."""
+    from warp_openai import warp_async_openai_client, warp_openai_client
+
+    from warp_providers.models import references, release, shared_engine
+
+    opts = {"ctx": 192}  # options of this test alone: no other test holds this engine
+    first, second = warp_openai_client(moe_path, **opts), warp_openai_client(moe_path, **opts)
+    engine = shared_engine(moe_path, **opts)
+    assert references(engine) == 3
+    assert release(engine) is False
+
+    first.close()
+    assert references(engine) == 1 and not engine.closed
+    reply = second.chat.completions.create(model="m", messages=ASK, max_tokens=3)
+    assert reply.usage.completion_tokens >= 1  # the survivor still answers
+
+    async def async_client() -> None:
+        client = warp_async_openai_client(moe_path, **opts)
+        assert references(engine) == 2
+        await client.chat.completions.create(model="m", messages=ASK, max_tokens=3)
+        await client.close()
+
+    asyncio.run(async_client())
+    assert references(engine) == 1 and not engine.closed
+
+    second.close()
+    assert engine.closed and references(engine) == 0
+    with pytest.raises(ValueError, match="does not hold"):
+        release(engine)
+
+    third = warp_openai_client(moe_path, **opts)  # opens the model afresh
+    fresh = shared_engine(moe_path, **opts)
+    release(fresh)
+    try:
+        assert fresh is not engine and not fresh.closed
+        reply = third.chat.completions.create(model="m", messages=ASK, max_tokens=3)
+        assert reply.usage.completion_tokens >= 1
+    finally:
+        third.close()
+    assert fresh.closed
