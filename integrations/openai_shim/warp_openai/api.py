@@ -291,12 +291,15 @@ class WarpAPI:
         if not stream:
             t0 = time.perf_counter()
             result = None
+            entries: list[dict[str, Any]] | None = [] if logprobs else None
             for chunk in self.session.stream(prep, sampling=sampling, stop=stop,
                                              should_stop=should_stop):
                 result = chunk.result or result
+                if entries is not None and chunk.delta.content and chunk.logprob is not None:
+                    entries.append(_logprob_entry(chunk.delta.content, chunk.logprob))
             assert result is not None
             return 200, self._completion_body(ident, created, result, time.perf_counter() - t0,
-                                              logprobs)
+                                              entries)
 
         outer = should_stop
 
@@ -368,7 +371,7 @@ class WarpAPI:
             yield {**base, "choices": [], "usage": result.usage.model_dump(), "warp": stats}
 
     def _completion_body(self, ident: str, created: int, result: ChatResult, seconds: float,
-                         logprobs: bool) -> dict[str, Any]:
+                         logprobs: list[dict[str, Any]] | None) -> dict[str, Any]:
         msg = result.message
         message: dict[str, Any] = {"role": "assistant", "content": msg.content or None}
         if msg.reasoning:
@@ -382,7 +385,7 @@ class WarpAPI:
         return {
             "id": ident, "object": "chat.completion", "created": created, "model": self.model_id,
             "choices": [{"index": 0, "message": message,
-                         "logprobs": {"content": []} if logprobs else None,
+                         "logprobs": {"content": logprobs} if logprobs is not None else None,
                          "finish_reason": msg.finish_reason or "stop"}],
             "usage": result.usage.model_dump(),
             "warp": _stats(result, seconds),

@@ -121,6 +121,27 @@ def test_create_then_stream_gives_the_same_reply(target):
     assert chunks[-1].usage.model_dump() == r.usage.model_dump()
 
 
+def test_logprobs_blocking_and_streamed(connect, smol_path):
+    """`logprobs: true` gives the sampled token's log-probability for every content piece,
+    the same whether the reply is blocking or streamed; the pieces spell the content."""
+    client = connect(smol_path).client
+    r = client.chat.completions.create(model="m", messages=ASK, max_tokens=6, logprobs=True)
+    entries = r.choices[0].logprobs.content
+    assert entries and "".join(e.token for e in entries) == r.choices[0].message.content
+    assert all(e.logprob <= 0.0 and e.bytes == list(e.token.encode()) for e in entries)
+    assert any(e.logprob < 0.0 for e in entries)  # a real distribution, not a constant
+    chunks = list(client.chat.completions.create(model="m", messages=ASK, max_tokens=6,
+                                                 logprobs=True, stream=True))
+    streamed = [e for c in chunks if c.choices and c.choices[0].logprobs
+                for e in c.choices[0].logprobs.content]
+    assert [e.token for e in streamed] == [e.token for e in entries]
+    # the second request reuses the cached prompt prefix: equal up to float rounding
+    assert [e.logprob for e in streamed] == pytest.approx([e.logprob for e in entries],
+                                                          abs=1e-5)
+    plain = client.chat.completions.create(model="m", messages=ASK, max_tokens=6)
+    assert plain.choices[0].logprobs is None
+
+
 def test_response_format_json_schema_and_json_object(moe):
     """On the random MoE at temperature 1 (the greedy trained model may loop in an open
     json_object until max_tokens, which no grammar prevents); many schemas:
