@@ -26,7 +26,7 @@ from warp_providers.chat import ChatFormatError
 from warp_providers.chat.base import ToolCallArguments, ToolCallStart
 from warp_providers.session import ChatResult, ChatSession
 
-__all__ = ["MAX_BODY_BYTES", "APIError", "ChunkStream", "WarpAPI", "error_body"]
+__all__ = ["MAX_BODY_BYTES", "APIError", "ChunkStream", "WarpAPI", "bearer_matches", "error_body"]
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
 """Request bodies above this are refused on their declared length (§7.3)."""
@@ -103,6 +103,14 @@ class ChunkStream:
                 self._gen.close()
             except ValueError:  # "generator already executing": it sees the flag instead
                 pass
+
+
+def bearer_matches(authorization: str, key: str) -> bool:
+    """Whether an Authorization header is `Bearer <key>`, compared in constant time."""
+    scheme = "Bearer "
+    given = authorization[len(scheme):] if authorization.startswith(scheme) else ""
+    # compared even when the scheme is wrong, so the time never depends on the header
+    return hmac.compare_digest(given.encode(), key.encode()) and authorization.startswith(scheme)
 
 
 def _new_id(prefix: str) -> str:
@@ -235,9 +243,7 @@ class WarpAPI:
         for k, v in headers.items():
             if k.lower() == "authorization":
                 given = v
-        ok = given.startswith("Bearer ") and hmac.compare_digest(
-            given[len("Bearer "):].encode(), self.api_key.encode())
-        if not ok:
+        if not bearer_matches(given, self.api_key):
             raise APIError(401, "invalid API key")
 
     def _engine_build(self) -> str:
@@ -270,6 +276,7 @@ class WarpAPI:
         if stream is not None and not isinstance(stream, bool):
             raise APIError(400, "'stream' must be a boolean", param="stream")
         _validate_messages(req)
+        effort = _reasoning(req)  # §7.4: reasoning before tools, tool_choice, response_format
         if req.get("tools") is not None and not isinstance(req["tools"], list):
             raise APIError(400, "'tools' must be an array", param="tools")
         choice = req.get("tool_choice")
@@ -280,7 +287,7 @@ class WarpAPI:
                            "naming a function", param="tool_choice")
         if req.get("response_format") is not None and not isinstance(req["response_format"], dict):
             raise APIError(400, "'response_format' must be an object", param="response_format")
-        chat_req = _chat_request(req)
+        chat_req = _chat_request(req, effort)
         limit = _max_tokens(req, self.default_max_tokens)
         prep = self.session.prepare(chat_req, max_tokens=limit)
         sampling = _sampling(req)
@@ -521,19 +528,24 @@ _CHAT_KEYS = ("messages", "tools", "tool_choice", "response_format", "reasoning_
               "thinking", "parallel_tool_calls")
 
 
-def _chat_request(req: Mapping[str, Any]) -> dict[str, Any]:
-    out = {k: req[k] for k in _CHAT_KEYS if k in req}
+def _reasoning(req: Mapping[str, Any]) -> str | None:
+    """The effort of §7.6 step 1 (first non-null spelling), type-checked after `thinking`."""
     effort = req.get("reasoning_effort")
     if effort is None:
         effort = req.get("thinking_effort")
     if effort is None and isinstance(req.get("reasoning"), dict):
         effort = req["reasoning"].get("effort")
-    if effort is not None:
-        if not isinstance(effort, str):
-            raise APIError(400, "'reasoning_effort' must be a string", param="reasoning_effort")
-        out["reasoning_effort"] = effort
     if req.get("thinking") is not None and not isinstance(req["thinking"], bool):
         raise APIError(400, "'thinking' must be a boolean", param="thinking")
+    if effort is not None and not isinstance(effort, str):
+        raise APIError(400, "'reasoning_effort' must be a string", param="reasoning_effort")
+    return effort
+
+
+def _chat_request(req: Mapping[str, Any], effort: str | None) -> dict[str, Any]:
+    out = {k: req[k] for k in _CHAT_KEYS if k in req}
+    if effort is not None:
+        out["reasoning_effort"] = effort
     if out.get("tools") is None:
         out.pop("tools", None)
     return out

@@ -15,7 +15,6 @@ Refuses: what `api.py` refuses. Called by: `warp serve` (cli.py) via `serve()`.
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
 import os
@@ -25,7 +24,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from warp_openai.api import MAX_BODY_BYTES, ChunkStream, WarpAPI, error_body
+from warp_openai.api import MAX_BODY_BYTES, ChunkStream, WarpAPI, bearer_matches, error_body
 
 __all__ = ["Metrics", "make_server", "serve"]
 
@@ -173,9 +172,7 @@ class _Handler(BaseHTTPRequestHandler):
         key = self.server.api_key
         if key is None:
             return True
-        given = self.headers.get("Authorization", "")
-        return given.startswith("Bearer ") and hmac.compare_digest(
-            given[len("Bearer "):].encode(), key.encode())
+        return bearer_matches(self.headers.get("Authorization", ""), key)
 
     def do_GET(self) -> None:  # noqa: N802 - stdlib name
         path = self.path.split("?", 1)[0].rstrip("/") or "/"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import openai
 import pytest
 from fake_engine import ScriptedEngine
 from openai_cases import TIME, USER, WEATHER, CountingEngine, tool_call_text
@@ -45,6 +46,53 @@ def test_reasoning_content(make_client):
     msg = r.choices[0].message
     assert msg.content == "Four."
     assert msg.model_extra["reasoning_content"] == "Let me see."
+
+
+class EffortEngine(ScriptedEngine):
+    """A scripted model whose template reads `reasoning_effort` and `enable_thinking`."""
+
+    def chat_metadata(self) -> dict[str, str | None]:
+        from fake_engine import CHATML_TEMPLATE
+
+        return {"format": None, "template": CHATML_TEMPLATE.replace(
+            "{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}",
+            "{%- if add_generation_prompt %}<|im_start|>assistant\n"
+            "{%- if enable_thinking is false %}<think>\n\n</think>\n\n"
+            "{%- elif reasoning_effort %}<think>effort {{ reasoning_effort }}\n{%- endif %}"
+            "{%- endif %}")}
+
+
+@pytest.mark.parametrize("fields,rendered", [
+    ({"reasoning_effort": "High"}, "<think>effort high\n"),
+    ({"reasoning": {"effort": "low"}}, "<think>effort low\n"),
+    ({"thinking_effort": "medium", "reasoning_effort": None}, "<think>effort medium\n"),
+    ({"reasoning_effort": "none", "thinking": True}, "<think>\n\n</think>\n\n"),
+    ({"thinking": False}, "<think>\n\n</think>\n\n"),
+])
+def test_reasoning_effort_reaches_the_template(make_client, fields, rendered):
+    """§7.6 through the API: the first non-null effort spelling, lower-cased; `none` turns
+    reasoning off even with thinking true."""
+    engine = EffortEngine(["Four."])
+    client = make_client(engine)
+    client.chat.completions.create(model="m", messages=USER, extra_body=fields)
+    prompt = engine.tokenizer.decode(engine.prompts[-1])
+    squeeze = "".join  # the template's `{%-` trims whitespace: compare without it
+    assert squeeze(prompt.split()).endswith(squeeze(("<|im_start|>assistant" + rendered).split()))
+
+
+@pytest.mark.parametrize("fields,message", [
+    ({"reasoning_effort": "max"}, "reasoning_effort='max' is not supported"),
+    ({"reasoning_effort": "high", "thinking": False}, "'thinking' is false but"),
+    ({"thinking": "yes", "reasoning_effort": 5}, "'thinking' must be a boolean"),
+    ({"reasoning_effort": 5, "tools": {}}, "'reasoning_effort' must be a string"),
+])
+def test_reasoning_refusals_through_the_sdk(make_client, fields, message):
+    """Each refusal is a BadRequestError; reasoning is checked before tools (§7.4)."""
+    client = make_client(EffortEngine(["x"]))
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model="m", messages=USER, extra_body=fields)
+    assert info.value.body["message"].startswith(message)
+    assert info.value.body["param"] in ("reasoning_effort", "thinking")
 
 
 def test_reasoning_in_history_is_accepted(make_client):

@@ -83,6 +83,39 @@ BAD = [
         "messages[0].tool_calls[0].function.name must be a non-empty string",
         "messages[0].tool_calls[0].function.name",
     ),
+    (
+        {"messages": [{"role": "user", "content": ["hi"]}]},
+        400,
+        "messages[0].content[0] must be an object",
+        "messages[0].content[0]",
+    ),
+    (
+        {"messages": [{"role": "assistant", "tool_calls": {"function": {"name": "f"}}}]},
+        400,
+        "messages[0].tool_calls must be an array",
+        "messages[0].tool_calls",
+    ),
+    (
+        {"messages": [{"role": "assistant", "tool_calls": ["f"]}]},
+        400,
+        "messages[0].tool_calls[0] must be an object",
+        "messages[0].tool_calls[0]",
+    ),
+    (
+        {"messages": [{"role": "assistant", "tool_calls": [{"function": "f"}]}]},
+        400,
+        "messages[0].tool_calls[0].function must be an object",
+        "messages[0].tool_calls[0].function",
+    ),
+    (
+        {"messages": [{"role": "assistant",
+                       "tool_calls": [{"function": {"name": "f", "arguments": 3}}]}]},
+        400,
+        "messages[0].tool_calls[0].function.arguments must be an object or JSON string",
+        "messages[0].tool_calls[0].function.arguments",
+    ),
+    ({"messages": USER, "thinking": "yes"}, 400, "'thinking' must be a boolean", "thinking"),
+    ({"messages": USER, "top_p": "x"}, 400, "'top_p' must be a number", "top_p"),
     ({"messages": USER, "stream": "yes"}, 400, "'stream' must be a boolean", "stream"),
     ({"messages": USER, "tools": {}}, 400, "'tools' must be an array", "tools"),
     (
@@ -195,6 +228,18 @@ def test_validation_errors(http, body, status, message, param):
     assert_error(post(http, body), status, message, param)
 
 
+@pytest.mark.parametrize("body,message,param",
+                         [(b, m, p) for b, _, m, p in BAD if isinstance(b, dict) and b])
+def test_validation_errors_raise_bad_request_in_the_sdk(make_client, body, message, param):
+    """Every refusal above reaches the SDK as `openai.BadRequestError` with its body."""
+    client = make_client(ScriptedEngine(["ok"], ctx_tokens=512), max_retries=2)
+    with pytest.raises(openai.BadRequestError) as info:
+        client.post("/chat/completions", body=body, cast_to=object)
+    assert info.value.status_code == 400
+    assert info.value.body["message"].startswith(message)
+    assert info.value.body["param"] == param
+
+
 def test_validation_errors_when_streaming_are_plain_json(http):
     r = post(http, {"messages": USER, "stream": True, "temperature": 9})
     assert_error(r, 400, "'temperature' must be between", "temperature")
@@ -288,6 +333,30 @@ def test_auth():
     assert status == 401 and body["error"]["type"] == "authentication_error"
     assert api.handle("GET", "/v1/models", headers={"Authorization": "Bearer s3cret"})[0] == 200
     assert api.handle("GET", "/v1/models", headers={"Authorization": "bearer s3cret"})[0] == 401
+
+
+def test_keys_are_compared_in_constant_time(monkeypatch):
+    """Every key check, right or wrong scheme, goes through `hmac.compare_digest`."""
+    import hmac
+
+    from warp_openai import WarpAPI, api as core
+
+    seen = []
+    real = hmac.compare_digest
+
+    def spy(a, b):
+        seen.append((a, b))
+        return real(a, b)
+
+    monkeypatch.setattr(core.hmac, "compare_digest", spy)
+    api = WarpAPI(engine=ScriptedEngine(), api_key="s3cret")
+    for header, ok in [("Bearer s3cret", True), ("Bearer s3cre", False), ("Basic s3cret", False),
+                       ("", False)]:
+        status = api.handle("GET", "/v1/models", headers={"Authorization": header})[0]
+        assert status == (200 if ok else 401)
+    assert len(seen) == 4 and all(b == b"s3cret" for _, b in seen)
+    assert core.bearer_matches("Bearer s3cret", "s3cret") and not core.bearer_matches(
+        "Bearer s3cret ", "s3cret")
 
 
 @pytest.mark.parametrize(

@@ -92,6 +92,49 @@ def test_health_metrics_and_auth(serve):
     assert "warp_tokens_generated_total 3" in metrics and "warp_expert_hit_rate" in metrics
 
 
+def test_metrics_sum_what_the_replies_reported(serve):
+    """/metrics is Prometheus text whose counters add up the replies' `warp` objects."""
+    import httpx
+
+    url = serve(ScriptedEngine(["Hello there!", "ok"]))
+    stats = [httpx.post(url + "/v1/chat/completions", json={"messages": USER}).json()["warp"]
+             for _ in range(2)]
+    r = httpx.get(url + "/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    assert "version=0.0.4" in r.headers["content-type"]
+    values = {}
+    for line in r.text.splitlines():
+        if line.startswith("# TYPE "):
+            assert line.split()[3] in ("counter", "gauge")
+        elif line:
+            name, value = line.rsplit(" ", 1)
+            values[name] = float(value)
+    assert values['warp_requests_total{path="/v1/chat/completions",status="200"}'] == 2
+    assert values["warp_tokens_generated_total"] == sum(w["tokens_generated"] for w in stats)
+    assert values["warp_bytes_read_total"] == sum(w["bytes_read"] for w in stats)
+    hits = sum(w["experts_hit"] for w in stats)
+    lookups = hits + sum(w["experts_missed"] for w in stats)
+    assert values["warp_expert_hit_rate"] == pytest.approx(hits / lookups if lookups else 0.0,
+                                                           abs=1e-6)
+    seconds = values["warp_generation_seconds_total"]
+    assert seconds > 0
+    assert values["warp_tokens_per_second"] == pytest.approx(
+        values["warp_tokens_generated_total"] / seconds, rel=1e-3)
+
+
+@pytest.mark.parametrize("host,key,warns", [("0.0.0.0", None, True), ("0.0.0.0", "k", False),
+                                            ("127.0.0.1", None, False)])
+def test_open_binding_without_a_key_warns(caplog, host, key, warns):
+    from warp_openai import WarpAPI
+    from warp_openai.server import make_server
+
+    with caplog.at_level("WARNING", logger="warp_openai.server"):
+        httpd = make_server(WarpAPI(engine=ScriptedEngine()), host, 0, api_key=key)
+    httpd.server_close()
+    warned = [r for r in caplog.records if "without an API key" in r.getMessage()]
+    assert bool(warned) is warns
+
+
 @pytest.mark.parametrize("auth", [None, "Bearer wrong", "bearer k", "Basic k", "Bearer k "])
 def test_missing_or_wrong_key_is_401_before_the_body_is_read(serve, auth):
     """The body is never sent: a server that read it before checking the key would hang."""
