@@ -287,6 +287,7 @@ class WarpAPI:
                            "naming a function", param="tool_choice")
         if req.get("response_format") is not None and not isinstance(req["response_format"], dict):
             raise APIError(400, "'response_format' must be an object", param="response_format")
+        _refuse_images(req)
         chat_req = _chat_request(req, effort)
         limit = _max_tokens(req, self.default_max_tokens)
         prep = self.session.prepare(chat_req, max_tokens=limit)
@@ -472,6 +473,27 @@ def _parse(body: Any) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise APIError(400, "request body must be a JSON object")
     return value
+
+
+def _refuse_images(req: Mapping[str, Any]) -> None:
+    """§7.8: every image part must name its image; no model here has a vision tower."""
+    found = False
+    for i, m in enumerate(req["messages"]):
+        content = m.get("content")
+        for j, part in enumerate(content if isinstance(content, list) else []):
+            kind = part["type"]
+            if kind not in ("image", "image_url"):
+                continue
+            ref = part.get(kind)
+            if isinstance(ref, dict):
+                ref = ref.get("url") or ref.get("path") or ref.get("data")
+            if not isinstance(ref, str) or not ref:
+                at = f"messages[{i}].content[{j}]"
+                raise APIError(400, f"{at} is an image with no url", param=at)
+            found = True
+    if found:
+        raise APIError(400, "this model was loaded without a vision tower, so it cannot read "
+                       "images; send the conversation as text", code="vision_disabled")
 
 
 def _validate_messages(req: Mapping[str, Any]) -> None:

@@ -335,6 +335,27 @@ def test_auth():
     assert api.handle("GET", "/v1/models", headers={"Authorization": "bearer s3cret"})[0] == 401
 
 
+IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+
+
+@pytest.mark.parametrize("parts,message,param,code", [
+    ([IMAGE], "this model was loaded without a vision tower", None, "vision_disabled"),
+    ([{"type": "text", "text": "what is this?"}, {"type": "image", "image": "cat.png"}],
+     "this model was loaded without a vision tower", None, "vision_disabled"),
+    ([{"type": "image_url", "image_url": {"url": ""}}], "messages[0].content[0] is an image "
+     "with no url", "messages[0].content[0]", None),
+    ([{"type": "text", "text": "a"}, {"type": "image"}], "messages[0].content[1] is an image "
+     "with no url", "messages[0].content[1]", None),
+])
+def test_images_are_refused_by_rule(http, make_client, parts, message, param, code):
+    """§7.8: an image part without a reference is named; any image meets the missing tower."""
+    body = {"messages": [{"role": "user", "content": parts}]}
+    assert_error(post(http, body), 400, message, param, code)
+    with pytest.raises(openai.BadRequestError) as info:
+        make_client(ScriptedEngine()).chat.completions.create(model="m", **body)
+    assert info.value.code == code
+
+
 def test_keys_are_compared_in_constant_time(monkeypatch):
     """Every key check, right or wrong scheme, goes through `hmac.compare_digest`."""
     import hmac
@@ -435,11 +456,23 @@ def test_fuzz_never_5xx():
             "thinking",
             "parallel_tool_calls",
             "min_p",
+            "prompt",
+            "thinking_effort",
+            "reasoning",
+            "max_completion_tokens",
+            "presence_penalty",
+            "frequency_penalty",
+            "top_logprobs",
         ]
+    )
+    part = st.fixed_dictionaries(
+        {"type": st.sampled_from(["text", "image_url", "image", "input_text", ""])},
+        optional={"text": values, "image_url": values, "image": values},
     )
     message = st.fixed_dictionaries(
         {"role": st.sampled_from(["user", "system", "assistant", "tool", "x"])},
-        optional={"content": values, "tool_calls": values, "name": values},
+        optional={"content": values | st.lists(part, max_size=3), "tool_calls": values,
+                  "name": values},
     )
     bodies = (
         st.dictionaries(keys, values, max_size=5)
@@ -451,15 +484,19 @@ def test_fuzz_never_5xx():
         | st.binary(max_size=20)
     )
 
-    @settings(max_examples=1000, deadline=None, suppress_health_check=list(HealthCheck))
-    @given(bodies)
-    def check(body):
-        status, out = api.handle("POST", "/v1/chat/completions", body)
+    routes = st.sampled_from(["/v1/chat/completions", "/v1/chat/completions", "/v1/completions"])
+
+    @settings(max_examples=1500, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(bodies, routes)
+    def check(body, route):
+        status, out = api.handle("POST", route, body)
         assert status < 500, out
         if isinstance(out, ChunkStream):
             for _ in out:
                 pass
         else:
             assert set(out) >= ({"error"} if status >= 400 else {"choices"})
+            if status >= 400:
+                assert set(out["error"]) == {"message", "type", "param", "code"}
 
     check()
