@@ -221,11 +221,28 @@ wp_status wpi_moe_block(wpi_model *m, uint32_t l, uint32_t n)
 
     const uint32_t nd = wpi_moe_distinct_experts(m, n);
 
+    /* The first group's reads go out before the shared expert is computed, so the
+     * disk works while the CPU does (the shared expert never waits on a read). Its
+     * output waits in moe_out: apply_expert uses yg as scratch. */
     const uint32_t group = wpi_experts_max_pinned(m->experts);
+    wp_status first = nd ? wpi_experts_request(m->experts, l, m->ex_ids, nd < group ? nd : group,
+                                               m->err, m->err_cap)
+                         : WP_OK;
+    if (first != WP_OK) return first;
+    int shared = L->sh_gate.data != NULL;
+    if (shared) {
+        wpi_swiglu(m, &L->sh_gate, &L->sh_up, &L->sh_down, m->xn, H, n, m->moe_out, H);
+        for (uint32_t t = 0; t < n; t++)
+            m->sh_w[t] = L->sh_gate_inp
+                             ? 1.0f / (1.0f + expf(-m->k->dot_f32(L->sh_gate_inp,
+                                                                   m->xn + t * H, H)))
+                             : 1.0f;
+    }
     for (uint32_t g0 = 0; g0 < nd; g0 += group) {
         uint32_t cnt = nd - g0 < group ? nd - g0 : group;
-        wp_status st = wpi_experts_request(m->experts, l, m->ex_ids + g0, cnt, m->err,
-                                           m->err_cap);
+        wp_status st = g0 == 0 ? WP_OK
+                               : wpi_experts_request(m->experts, l, m->ex_ids + g0, cnt, m->err,
+                                                     m->err_cap);
         if (st == WP_OK && n == 1 && cnt >= 2 && cnt <= GROUP_MAX &&
             wpi_pool_threads(m->pool) >= 2) {
             wpi_expert_view vs[GROUP_MAX];
@@ -251,15 +268,7 @@ wp_status wpi_moe_block(wpi_model *m, uint32_t l, uint32_t n)
         if (st != WP_OK) return st;
     }
 
-    int shared = L->sh_gate.data != NULL;
-    if (shared) {
-        wpi_swiglu(m, &L->sh_gate, &L->sh_up, &L->sh_down, m->xn, H, n, m->yg, H);
-        for (uint32_t t = 0; t < n; t++)
-            m->sh_w[t] = L->sh_gate_inp
-                             ? 1.0f / (1.0f + expf(-m->k->dot_f32(L->sh_gate_inp,
-                                                                   m->xn + t * H, H)))
-                             : 1.0f;
-    }
+    if (shared) memcpy(m->yg, m->moe_out, (size_t)n * H * sizeof(float));
     for (uint32_t t = 0; t < n; t++) {
         float *acc = m->moe_out + t * H;
         memset(acc, 0, H * sizeof(float));
