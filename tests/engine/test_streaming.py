@@ -88,6 +88,21 @@ def test_stats_invariants(model):
     assert s["bytes_read"] == s["expert_misses"] * plan["record_bytes"]
 
 
+def test_trunk_reads_are_reported_apart_from_expert_reads(model):
+    plan = plan_memory(model)
+    with Engine.open(model, lookahead=False) as eng:
+        opened = eng.stats()
+        res = eng.generate(PROMPT, max_tokens=4, stop_ids=[])
+        after = eng.stats()
+    # every trunk tensor is read once, at open; no expert record has been read yet
+    assert opened["other_bytes_read"] == plan["trunk_bytes"]
+    assert opened["bytes_read"] == 0
+    # generating reads expert records only: the trunk (embedding included) is resident
+    assert after["bytes_read"] == after["expert_misses"] * plan["record_bytes"] > 0
+    assert after["other_bytes_read"] == opened["other_bytes_read"]
+    assert res.stats["other_bytes_read"] == 0 and res.stats["bytes_read"] > 0
+
+
 def test_lookahead_prefetches(model):
     plan = plan_memory(model)
     with Engine.open(model, budget=plan["floor_bytes"] + 2 * plan["working_set_bytes"],
