@@ -7,6 +7,8 @@ logits over a 32-token prompt and 16 decode steps.
 from __future__ import annotations
 
 import json
+import shutil
+import struct
 import subprocess
 import sys
 import textwrap
@@ -15,8 +17,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from support import requires
 from tiny import tiny_moe
 from warp_providers import Engine, EngineIOError, plan_memory
+from warp_providers.convert.writer import crc32c
 from warp_providers.synth import MoeShape
 
 PROMPT = [(11 * i + 7) % 200 + 10 for i in range(32)]
@@ -27,8 +31,8 @@ def model(tmp_path_factory) -> Path:
     return tiny_moe(tmp_path_factory.mktemp("stream"))
 
 
-def _trace(path: Path, **opts) -> np.ndarray:
-    """32 prompt positions + 16 greedy decode steps of logits."""
+def _trace(path: Path, **opts) -> tuple[np.ndarray, dict]:
+    """32 prompt positions + 16 greedy decode steps of logits, and the engine's stats."""
     with Engine.open(path, threads=2, **opts) as eng:
         rows = list(eng.eval(PROMPT, all_logits=True))
         tok = int(rows[-1].argmax())
@@ -36,11 +40,12 @@ def _trace(path: Path, **opts) -> np.ndarray:
             last = eng.eval([tok])
             rows.append(last)
             tok = int(last.argmax())
-        return np.stack(rows)
+        return np.stack(rows), eng.stats()
 
 
 @pytest.fixture(scope="module")
-def reference(model) -> np.ndarray:
+def reference(model) -> tuple[np.ndarray, dict]:
+    """Every expert cached, default reads (O_DIRECT where the file system accepts it)."""
     plan = plan_memory(model)
     return _trace(model, budget=plan["floor_bytes"] + plan["experts_total_bytes"])
 
@@ -56,11 +61,17 @@ def reference(model) -> np.ndarray:
     {"verify": True},
 ], ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()))
 def test_bit_identical_to_resident(model, reference, opts):
+    want, want_stats = reference
     opts = dict(opts)
     if opts.pop("at_floor", False):
         opts["budget"] = plan_memory(model)["floor_bytes"]
-    got = _trace(model, **opts)
-    assert np.array_equal(got, reference), f"max |d| = {np.abs(got - reference).max():.3g}"
+    if opts.get("direct_io") is False:
+        # direct vs buffered means nothing if the reference fell back to buffered reads
+        requires(want_stats["direct_io"], "O_DIRECT reads: the file system of the test's "
+                 "temporary directory refused the probe read", ci_provides=False)
+    got, stats = _trace(model, **opts)
+    assert stats["direct_io"] == opts.get("direct_io", want_stats["direct_io"])
+    assert np.array_equal(got, want), f"max |d| = {np.abs(got - want).max():.3g}"
 
 
 def test_chunked_prefill_matches_token_at_a_time(model):
