@@ -125,38 +125,71 @@ def test_lookahead_prefetches(model):
     assert s["prefetch_issued"] > 0
 
 
-def _damage(model: Path, tmp: Path, where: str) -> Path:
-    import shutil
+@pytest.fixture(scope="module")
+def hot_record(model, tmp_path_factory) -> tuple[int, int]:
+    """(layer, expert) that PROMPT surely reads: the first MoE layer's most used expert,
+    taken from the hotlist of a clean run (the first MoE layer's routing depends on the
+    prompt alone, so a damaged copy routes the same way up to that layer)."""
+    hot = tmp_path_factory.mktemp("hot") / "hotlist"
+    with Engine.open(model) as eng:
+        eng.eval(PROMPT)
+        eng.save_hotlist(hot)
+    rows = [tuple(map(int, line.split())) for line in hot.read_text().splitlines()[1:]]
+    first = min(layer for layer, _, _ in rows)
+    layer, expert, _ = max((r for r in rows if r[0] == first), key=lambda r: r[2])
+    return layer, expert
 
+
+_HEADER_U64 = {"size": (24, 4096), "offset": (40, 32)}  # field offset, how far it moves
+
+
+def _damage(model: Path, tmp: Path, where: str, layer: int, expert: int) -> Path:
+    """A copy of the container with one record damaged: a payload byte, the magic, or the
+    payload size / up-tensor offset field with the header CRC rewritten to match (so only
+    the check of that field against the manifest can catch it)."""
     bad = tmp / f"damaged-{where}.warp"
     shutil.copytree(model, bad)
     manifest = json.loads((bad / "manifest.json").read_text())
-    bank = manifest["experts"][0]
+    bank = next(b for b in manifest["experts"] if b["layer"] == layer)
     f = bad / bank["file"]
     data = bytearray(f.read_bytes())
-    rec = bank["record_bytes"]
-    for e in range(bank["n_experts"]):  # every record: any lookup in this layer hits one
-        off = e * rec + (100 if where == "payload" else 0)
-        data[off] ^= 0x5A
+    at = expert * bank["record_bytes"]
+    if where == "payload":
+        data[at + 64 + 100] ^= 0x5A
+    elif where == "magic":
+        data[at] ^= 0x5A
+    else:
+        field, delta = _HEADER_U64[where]
+        (value,) = struct.unpack_from("<Q", data, at + field)
+        struct.pack_into("<Q", data, at + field, value + delta)
+        struct.pack_into("<I", data, at + 60, crc32c(bytes(data[at:at + 60])))
     f.write_bytes(bytes(data))
     return bad
 
 
-def test_damaged_payload_with_verify_names_the_record(model, tmp_path):
-    bad = _damage(model, tmp_path, "payload")
+def test_damaged_payload_with_verify_names_the_record(model, hot_record, tmp_path):
+    layer, expert = hot_record
+    bad = _damage(model, tmp_path, "payload", layer, expert)
     with Engine.open(bad, verify=True) as eng:
         with pytest.raises(EngineIOError) as e:
             eng.eval(PROMPT)
-    msg = str(e.value)
-    assert "layer" in msg and "expert" in msg
+    assert f"layer {layer} expert {expert}: payload checksum mismatch" in str(e.value)
+    with Engine.open(bad, verify=False) as eng:  # the cost of verify=False: not checked
+        eng.eval(PROMPT)
 
 
-def test_bad_header_is_caught_without_verify(model, tmp_path):
-    bad = _damage(model, tmp_path, "header")
+@pytest.mark.parametrize("where,why", [
+    ("magic", "bad record magic"),
+    ("offset", "header tensor offsets differ from the manifest"),
+    ("size", "header payload size differs from the manifest"),
+])
+def test_bad_header_is_caught_without_verify(model, hot_record, tmp_path, where, why):
+    layer, expert = hot_record
+    bad = _damage(model, tmp_path, where, layer, expert)
     with Engine.open(bad, verify=False) as eng:
         with pytest.raises(EngineIOError) as e:
             eng.generate(PROMPT, max_tokens=4)
-    assert "expert" in str(e.value)
+    assert f"layer {layer} expert {expert}: {why}" in str(e.value)
 
 
 def test_cgroup_limits_bound_usable_ram(model, tmp_path):
