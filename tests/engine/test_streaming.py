@@ -43,11 +43,16 @@ def _trace(path: Path, **opts) -> tuple[np.ndarray, dict]:
         return np.stack(rows), eng.stats()
 
 
+def _full_budget(model: Path) -> int:
+    """A budget whose expert cache holds every expert of the container."""
+    plan = plan_memory(model)
+    return plan["floor_bytes"] + plan["experts_total_bytes"]
+
+
 @pytest.fixture(scope="module")
 def reference(model) -> tuple[np.ndarray, dict]:
     """Every expert cached, default reads (O_DIRECT where the file system accepts it)."""
-    plan = plan_memory(model)
-    return _trace(model, budget=plan["floor_bytes"] + plan["experts_total_bytes"])
+    return _trace(model, budget=_full_budget(model))
 
 
 @pytest.mark.parametrize("opts", [
@@ -112,6 +117,48 @@ def test_trunk_reads_are_reported_apart_from_expert_reads(model):
     assert after["bytes_read"] == after["expert_misses"] * plan["record_bytes"] > 0
     assert after["other_bytes_read"] == opened["other_bytes_read"]
     assert res.stats["other_bytes_read"] == 0 and res.stats["bytes_read"] > 0
+
+
+def test_learned_hotlist_warms_the_next_open(model, tmp_path):
+    hot = tmp_path / "usage.hotlist"
+    with Engine.open(model, budget=_full_budget(model), lookahead=False) as eng:
+        eng.eval(PROMPT)  # one chunk: each distinct expert looked up once, all misses
+        cold = eng.stats()
+        assert eng.save_hotlist(hot) == hot
+    lines = hot.read_text().splitlines()
+    assert lines[0] == "warp-hotlist 1"
+    entries = [tuple(map(int, line.split())) for line in lines[1:]]
+    assert sum(count for _, _, count in entries) == cold["expert_lookups"]
+    assert cold["expert_hits"] == 0
+
+    with Engine.open(model, budget=_full_budget(model), lookahead=False,
+                     hotlist_path=hot) as eng:
+        opened = eng.stats()
+        eng.eval(PROMPT)
+        warm = eng.stats()
+    assert opened["bytes_read"] == 0  # the preload is not evaluation traffic
+    assert warm["expert_lookups"] == cold["expert_lookups"]  # same routing
+    # up to half the cache is preloaded, hottest first, and every entry is used again
+    assert warm["expert_hits"] == min(len(entries), warm["cache_slots"] // 2) > 0
+    assert warm["expert_misses"] == cold["expert_misses"] - warm["expert_hits"]
+
+
+def test_hotlist_beside_the_container(model, tmp_path):
+    own = tmp_path / "own.warp"
+    shutil.copytree(model, own)
+    with Engine.open(own, budget=_full_budget(own), lookahead=False, hotlist=True) as eng:
+        eng.eval(PROMPT)  # no hotlist yet: a first run, cold
+        cold = eng.stats()
+        written = eng.save_hotlist()
+    assert written == own / "hotlist" and written.is_file()
+    with Engine.open(own, budget=_full_budget(own), lookahead=False, hotlist=True) as eng:
+        eng.eval(PROMPT)
+        warm = eng.stats()
+    assert cold["expert_hits"] == 0 and warm["expert_hits"] > 0
+    with pytest.raises(ValueError, match="not both"):
+        Engine.open(own, hotlist=True, hotlist_path=written)
+    with pytest.raises(TypeError, match="hotlist"):
+        Engine.open(own, hotlist=str(written))
 
 
 def test_lookahead_prefetches(model):
