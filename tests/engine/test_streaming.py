@@ -79,17 +79,50 @@ def test_bit_identical_to_resident(model, reference, opts):
     assert np.array_equal(got, want), f"max |d| = {np.abs(got - want).max():.3g}"
 
 
-def test_chunked_prefill_matches_token_at_a_time(model):
+def _distinct_experts_per_chunk(model: Path, chunk: int, tmp: Path) -> list[int]:
+    """Distinct (layer, expert) pairs the tokens of each prompt chunk route to, counted
+    token at a time: a fresh cache that holds every expert misses once per pair. The
+    context before a chunk comes from a saved state, so every chunk starts cold."""
+    state = tmp / f"state-{chunk}"
+    counts = []
+    for c0 in range(0, len(PROMPT), chunk):
+        with Engine.open(model, budget=_full_budget(model), lookahead=False,
+                         prefill_chunk=1) as eng:
+            if c0:
+                eng.load_state(state)
+            eng.eval(PROMPT[c0:c0 + chunk])
+            s = eng.stats()
+            assert s["expert_hits"] + s["expert_misses"] == s["expert_lookups"]
+            counts.append(s["expert_misses"])
+            eng.save_state(state)
+    return counts
+
+
+@pytest.mark.parametrize("chunk", [16, 64])
+def test_chunked_prefill_reads_each_distinct_expert_once_per_chunk(model, tmp_path, chunk):
+    plan = plan_memory(model)
     with Engine.open(model, prefill_chunk=1) as eng:
         one = eng.eval(PROMPT, all_logits=True)
-        s1 = eng.stats()
-    with Engine.open(model, prefill_chunk=64) as eng:
-        chunked = eng.eval(PROMPT, all_logits=True)
-        s64 = eng.stats()
-    assert np.abs(one - chunked).max() <= 1e-5
-    assert (one.argmax(-1) == chunked.argmax(-1)).all()
-    # each distinct expert is looked up once per chunk, not once per token
-    assert s64["expert_lookups"] < s1["expert_lookups"]
+    distinct = _distinct_experts_per_chunk(model, chunk, tmp_path)
+    assert len(distinct) == -(-len(PROMPT) // chunk)
+    for budget in (_full_budget(model), plan["floor_bytes"]):
+        with Engine.open(model, budget=budget, lookahead=False, prefill_chunk=chunk) as eng:
+            chunked = eng.eval(PROMPT, all_logits=True)
+            s = eng.stats()
+        assert np.abs(one - chunked).max() <= 1e-5
+        assert (one.argmax(-1) == chunked.argmax(-1)).all()
+        # one lookup per distinct expert per chunk, whatever the cache size; a lookup
+        # reads at most once, so no expert is read twice within a chunk
+        assert s["expert_lookups"] == sum(distinct), (budget, distinct)
+        assert s["bytes_read"] == s["expert_misses"] * plan["record_bytes"]
+        assert s["expert_misses"] <= sum(distinct)
+    # token at a time looks up top_k experts per token and MoE layer
+    with Engine.open(model, budget=_full_budget(model), lookahead=False,
+                     prefill_chunk=1) as eng:
+        eng.eval(PROMPT)
+        per_token = eng.stats()["expert_lookups"]
+        info = eng.info()
+    assert per_token == len(PROMPT) * info["top_k"] * info["n_moe_layers"] > sum(distinct)
 
 
 def test_stats_invariants(model):
