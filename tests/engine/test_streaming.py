@@ -298,36 +298,63 @@ def test_cgroup_v1_limit(model, tmp_path):
     assert plan["usable_ram_bytes"] == 1 << 30
 
 
+# Run twice in fresh interpreters: arm "twin" stops after the imports and the tokenizer
+# (Python-side state that Engine.open also builds), arm "engine" then opens the engine and
+# generates. Peak RSS is the kernel's high-water mark of this process's own memory,
+# VmHWM; ru_maxrss is not used, because Linux carries the pre-exec high-water mark into
+# it, so a child spawned from a large pytest process would report the parent's size.
 BUDGET_SCRIPT = textwrap.dedent("""
-    import json, resource, sys
-    from warp_providers import Engine
-    path, budget = sys.argv[1], int(sys.argv[2])
-    with Engine.open(path, budget=budget, threads=2, ctx=256) as eng:
-        res = eng.generate(list(range(10, 74)), max_tokens=32, stop_ids=[])
-        peak_engine = eng.stats()["peak_bytes"]
-    print(json.dumps({"tokens": len(res.token_ids), "peak_engine": peak_engine,
-                      "maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+    import json, sys
+    from pathlib import Path
+    import numpy  # both arms load every module the engine arm uses
+    from warp_providers import Engine, Tokenizer, _engine
+    path, budget, arm = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    Tokenizer.from_dir(path)
+    out = {}
+    if arm == "engine":
+        with Engine.open(path, budget=budget, threads=2, ctx=256) as eng:
+            res = eng.generate(list(range(10, 74)), max_tokens=32, stop_ids=[])
+            out = {"tokens": len(res.token_ids), "stats": eng.stats()}
+    status = Path("/proc/self/status").read_text().splitlines()
+    out["peak_rss"] = next(int(l.split()[1]) * 1024 for l in status if l.startswith("VmHWM:"))
+    print(json.dumps(out))
 """)
+
+# Large enough that holding every expert could never pass: 8 MoE layers x 64 experts of
+# 0.6 MiB (Q8_0) = 308 MiB of experts against a budget of about 20 MiB; generating and
+# converting it takes about 12 s on a CI core.
+BIG = MoeShape(hidden_size=512, num_hidden_layers=8, num_experts=64, num_experts_per_tok=2,
+               moe_intermediate_size=384, num_attention_heads=4, num_key_value_heads=2,
+               head_dim=64)
+SLACK = 64 << 20
+
+
+def _peak_rss(path: Path, budget: int, arm: str) -> dict:
+    out = subprocess.run([sys.executable, "-c", BUDGET_SCRIPT, str(path), str(budget), arm],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
 
 
 def test_budget_is_a_hard_ceiling_beyond_ram_of_experts(tmp_path):
-    shape = MoeShape(hidden_size=256, num_hidden_layers=4, num_experts=64,
-                     num_experts_per_tok=4, moe_intermediate_size=256,
-                     num_attention_heads=4, num_key_value_heads=2, head_dim=64)
-    path = tiny_moe(tmp_path, shape=shape, experts="q8_0", seed=3)
+    """A model whose experts are 15x the budget generates 32 tokens within budget + 64 MiB
+    of RSS over the interpreter's own.
+
+    The interpreter baseline is measured, not guessed: a twin process runs the same
+    script with the same imports and tokenizer and stops before Engine.open. The check
+    can fail: the experts this run touches (about 250 MiB of its 308) exceed the 64 MiB
+    slack several times over, so an engine that kept every record it read, inside or
+    outside its accounting, would break it; the engine's own accounting (peak_bytes)
+    is checked against the budget separately.
+    """
+    path = tiny_moe(tmp_path, shape=BIG, experts="q8_0", seed=3)
     plan = plan_memory(path, ctx=256)
     budget = plan["floor_bytes"] + plan["working_set_bytes"]
-    assert plan["experts_total_bytes"] >= 4 * budget, plan
-    baseline = subprocess.run(
-        [sys.executable, "-c", "import resource, warp_providers, numpy;"
-         "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)"],
-        capture_output=True, text=True, check=True)
-    out = subprocess.run([sys.executable, "-c", BUDGET_SCRIPT, str(path), str(budget)],
-                         capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
-    r = json.loads(out.stdout)
+    assert plan["experts_total_bytes"] >= max(4 * budget, 256 << 20), plan
+    twin = _peak_rss(path, budget, "twin")["peak_rss"]
+    r = _peak_rss(path, budget, "engine")
     assert r["tokens"] == 32
-    assert r["peak_engine"] <= budget
-    # the process: interpreter + libraries (measured in a twin process) + the budget
-    interp = int(baseline.stdout)
-    assert r["maxrss"] <= interp + budget + (64 << 20), (r, interp, budget)
+    assert r["stats"]["peak_bytes"] <= budget
+    read = r["stats"]["expert_misses"] * plan["record_bytes"]
+    assert read > budget + SLACK  # the run streamed more than the ceiling allows to keep
+    assert r["peak_rss"] <= twin + budget + SLACK, (r, twin, budget)
