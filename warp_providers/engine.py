@@ -44,6 +44,7 @@ _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _POLICIES = {"lfru": 0, "lru": 1}
 _ISAS = {"auto": 0, "scalar": 1, "avx2": 2, "avx512": 3}
+_HOTLIST_NAME = "hotlist"  # the learned hotlist inside a container (hotlist=True)
 
 
 def parse_size(value: int | str | None) -> int | None:
@@ -73,6 +74,7 @@ def parse_size(value: int | str | None) -> int | None:
 
 
 def _options(
+    where: str,
     budget: int | str | None,
     threads: int | None,
     ctx: int | None,
@@ -106,8 +108,15 @@ def _options(
             opts["usable_ram_bytes"] = parse_size(value)
         elif key in ("hotlist_path", "cgroup_root", "proc_root"):
             opts[key] = None if value is None else os.fspath(value)
+        elif key == "hotlist":
+            if not isinstance(value, bool):
+                raise TypeError("hotlist must be True or False (hotlist_path= names a file)")
         else:
             raise TypeError(f"unknown engine option {key!r}")
+    if extra.get("hotlist"):
+        if extra.get("hotlist_path") is not None:
+            raise ValueError("give hotlist=True or hotlist_path=, not both")
+        opts["hotlist_path"] = str(Path(where) / _HOTLIST_NAME)
     return opts
 
 
@@ -143,7 +152,8 @@ def plan_memory(
     """
     from warp_providers import _engine
 
-    return _engine.plan_memory(_container(path), _options(budget, threads, ctx, options))
+    where = _container(path)
+    return _engine.plan_memory(where, _options(where, budget, threads, ctx, options))
 
 
 @dataclass
@@ -256,7 +266,10 @@ class Engine:
             ctx: context length in tokens (None = min(model maximum, 4096)).
             **options: cache_policy ("lfru"/"lru"), direct_io, verify, lookahead,
                 reader_threads, prefill_chunk, isa ("auto"/"scalar"/"avx2"/"avx512"),
-                hotlist_path, usable_ram, cgroup_root, proc_root.
+                hotlist (True: warm the cache from the hotlist `save_hotlist()` wrote
+                in the container; no file yet is a first run, not an error),
+                hotlist_path (a hotlist file elsewhere), usable_ram, cgroup_root,
+                proc_root.
 
         Raises:
             ModelNotFoundError, ModelFormatError, UnsupportedModelError,
@@ -265,7 +278,7 @@ class Engine:
         from warp_providers import _engine
 
         where = _container(path)
-        opts = _options(budget, threads, ctx, options)
+        opts = _options(where, budget, threads, ctx, options)
         tokenizer = Tokenizer.from_dir(where)
         return cls(_engine.Context(where, opts), where, tokenizer)
 
@@ -363,9 +376,20 @@ class Engine:
         """Cumulative engine counters since open (expert hits/misses, bytes read...)."""
         return self._ctx.stats()
 
-    def save_hotlist(self, path: str | os.PathLike[str]) -> None:
-        """Writes per-expert usage counts; pass the file as hotlist_path at the next open."""
-        self._ctx.hotlist_save(os.fspath(path))
+    def save_hotlist(self, path: str | os.PathLike[str] | None = None) -> Path:
+        """Writes per-expert usage counts, to warm the cache at the next open.
+
+        Args:
+            path: the file to write; None writes the file ``hotlist`` in the container
+                directory, beside its manifest, where `Engine.open(..., hotlist=True)`
+                reads it. A file elsewhere is read back through `hotlist_path=`.
+
+        Returns:
+            The file written (replaced whole: written aside, then renamed).
+        """
+        target = Path(self.path) / _HOTLIST_NAME if path is None else Path(path)
+        self._ctx.hotlist_save(os.fspath(target))
+        return target
 
     # -- generation -----------------------------------------------------------------
     def _prefill(self, prompt: list[int]) -> tuple[np.ndarray, int]:

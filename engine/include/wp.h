@@ -174,7 +174,8 @@ typedef struct wp_stats {
     uint64_t prefetch_issued;    /* speculative reads started by the lookahead */
     uint64_t prefetch_hits;      /* demand lookups served by a speculative read */
     uint64_t bytes_read;         /* expert record bytes read (demand + speculative) */
-    uint64_t other_bytes_read;   /* trunk / embedding rows read after open */
+    uint64_t other_bytes_read;   /* bytes read from the trunk file (every trunk tensor, at
+                                    open); never expert records, which bytes_read counts */
     double read_seconds;         /* time waited on expert reads */
     double eval_seconds;         /* wall time inside wp_eval */
     uint64_t peak_bytes;         /* peak engine allocation */

@@ -822,6 +822,7 @@ wp_status wpi_container_load_trunk(wpi_container *c, wpi_mem *m, char *err, size
                 break;
             }
             got += (uint64_t)r;
+            c->bytes_read += (uint64_t)r;
         }
         if (st == WP_OK) {
             uint32_t crc = wpi_crc32c(0, d, (size_t)t->bytes);

@@ -275,6 +275,7 @@ wp_status wp_get_stats(const wp_ctx *ctx, wp_stats *out)
     out->tokens = ctx->tokens;
     out->eval_seconds = ctx->eval_seconds;
     out->peak_bytes = ctx->mem.peak;
+    out->other_bytes_read = ctx->c->bytes_read - ctx->other_bytes_base;
     if (ctx->experts) wpi_experts_stats(ctx->experts, out);
     return WP_OK;
 }
@@ -285,6 +286,7 @@ void wp_stats_reset(wp_ctx *ctx)
     ctx->tokens = 0;
     ctx->eval_seconds = 0;
     ctx->mem.peak = ctx->mem.current;
+    ctx->other_bytes_base = ctx->c->bytes_read;
     if (ctx->experts) wpi_experts_stats_reset(ctx->experts);
 }
 

@@ -151,6 +151,7 @@ typedef struct wpi_container {
     uint32_t n_tensors;
     char *trunk_path;
     uint64_t trunk_bytes;         /* sum of tensor bytes */
+    uint64_t bytes_read;          /* trunk bytes read from disk so far (not expert records) */
     wpi_bank *banks;
     uint32_t n_banks;
     int32_t bank_of_layer[WPI_MAX_LAYERS]; /* index into banks, -1 for a dense layer */
@@ -164,7 +165,7 @@ typedef struct wpi_container {
 wp_status wpi_container_open(const char *dir, wpi_container **out, char *err, size_t cap);
 
 /* Reads every trunk tensor into memory accounted to m, tensor by tensor with pread,
- * checking each CRC32C. Errors: WP_E_IO, WP_E_FORMAT (CRC mismatch names the tensor), OOM. */
+ * checking each CRC32C, and adds the bytes read to c->bytes_read. Errors: WP_E_IO, WP_E_FORMAT (CRC mismatch names the tensor), OOM. */
 wp_status wpi_container_load_trunk(wpi_container *c, wpi_mem *m, char *err, size_t cap);
 
 struct wpi_json;
@@ -620,6 +621,7 @@ struct wp_ctx {
     uint32_t pos;                /* tokens evaluated */
     uint64_t tokens;             /* stats since the last reset */
     double eval_seconds;
+    uint64_t other_bytes_base;   /* c->bytes_read at the last stats reset */
     char err[WPI_ERR_CAP];
 };
 

@@ -285,6 +285,9 @@ static void test_valid(const tspec *sp, const char *base, const char *label)
     }
     report(data_ok, "%s: trunk loads tensor by tensor, CRC-checked, %llu bytes accounted",
            label, (unsigned long long)mem.current);
+    report(st == WP_OK && c->bytes_read == c->trunk_bytes && c->bytes_read == sum,
+           "%s: the trunk's %llu bytes are counted as read (wp_stats.other_bytes_read)", label,
+           (unsigned long long)c->bytes_read);
     wpi_container_close(c, &mem);
     report(mem.current == 0, "%s: close frees the trunk", label);
     int leak;

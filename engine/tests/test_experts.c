@@ -4,8 +4,8 @@
  * Runs on tiny containers built in a temporary directory. Checks: counters (lookups =
  * hits + misses, bytes_read = misses x record without prefetch), LFRU keeping a hot
  * expert that LRU evicts on a cyclic pattern, pins surviving prefetch pressure, a
- * damaged payload (verify on) and a damaged header (verify off) reported as WP_E_IO
- * naming layer and expert, identical bytes through O_DIRECT and buffered reads and
+ * damaged payload (verify on) and a damaged header (magic, tensor offsets, payload size;
+ * verify off) reported as WP_E_IO naming layer and expert, identical bytes through O_DIRECT and buffered reads and
  * through 1 or 4 reader threads and any cache size, prefetch accounting, the hotlist,
  * the plan rules, and the cgroup resolver over a fake /proc + /sys/fs/cgroup tree.
  *
@@ -317,6 +317,46 @@ static void test_pins(const tbuilt *b)
     report(rig_close(&r), "close after stress frees everything");
 }
 
+/* Adds delta to the little-endian u64 at byte `field` of record `expert`'s header and,
+ * when fix_crc, rewrites the header CRC so that only the field check can catch it. */
+static void patch_header_u64(int fd, const tbuilt *b, uint32_t expert, uint32_t field,
+                             int64_t delta, int fix_crc)
+{
+    uint8_t h[WPI_RECORD_HEADER_BYTES];
+    off_t at = (off_t)(expert * b->rec);
+    if (pread(fd, h, sizeof(h), at) != (ssize_t)sizeof(h))
+        perror("pread");
+    uint64_t v = 0;
+    for (int k = 7; k >= 0; k--)
+        v = v << 8 | h[field + k];
+    put64(h + field, v + (uint64_t)delta);
+    if (fix_crc)
+        put32(h + 60, wpi_crc32c(0, h, 60));
+    if (pwrite(fd, h, sizeof(h), at) != (ssize_t)sizeof(h))
+        perror("pwrite");
+}
+
+/* Record `expert` of layer 1 fails on demand with verify off, the detail saying why. */
+static void expect_header_error(const tbuilt *b, uint32_t expert, const char *why,
+                                const char *label)
+{
+    char err[WPI_ERR_CAP], want[160];
+    rig r;
+    wp_cfg cfg = base_cfg();
+    cfg.verify = 0;
+    rig_open(&r, b, &cfg, 8, err);
+    int32_t id = (int32_t)expert;
+    wpi_expert_view v;
+    err[0] = '\0';
+    wp_status st = wpi_experts_request(r.x, 1, &id, 1, err, sizeof(err));
+    if (st == WP_OK)
+        st = wpi_experts_acquire(r.x, 1, id, &v, err, sizeof(err));
+    snprintf(want, sizeof(want), "layer 1 expert %u: %s", expert, why);
+    report(st == WP_E_IO && strstr(err, want), "verify off: %s is WP_E_IO: %s", label, err);
+    wpi_experts_release(r.x);
+    rig_close(&r);
+}
+
 static void test_damage(const tbuilt *b)
 {
     char err[WPI_ERR_CAP];
@@ -389,6 +429,20 @@ static void test_damage(const tbuilt *b)
     byte ^= 0x01;
     if (pwrite(fd, &byte, 1, at) != 1)
         perror("pwrite");
+
+    /* Offset and size fields, their header CRC made to match: the manifest check alone
+     * must catch them. Then an offset with a stale CRC: the header checksum catches it. */
+    patch_header_u64(fd, b, 7, 40, 32, 1);
+    expect_header_error(b, 7, "header tensor offsets differ from the manifest",
+                        "an up offset moved by 32 bytes (header CRC rewritten)");
+    patch_header_u64(fd, b, 7, 40, -32, 1);
+    patch_header_u64(fd, b, 8, 24, 4096, 1);
+    expect_header_error(b, 8, "header payload size differs from the manifest",
+                        "a payload size grown by 4096 (header CRC rewritten)");
+    patch_header_u64(fd, b, 8, 24, -4096, 1);
+    patch_header_u64(fd, b, 9, 48, 1, 0);
+    expect_header_error(b, 9, "header checksum mismatch", "a down offset with a stale CRC");
+    patch_header_u64(fd, b, 9, 48, -1, 0);
     close(fd);
 }
 

@@ -602,7 +602,8 @@ static wp_status hotlist_load(wpi_experts *x, const char *path, char *err, size_
 
 /* Preloads the hottest records, up to half the cache, and waits for them. A record that
  * fails here is left out; a later demand read reports it. Open-time reads are not
- * counted in the stats, like the trunk load. */
+ * counted in bytes_read, which is the expert traffic of evaluation: bytes_read =
+ * (misses + prefetches) x record holds from open on. */
 static wp_status hotlist_preload(wpi_experts *x, wpi_mem *m, char *err, size_t cap)
 {
     uint64_t n = 0;
