@@ -234,11 +234,14 @@ class ResponseFormat(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    type: Literal["text", "json_object", "json_schema"] = Field(
-        description="Kind of response format."
+    type: Literal["text", "json_object", "json_schema"] | None = Field(
+        default=None,
+        description="Kind of response format; without one, formats treat it as plain text "
+        "(PROTOCOLS §2.7). Other kinds are refused rather than dropped.",
     )
-    json_schema: JsonSchemaSpec | None = Field(
-        default=None, description="Schema for `json_schema`."
+    json_schema: JsonSchemaSpec | Any = Field(
+        default=None,
+        description="Schema for `json_schema`; any other JSON value is itself the schema (§2.7).",
     )
 
 
