@@ -12,6 +12,8 @@ strings spelling any marker of any format never add a control-token id; real
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -465,3 +467,66 @@ def test_random_token_streams_never_raise_and_keep_every_call(
     assert saw_calls, "the fuzz must reach tool calls"
     if fmt_name != "glm":  # GLM files typed pairs: its arguments are always an object
         assert saw_malformed, "the fuzz must reach malformed calls"
+
+
+# --------------------------------------------------------------------------- docs/CHAT_FORMATS.md
+DOC = Path(__file__).resolve().parents[3] / "docs" / "CHAT_FORMATS.md"
+DOC_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"days": {"type": "integer"}}},
+        },
+    }
+]
+# What each section says its example reply gives: (reasoning, content, [(id or None, name, arguments)]).
+DOC_REPLIES: dict[str, tuple[str | None, str | None, list[tuple[str | None, str, str]]]] = {
+    "xtml": ("Nine, via the tool.", "Calling.", [("call_1", "calc", '{"x": 9}')]),
+    "kimi": (None, None, [("call_3", "search", '{"q": "x"}')]),
+    "glm": ("Check.", None, [("call_0", "get_weather", '{"days": 3}')]),
+    "chatjson": (None, "Hello.", []),
+    "hf_template": ("Need the weather.", None, [(None, "get_weather", '{"city": "Rome"}')]),
+}
+
+
+def _doc_sections() -> dict[str, str]:
+    parts = re.split(r"^## ", DOC.read_text(encoding="utf-8"), flags=re.M)[1:]
+    return {part.split(None, 1)[0]: part for part in parts}
+
+
+def _doc_items(tok: Tokenizer, text: str) -> list[tuple[int, str]]:
+    """A reply written out in the docs as the model would emit it: markers as control ids."""
+    spellings = sorted(ALL_MARKERS, key=len, reverse=True)
+    items: list[tuple[int, str]] = []
+    for piece in re.split("(" + "|".join(map(re.escape, spellings)) + ")", text):
+        if piece in ALL_MARKERS:
+            items.append((tok.marker_id(piece), piece))  # type: ignore[arg-type]
+        elif piece:
+            items += items_from_ids(tok, tok.encode_content(piece))
+    return items
+
+
+@pytest.mark.parametrize("fmt_name", FORMATS)
+def test_docs_example_reply_parses_as_the_docs_say(fmt_name: str, hf_tok: Tokenizer) -> None:
+    section = _doc_sections()[fmt_name]
+    assert "Markers:" in section and "Refused:" in section
+    found = re.search(r"^Reply[^:\n]*:\s*(?:```\n(.*?)\n```|`([^`]+)`)", section, re.M | re.S)
+    assert found, f"{fmt_name}: no example reply"
+    reply = found.group(1) if found.group(1) is not None else found.group(2)
+    reasoning, content, calls = DOC_REPLIES[fmt_name]
+    for stated in (reasoning, content, *(v for call in calls for v in call)):
+        if stated is not None:
+            assert f"`{stated}`" in section, f"{fmt_name}: the docs do not state {stated!r}"
+
+    fmt = bound(fmt_name, hf_tok)
+    request: dict[str, Any] = {"messages": [{"role": "user", "content": "q"}]}
+    if fmt_name == "glm":
+        request["tools"] = DOC_TOOLS
+    if fmt_name == "hf_template":
+        request["thinking"] = True
+    prompt = fmt.render(request)
+    msg = assert_stream_invariant(lambda: fmt.new_parser(prompt), hf_tok, _doc_items(hf_tok, reply))
+    assert (msg.reasoning, msg.content) == (reasoning, content)
+    assert [(c.id if want[0] else None, c.name, c.arguments) for c, want in zip(msg.tool_calls, calls)] == calls
+    assert len(msg.tool_calls) == len(calls)
