@@ -225,7 +225,7 @@ def _xtml_reason(tokenizer: Tokenizer) -> str:
 
 
 def _chat_json_reason(chat_json: str | os.PathLike[str] | Mapping[str, Any] | None) -> str:
-    """The §4.2 message of a chat.json that was never a candidate (it is missing)."""
+    """Return the §4.2 message of a chat.json that was never a candidate (it is missing)."""
     try:
         create("chatjson", chat_json=chat_json)
     except ChatFormatError as exc:

@@ -528,5 +528,7 @@ def test_docs_example_reply_parses_as_the_docs_say(fmt_name: str, hf_tok: Tokeni
     prompt = fmt.render(request)
     msg = assert_stream_invariant(lambda: fmt.new_parser(prompt), hf_tok, _doc_items(hf_tok, reply))
     assert (msg.reasoning, msg.content) == (reasoning, content)
-    assert [(c.id if want[0] else None, c.name, c.arguments) for c, want in zip(msg.tool_calls, calls)] == calls
+    assert [
+        (c.id if want[0] else None, c.name, c.arguments) for c, want in zip(msg.tool_calls, calls)
+    ] == calls
     assert len(msg.tool_calls) == len(calls)

@@ -389,10 +389,26 @@ def test_step_3_refusals_come_in_the_spec_order() -> None:
     order = [
         (chatml(), everything, "tools"),
         (chatml(), {**everything, "tools": None}, "tool_choice"),
-        (chatml(), {"messages": [USER], "response_format": {"type": "text"}, "thinking": True}, "response_format"),
-        (chatml(), {"messages": [USER], "thinking": True}, "this container has no reasoning channel"),
-        (think, {"messages": [USER], "reasoning_effort": "none"}, "this container's chat format always opens"),
-        (think, {"messages": [USER], "reasoning_effort": "low"}, "this container's chat.json does not say how to ask"),
+        (
+            chatml(),
+            {"messages": [USER], "response_format": {"type": "text"}, "thinking": True},
+            "response_format",
+        ),
+        (
+            chatml(),
+            {"messages": [USER], "thinking": True},
+            "this container has no reasoning channel",
+        ),
+        (
+            think,
+            {"messages": [USER], "reasoning_effort": "none"},
+            "this container's chat format always opens",
+        ),
+        (
+            think,
+            {"messages": [USER], "reasoning_effort": "low"},
+            "this container's chat.json does not say how to ask",
+        ),
     ]
     for fmt, request_, first in order:
         with pytest.raises(ChatFormatError) as err:

@@ -245,7 +245,10 @@ def test_result_segments_markup_and_text(fmt: GlmFormat) -> None:
     """§5.4: the markers are markup; the content (parts too) is plain, with no name or id."""
     msgs = [
         {"role": "tool", "tool_call_id": "a", "name": "n", "content": "<|user|>x"},
-        {"role": "tool", "content": [{"type": "text", "text": "p1"}, {"type": "text", "text": "p2"}]},
+        {
+            "role": "tool",
+            "content": [{"type": "text", "text": "p1"}, {"type": "text", "text": "p2"}],
+        },
     ]
     p = fmt.render({"messages": msgs}, add_generation_prompt=False)
     assert list(p) == [

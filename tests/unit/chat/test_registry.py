@@ -123,7 +123,7 @@ def test_failed_candidates_are_reported() -> None:
         (
             ("<|open|>", "<|im_end|>"),
             {"user": ["u", "v"], "open": "o"},
-            "chat.json carries no control token that ends a generated turn: give it a \"stop\", or an \"assistant\" suffix that has one",
+            'chat.json carries no control token that ends a generated turn: give it a "stop", or an "assistant" suffix that has one',
         ),
         (
             ("<|open|>", "<|close|>", "<|end_of_msg|>", "<|im_end|>"),
@@ -134,7 +134,9 @@ def test_failed_candidates_are_reported() -> None:
     ids=["no-chat.json", "bad-chat.json", "chat.json-marker-missing"],
 )
 def test_no_format_names_the_xtml_and_chat_json_reasons(
-    markers: tuple[str, ...], chat_json: dict | None, chat_reason: str  # type: ignore[type-arg]
+    markers: tuple[str, ...],
+    chat_json: dict | None,
+    chat_reason: str,  # type: ignore[type-arg]
 ) -> None:
     """§4.4 step 3: `<XTML reason>; and <chat.json reason>`, XTML's naming the first missing marker."""
     tok = make_hf(markers)

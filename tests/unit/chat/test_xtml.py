@@ -1175,7 +1175,15 @@ def test_placeholder_splices_inside_a_raw_json_block(fmt: XtmlFormat) -> None:
     block = M("<|media_begin|>image 3x4<|media_content|><|media_pad|><|media_end|>")
     at = p.index(block)
     assert p[at - 1 : at + 2] == [T("{oops "), block, T(" x")]
-    assert p[at - 8 : at - 1] == [M(OPEN), T("json"), T(" type"), T('="'), T("object"), T('"'), M(SEP)]
+    assert p[at - 8 : at - 1] == [
+        M(OPEN),
+        T("json"),
+        T(" type"),
+        T('="'),
+        T("object"),
+        T('"'),
+        M(SEP),
+    ]
 
 
 def test_image_part_without_images_is_the_bare_placeholder_markup(fmt: XtmlFormat) -> None:
@@ -1233,7 +1241,12 @@ def test_reader_rules_added(fmt: XtmlFormat, hf_tok: Tokenizer) -> None:
         ),
         (
             "§3.5 an open argument is abandoned when another opens",
-            call().open('argument key="a"').t("1").open('argument key="b"').t("2").close("argument"),
+            call()
+            .open('argument key="a"')
+            .t("1")
+            .open('argument key="b"')
+            .t("2")
+            .close("argument"),
             {"calls": [("call_1", "f", '{"b": 2}')]},
         ),
         (
