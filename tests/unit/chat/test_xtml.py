@@ -761,6 +761,16 @@ def parse(fmt: XtmlFormat, tok: Tokenizer, reply: Reply, initial: str = "think")
     return msg
 
 
+def _check_cases(
+    fmt: XtmlFormat, tok: Tokenizer, cases: list[tuple[str, Reply, dict[str, Any]]]
+) -> None:
+    for label, reply, want in cases:
+        msg = parse(fmt, tok, reply)
+        assert msg.content == want.get("content"), label
+        assert msg.reasoning == want.get("reasoning"), label
+        assert [(c.id, c.name, c.arguments) for c in msg.tool_calls] == want.get("calls", []), label
+
+
 def test_catalogue_ends_inside_reasoning(fmt: XtmlFormat, hf_tok: Tokenizer) -> None:
     r = Reply(hf_tok).t("thinking...")
     ids = {hf_tok.marker_id(m): m for m in (OPEN, CLOSE, SEP, EOM)}
@@ -959,11 +969,7 @@ def test_catalogue_table(fmt: XtmlFormat, hf_tok: Tokenizer) -> None:
             {"calls": [("call_1", "f", '{"x": NaN}')]},
         ),
     ]
-    for label, reply, want in cases:
-        msg = parse(fmt, hf_tok, reply)
-        assert msg.content == want.get("content"), label
-        assert msg.reasoning == want.get("reasoning"), label
-        assert [(c.id, c.name, c.arguments) for c in msg.tool_calls] == want.get("calls", []), label
+    _check_cases(fmt, hf_tok, cases)
 
 
 def test_malformed_json_block_is_flagged_not_dropped(hf_tok: Tokenizer) -> None:
@@ -1265,8 +1271,4 @@ def test_reader_rules_added(fmt: XtmlFormat, hf_tok: Tokenizer) -> None:
             {"content": "c", "calls": [("call_1", "f", '{"j": 1}')]},
         ),
     ]
-    for label, reply, want in cases:
-        msg = parse(fmt, hf_tok, reply)
-        assert msg.content == want.get("content"), label
-        assert msg.reasoning == want.get("reasoning"), label
-        assert [(c.id, c.name, c.arguments) for c in msg.tool_calls] == want.get("calls", []), label
+    _check_cases(fmt, hf_tok, cases)
