@@ -20,7 +20,16 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 __all__ = [
     "AssistantMessage",
@@ -190,11 +199,15 @@ class Message(BaseModel):
         default=None, description="Lazy tool declaration (system)."
     )
 
-    @model_validator(mode="after")
-    def _calls_only_on_assistant(self) -> Message:
-        if self.tool_calls is not None and self.role != "assistant":
+    @field_validator("tool_calls")
+    @classmethod
+    def _calls_only_on_assistant(
+        cls, calls: list[MessageToolCall] | None, info: ValidationInfo
+    ) -> list[MessageToolCall] | None:
+        # A field validator, so the error names `messages[i].tool_calls` (§4.7 #10, §7.5).
+        if calls is not None and info.data.get("role", "assistant") != "assistant":
             raise ValueError("tool_calls is only valid for assistant messages")
-        return self
+        return calls
 
 
 class NamedFunction(BaseModel):
@@ -234,11 +247,14 @@ class ResponseFormat(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    type: Literal["text", "json_object", "json_schema"] = Field(
-        description="Kind of response format."
+    type: Literal["text", "json_object", "json_schema"] | None = Field(
+        default=None,
+        description="Kind of response format; without one, formats treat it as plain text "
+        "(PROTOCOLS §2.7). Other kinds are refused rather than dropped.",
     )
-    json_schema: JsonSchemaSpec | None = Field(
-        default=None, description="Schema for `json_schema`."
+    json_schema: JsonSchemaSpec | Any = Field(
+        default=None,
+        description="Schema for `json_schema`; any other JSON value is itself the schema (§2.7).",
     )
 
 

@@ -437,11 +437,15 @@ class ChatFormat(abc.ABC):
         for marker in self.required_markers():
             tid = tokenizer.marker_id(marker)
             if tid is None:
+                count = tokenizer.markup_count(marker)
+                found = (
+                    "has it only as an ordinary token, which caller text can produce"
+                    if count == 1
+                    else f"encodes it to {count} ids"
+                )
                 raise ChatFormatError(
                     f"the {self.name} chat format needs {marker} as one control token, but "
-                    f"this vocabulary "
-                    f"encodes it to {tokenizer.markup_count(marker)} id(s): the tokenizer and "
-                    f"the chat format disagree",
+                    f"this vocabulary {found}: the tokenizer and the chat format disagree",
                     param="model",
                     code="unsupported_chat_format",
                 )

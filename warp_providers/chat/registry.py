@@ -186,20 +186,48 @@ def resolve(
     if chat_template:
         candidates.append("hf_template")
 
-    reasons: list[str] = []
+    reasons: dict[str, str] = {}
     for candidate in candidates:
         try:
             fmt = create(candidate, chat_template=chat_template, chat_json=chat_json, **options)
             return fmt.bind(tokenizer) if tokenizer is not None else fmt
         except ChatFormatError as exc:
-            reasons.append(f"{candidate}: {exc.message}")
-    detail = (
-        "; ".join(reasons)
-        if reasons
-        else "no known markers in its vocabulary or template, no chat.json, no chat template"
-    )
-    raise ChatFormatError(
-        f"cannot tell this model's chat format ({detail}); name one of {available()}",
-        param="chat_format",
-        code="unsupported_chat_format",
-    )
+            reasons[candidate] = exc.message
+    if tokenizer is not None:
+        # §4.4 step 3: both reasons, XTML's first; then what the other candidates said.
+        xtml = reasons.pop("xtml", None) or _xtml_reason(tokenizer)
+        chat = reasons.pop("chatjson", None) or _chat_json_reason(chat_json)
+        others = "".join(f"; {name}: {why}" for name, why in reasons.items())
+        message = f"{xtml}; and {chat}{others}; name one of {available()}"
+    else:
+        detail = (
+            "; ".join(f"{name}: {why}" for name, why in reasons.items())
+            or "no known markers in its vocabulary or template, no chat.json, no chat template"
+        )
+        message = f"cannot tell this model's chat format ({detail}); name one of {available()}"
+    raise ChatFormatError(message, param="chat_format", code="unsupported_chat_format")
+
+
+def _xtml_reason(tokenizer: Tokenizer) -> str:
+    """Name the first of OPEN, CLOSE, SEP, EOM that is not one control token (§4.4).
+
+    WARP appends the engine's status name; tokenization here is not an engine
+    call, so there is no status to append.
+    """
+    for marker in FINGERPRINTS[0][1]:
+        if tokenizer.marker_id(marker) is None:
+            return (
+                f"{marker} is not a single token in this container "
+                f"(got {tokenizer.markup_count(marker)}): its specials.json does not carry "
+                "K3's XTML markers"
+            )
+    return ""
+
+
+def _chat_json_reason(chat_json: str | os.PathLike[str] | Mapping[str, Any] | None) -> str:
+    """Return the §4.2 message of a chat.json that was never a candidate (it is missing)."""
+    try:
+        create("chatjson", chat_json=chat_json)
+    except ChatFormatError as exc:
+        return exc.message
+    return ""

@@ -12,6 +12,8 @@ strings spelling any marker of any format never add a control-token id; real
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,14 +23,16 @@ from chat_helpers import (
     assert_stream_invariant,
     bound,
     control_ids_in,
+    folded,
     items_from_ids,
     make_hf,
     make_tiktoken,
     run_parser,
+    text_id,
 )
 
 from warp_providers.chat import registry
-from warp_providers.chat.base import ChatFormat, Prompt
+from warp_providers.chat.base import ChatFormat, ChatFormatError, Prompt
 from warp_providers.tokenizer import Tokenizer
 
 FORMATS = sorted(FORMAT_FACTORIES)
@@ -307,6 +311,38 @@ def test_injection_never_adds_control_tokens(fmt_name: str, family: str) -> None
         assert got == expected, f"{fmt_name}: caller text {s!r} changed the control tokens"
 
 
+def _hostile_notes_request(s: str) -> dict[str, Any]:
+    schema = {
+        "title": s,
+        "type": "object",
+        "description": s,
+        "properties": {f"p{s}": {"type": "string", "description": s, "enum": [s, f"e{s}"]}},
+        "required": [f"p{s}"],
+    }
+    return {
+        "messages": [{"role": "user", "content": "q"}],
+        "tool_choice": {"type": "function", "function": {"name": f"t{s}"}},
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": f"n{s}", "description": s, "schema": schema},
+        },
+    }
+
+
+@pytest.mark.parametrize("family", ["tokenizers", "tiktoken"])
+def test_injection_through_response_format_and_named_tool_choice(family: str) -> None:
+    """XTML renders the response schema and the named tool (§2.7, §7.7): both stay plain."""
+    tok = make_hf() if family == "tokenizers" else make_tiktoken()
+    fmt = bound("xtml", tok)
+    expected = control_ids_in(tok, fmt.encode(fmt.render(_hostile_notes_request("x"))))
+    for s in HOSTILE:
+        prompt = fmt.render(_hostile_notes_request(s))
+        assert f"You must call the tool `t{s}`" in prompt.text
+        assert json.dumps(s, ensure_ascii=False)[1:-1] in prompt.text
+        got = control_ids_in(tok, fmt.encode(prompt))
+        assert got == expected, f"caller text {s!r} changed the control tokens"
+
+
 @pytest.mark.parametrize("family", ["tokenizers", "tiktoken"])
 def test_spelled_markers_in_a_reply_are_text(family: str) -> None:
     """A reply whose ordinary tokens spell every marker parses as plain text in every format (§1.3)."""
@@ -328,3 +364,171 @@ def test_spelled_markers_in_a_reply_are_text(family: str) -> None:
 
 def test_every_registered_format_is_in_the_table() -> None:
     assert sorted(registry.available()) == FORMATS
+
+
+# --------------------------------------------------------------------------- fuzz
+FUZZ_PIECES = [
+    "a",
+    " ",
+    "\n",
+    "{",
+    "}",
+    '"',
+    ":",
+    ",",
+    "=",
+    "[1, 2]",
+    '{"name": "get_weather", "arguments": {"city": "Rome"}}',
+    '{"a": ',
+    "get_weather",
+    "probe",
+    "functions.get_weather:0",
+    ":x",
+    'call tool="probe" index="1"',
+    'argument key="s" type="string"',
+    'argument key="i" type="number"',
+    "json",
+    "think",
+    "response",
+    "tools",
+    "s",
+    "i",
+    "3",
+    "true",
+    "NaN",
+    "ü🦀",
+    *ALL_MARKERS,
+]
+
+
+def _mutated(
+    rng: Any, seed: list[tuple[int, str]], controls: list[int], tok: Tokenizer
+) -> list[tuple[int, str]]:
+    """A real reply with random edits: spans deleted or repeated, control ids and text pieces
+    inserted or swapped in, then cut at a random point."""
+    items = list(seed)
+    tid = text_id(tok)
+    for _ in range(rng.randint(1, 5)):
+        at = rng.randint(0, len(items))
+        op = rng.randrange(5)
+        if op == 0 and items:
+            del items[at : at + rng.randint(1, 4)]
+        elif op == 1:
+            items[at:at] = items[at : at + rng.randint(1, 6)]
+        elif op in (2, 3):
+            cid = rng.choice(controls)
+            new = (cid, tok.id_to_piece(cid)) if op == 2 else (tid, rng.choice(FUZZ_PIECES))
+            items[at : at + rng.randint(0, 1)] = [new]
+        else:
+            items[at:at] = [(tid, rng.choice(FUZZ_PIECES)) for _ in range(rng.randint(1, 3))]
+    return items[: rng.randint(0, len(items))]
+
+
+@pytest.mark.parametrize("fmt_name", FORMATS)
+def test_random_token_streams_never_raise_and_keep_every_call(
+    fmt_name: str, hf_tok: Tokenizer
+) -> None:
+    """Mutated replies (every control id of the vocabulary, random text, cut anywhere): no
+    exception, the deltas fold to the message, and a call whose arguments are not a JSON
+    object is flagged `malformed`, never dropped or passed off as well-formed."""
+    import random
+
+    rng = random.Random(f"fuzz-{fmt_name}")
+    fmt = bound(fmt_name, hf_tok)
+    seeds = []
+    for turn in TURNS:
+        reasoning, content, calls = turn.values
+        ids, prompt = _reply_ids(
+            fmt, hf_tok, _assistant(fmt_name, reasoning, content, calls), reasoning
+        )
+        seeds.append((items_from_ids(hf_tok, ids), prompt))
+    broken = _assistant(fmt_name, None, "c", CALLS[1:2])
+    broken["tool_calls"][0]["function"]["arguments"] = '{"city": oops'
+    try:
+        ids, prompt = _reply_ids(fmt, hf_tok, broken, None)
+        seeds.append((items_from_ids(hf_tok, ids), prompt))
+    except ChatFormatError:
+        assert fmt_name == "glm"  # GLM cannot split such arguments into pairs (§5.3)
+    controls = sorted(hf_tok.control_ids)
+    strip_raw = {"tool_calls": {"__all__": {"raw"}}}
+    saw_calls = saw_malformed = 0
+    for _ in range(800):
+        seed, prompt = rng.choice(seeds)
+        items = _mutated(rng, seed, controls, hf_tok)
+        deltas, msg = run_parser(fmt.new_parser(prompt), items, hit_limit=True)
+        assert folded(deltas, msg.finish_reason).model_dump(exclude=strip_raw) == msg.model_dump(
+            exclude=strip_raw
+        )
+        _events_well_formed(deltas)
+        for call in msg.tool_calls:
+            assert call.malformed or call.parsed_arguments() is not None, call
+        saw_calls += len(msg.tool_calls)
+        saw_malformed += sum(c.malformed for c in msg.tool_calls)
+    assert saw_calls, "the fuzz must reach tool calls"
+    if fmt_name != "glm":  # GLM files typed pairs: its arguments are always an object
+        assert saw_malformed, "the fuzz must reach malformed calls"
+
+
+# --------------------------------------------------------------------------- docs/CHAT_FORMATS.md
+DOC = Path(__file__).resolve().parents[3] / "docs" / "CHAT_FORMATS.md"
+DOC_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"days": {"type": "integer"}}},
+        },
+    }
+]
+# What each section says its example reply gives: (reasoning, content, [(id or None, name, arguments)]).
+DOC_REPLIES: dict[str, tuple[str | None, str | None, list[tuple[str | None, str, str]]]] = {
+    "xtml": ("Nine, via the tool.", "Calling.", [("call_1", "calc", '{"x": 9}')]),
+    "kimi": (None, None, [("call_3", "search", '{"q": "x"}')]),
+    "glm": ("Check.", None, [("call_0", "get_weather", '{"days": 3}')]),
+    "chatjson": (None, "Hello.", []),
+    "hf_template": ("Need the weather.", None, [(None, "get_weather", '{"city": "Rome"}')]),
+}
+
+
+def _doc_sections() -> dict[str, str]:
+    parts = re.split(r"^## ", DOC.read_text(encoding="utf-8"), flags=re.M)[1:]
+    return {part.split(None, 1)[0]: part for part in parts}
+
+
+def _doc_items(tok: Tokenizer, text: str) -> list[tuple[int, str]]:
+    """A reply written out in the docs as the model would emit it: markers as control ids."""
+    spellings = sorted(ALL_MARKERS, key=len, reverse=True)
+    items: list[tuple[int, str]] = []
+    for piece in re.split("(" + "|".join(map(re.escape, spellings)) + ")", text):
+        if piece in ALL_MARKERS:
+            items.append((tok.marker_id(piece), piece))  # type: ignore[arg-type]
+        elif piece:
+            items += items_from_ids(tok, tok.encode_content(piece))
+    return items
+
+
+@pytest.mark.parametrize("fmt_name", FORMATS)
+def test_docs_example_reply_parses_as_the_docs_say(fmt_name: str, hf_tok: Tokenizer) -> None:
+    section = _doc_sections()[fmt_name]
+    assert "Markers:" in section and "Refused:" in section
+    found = re.search(r"^Reply[^:\n]*:\s*(?:```\n(.*?)\n```|`([^`]+)`)", section, re.M | re.S)
+    assert found, f"{fmt_name}: no example reply"
+    reply = found.group(1) if found.group(1) is not None else found.group(2)
+    reasoning, content, calls = DOC_REPLIES[fmt_name]
+    for stated in (reasoning, content, *(v for call in calls for v in call)):
+        if stated is not None:
+            assert f"`{stated}`" in section, f"{fmt_name}: the docs do not state {stated!r}"
+
+    fmt = bound(fmt_name, hf_tok)
+    request: dict[str, Any] = {"messages": [{"role": "user", "content": "q"}]}
+    if fmt_name == "glm":
+        request["tools"] = DOC_TOOLS
+    if fmt_name == "hf_template":
+        request["thinking"] = True
+    prompt = fmt.render(request)
+    msg = assert_stream_invariant(lambda: fmt.new_parser(prompt), hf_tok, _doc_items(hf_tok, reply))
+    assert (msg.reasoning, msg.content) == (reasoning, content)
+    assert [
+        (c.id if want[0] else None, c.name, c.arguments) for c, want in zip(msg.tool_calls, calls)
+    ] == calls
+    assert len(msg.tool_calls) == len(calls)

@@ -180,6 +180,36 @@ def test_bind_names_the_missing_marker_and_unbound_use_fails() -> None:
         XtmlFormat().stop_ids  # noqa: B018
 
 
+@pytest.mark.parametrize("family", ["wordlevel", "tiktoken"])
+def test_bind_refuses_a_marker_that_is_an_ordinary_token(family: str) -> None:
+    """One id is not enough: a marker caller text can produce is no control token (§1.3, §2.1)."""
+    from tokenizers import Tokenizer as HF
+    from tokenizers import models, pre_tokenizers
+
+    from warp_providers.tokenizer import Tokenizer
+
+    if family == "wordlevel":
+        words = ["[UNK]", "<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>"]
+        wl = HF(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+        wl.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+        tok = Tokenizer.from_tokenizer_json(wl.to_str(), special_tokens={"<|end_of_msg|>": 4})
+    else:
+        ranks = {bytes([b]): b for b in range(256)}
+        for word in ("<|", "<|open", "<|open|", "<|open|>"):
+            ranks[word.encode()] = len(ranks)
+        specials = {m: 1000 + i for i, m in enumerate(("<|close|>", "<|sep|>", "<|end_of_msg|>"))}
+        tok = Tokenizer.from_tiktoken_ranks(ranks, r"\S+|\s+", specials)
+    assert len(tok.encode_markup("<|open|>")) == 1 and tok.marker_id("<|open|>") is None
+    with pytest.raises(ChatFormatError) as err:
+        XtmlFormat().bind(tok)
+    assert err.value.message == (
+        "the xtml chat format needs <|open|> as one control token, but this vocabulary has it "
+        "only as an ordinary token, which caller text can produce: the tokenizer and the chat "
+        "format disagree"
+    )
+    assert err.value.param == "model" and err.value.code == "unsupported_chat_format"
+
+
 def test_parser_ignores_everything_after_flush() -> None:
     fmt = XtmlFormat().bind(make_hf())
     parser = fmt.new_parser()

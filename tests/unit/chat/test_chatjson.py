@@ -58,6 +58,7 @@ LOAD_CASES = [
         {"user": BASE["user"]},
         'chat.json has no "open", so there is nothing to hand the model the floor with',
     ),
+    ({}, 'chat.json has no "open", so there is nothing to hand the model the floor with'),
     (
         {"open": "x", "stop": "<|im_end|>"},
         'chat.json has no "user" turn, so a request cannot be put to the model',
@@ -294,7 +295,12 @@ REFUSALS = [
         "reasoning_effort",
         "this container has no reasoning channel in its tokenizer, so it cannot think on request; pass reasoning_effort 'none' or thinking false",
     ),
-    ("medium quirk", {"messages": [USER], "reasoning_effort": "medium"}, "reasoning_effort", None),
+    (
+        "medium quirk",
+        {"messages": [USER], "reasoning_effort": "medium"},
+        "reasoning_effort",
+        "reasoning_effort='medium' is not supported by this model. Kimi K3 accepts ['high', 'low', 'max'], or ['minimal', 'none', 'off'] to answer without reasoning. (K3's own encoder documents 'medium' and then rejects it.)",
+    ),
     (
         "8",
         {"messages": [{"role": "tool", "tool_call_id": "x", "content": "r"}]},
@@ -326,11 +332,9 @@ def test_refusals_5_5b_6_and_role_without_pair() -> None:
     )
     with pytest.raises(ChatFormatError) as err:
         think.render({"messages": [USER], "reasoning_effort": "none"})
-    assert (
-        err.value.message.startswith(
-            "this container's chat format always opens a reasoning channel"
-        )
-        and err.value.param == "reasoning_effort"
+    assert (err.value.param, err.value.message) == (
+        "reasoning_effort",
+        "this container's chat format always opens a reasoning channel, so it cannot answer without one; drop 'thinking'/'reasoning_effort' or use a container whose format does not",
     )
     with pytest.raises(ChatFormatError) as err:
         think.render({"messages": [USER], "reasoning_effort": "high"})
@@ -367,6 +371,71 @@ def test_refusals_5_5b_6_and_role_without_pair() -> None:
         "messages[0].role",
         'messages[0] is a "system" turn, and this container\'s chat.json does not describe one',
     )
+
+
+def test_step_3_refusals_come_in_the_spec_order() -> None:
+    """§4.6 steps 2-3: tools, then tool_choice, response_format, thinking, effort, images."""
+    think = chatml(
+        make_hf(("<|im_start|>", "<|im_end|>", "<think>", "</think>")),
+        {**CHATML_JSON, "think": ["<think>", "</think>"]},
+    )
+    everything = {
+        "messages": [USER],
+        "tools": TOOLS,
+        "tool_choice": "auto",
+        "response_format": {"type": "text"},
+        "thinking": True,
+    }
+    order = [
+        (chatml(), everything, "tools"),
+        (chatml(), {**everything, "tools": None}, "tool_choice"),
+        (
+            chatml(),
+            {"messages": [USER], "response_format": {"type": "text"}, "thinking": True},
+            "response_format",
+        ),
+        (
+            chatml(),
+            {"messages": [USER], "thinking": True},
+            "this container has no reasoning channel",
+        ),
+        (
+            think,
+            {"messages": [USER], "reasoning_effort": "none"},
+            "this container's chat format always opens",
+        ),
+        (
+            think,
+            {"messages": [USER], "reasoning_effort": "low"},
+            "this container's chat.json does not say how to ask",
+        ),
+    ]
+    for fmt, request_, first in order:
+        with pytest.raises(ChatFormatError) as err:
+            fmt.render(request_, images=[ImageInfo(1, 1)])
+        assert err.value.param == first or err.value.message.startswith(first), (first, err.value)
+
+
+def test_no_placeholder_splicing() -> None:
+    """§4.6.1: the XTML image placeholder is plain text here and places no image."""
+    tok = make_hf(("<|im_start|>", "<|im_end|>", "<|image|>"))
+    f = chatml(tok, {**CHATML_JSON, "image": "<|image|>"})
+    text = "a<|kimi_image_placeholder|>b"
+    p = f.render({"messages": [{"role": "user", "content": text}]})
+    assert T(text) in p and not any(s.markup and "image" in s.text for s in p)
+    with pytest.raises(ChatFormatError) as err:
+        f.render({"messages": [{"role": "user", "content": text}]}, images=[ImageInfo(1, 1)])
+    assert err.value.message == "more images were encoded than the conversation places"
+
+
+def test_tool_calls_on_a_non_assistant_turn_name_the_field() -> None:
+    """§4.7 #10: refused at this layer too (by request validation, as §7.5 does first)."""
+    f = chatml(make_hf(("<|im_start|>", "<|im_end|>", *KIMI_MARKERS)))
+    turn = {"role": "user", "content": "x", "tool_calls": [{"id": "c", "function": {"name": "f"}}]}
+    with pytest.raises(ChatFormatError) as err:
+        f.render({"messages": [USER, turn]})
+    assert err.value.param == "messages[1].tool_calls"
+    assert "tool_calls is only valid for assistant messages" in err.value.message
 
 
 def test_none_effort_accepted_without_think() -> None:

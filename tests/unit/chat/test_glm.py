@@ -124,6 +124,16 @@ def test_declaration_validation(tool: dict[str, Any], param: str, message: str) 
     assert (err.value.param, err.value.message) == (param, message)
 
 
+def test_flat_tool_without_function_member() -> None:
+    """§5.2: the function object is the tool itself when it has no `function` member."""
+    flat = {"name": "ping", "description": "Ping.", "strict": False, "parameters": {}}
+    segs = GlmProtocol().declaration([flat])
+    assert segs[2] == T('\n{"name": "ping", "description": "Ping.", "parameters": {}}\n\n')
+    with pytest.raises(ChatFormatError) as err:
+        GlmProtocol().declaration([{"description": "no name"}])
+    assert (err.value.param, err.value.message) == ("tools[0]", "each tool must name a function")
+
+
 def test_declaration_validation_through_request(fmt: GlmFormat) -> None:
     with pytest.raises(ChatFormatError) as err:
         fmt.render(
@@ -229,6 +239,29 @@ def test_results_share_one_observation(fmt: GlmFormat) -> None:
         "[gMASK]<sop><|observation|><tool_response>-2C</tool_response><tool_response>3 hits</tool_response>"
         "<|user|>Thanks.<|observation|><tool_response>again</tool_response>"
     )
+
+
+def test_result_segments_markup_and_text(fmt: GlmFormat) -> None:
+    """§5.4: the markers are markup; the content (parts too) is plain, with no name or id."""
+    msgs = [
+        {"role": "tool", "tool_call_id": "a", "name": "n", "content": "<|user|>x"},
+        {
+            "role": "tool",
+            "content": [{"type": "text", "text": "p1"}, {"type": "text", "text": "p2"}],
+        },
+    ]
+    p = fmt.render({"messages": msgs}, add_generation_prompt=False)
+    assert list(p) == [
+        M("[gMASK]<sop>"),
+        M("<|observation|>"),
+        M("<tool_response>"),
+        T("<|user|>x"),
+        M("</tool_response>"),
+        M("<tool_response>"),
+        T("p1"),
+        T("p2"),
+        M("</tool_response>"),
+    ]
 
 
 def test_whole_prompt(fmt: GlmFormat) -> None:
@@ -544,7 +577,17 @@ CATALOGUE: list[tuple[str, tuple[str, ...], dict[str, Any]]] = [
         ),
         {"content": "ab", "calls": [("call_0", "search", "{}")]},
     ),
+    (
+        "stray </arg_key> swallows text too (quirk)",
+        ("</think>", "a", "</arg_key>", "swallowed", "<tool_call>", "search", "</tool_call>", "b"),
+        {"content": "ab", "calls": [("call_0", "search", "{}")]},
+    ),
     ("result marker ends the turn", ("</think>", "c", "<tool_response>", "x"), {"content": "c"}),
+    (
+        "result close marker ends the turn",
+        ("</think>", "c", "</tool_response>", "x", "<tool_call>", "search", "</tool_call>"),
+        {"content": "c"},
+    ),
     ("observation ends the turn", ("</think>", "c", "<|observation|>", "x"), {"content": "c"}),
     ("stop marker ends the turn", ("</think>", "c", "<|user|>", "x"), {"content": "c"}),
     (

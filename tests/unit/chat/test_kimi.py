@@ -133,6 +133,52 @@ def test_tool_results_example(fmt: KimiFormat) -> None:
     ]
 
 
+def test_results_keep_arrival_order_and_are_not_matched(fmt: KimiFormat) -> None:
+    """§6.4.5: unlike XTML (§2.6.1), results are neither re-sorted nor checked against calls."""
+    calls = {
+        "role": "assistant",
+        "tool_calls": [
+            {"id": "functions.a:0", "function": {"name": "a", "arguments": "{}"}},
+            {"id": "functions.b:1", "function": {"name": "b", "arguments": "{}"}},
+        ],
+    }
+    results = [
+        {"role": "tool", "tool_call_id": "functions.b:1", "content": "B"},
+        {"role": "tool", "tool_call_id": "nowhere", "content": "X"},
+        {"role": "tool", "tool_call_id": "functions.a:0", "content": "A"},
+    ]
+    text = fmt.render({"messages": [calls, *results]}, add_generation_prompt=False).text
+    tail = text.split("<|tool_calls_section_end|><|im_end|>", 1)[1]
+    assert tail == (
+        "<|im_system|>tool<|im_middle|>## Return of functions.b:1\nB<|im_end|>"
+        "<|im_system|>tool<|im_middle|>## Return of nowhere\nX<|im_end|>"
+        "<|im_system|>tool<|im_middle|>## Return of functions.a:0\nA<|im_end|>"
+    )
+
+
+@pytest.mark.parametrize(
+    "missing,message",
+    [
+        (
+            "<|tool_call_argument_begin|>",
+            "the kimi chat format needs <|tool_call_argument_begin|> as one control token, but this vocabulary encodes it to {n} ids: the tokenizer and the chat format disagree",
+        ),
+        (
+            "<|im_middle|>",
+            "chat.json uses <|im_middle|>, which is not a single token in this container (got {n}): the tokenizer and the chat format disagree",
+        ),
+    ],
+    ids=["tool-marker", "turn-marker"],
+)
+def test_bind_refuses_a_missing_marker_naming_it(missing: str, message: str) -> None:
+    """§6.1: all five tool markers (and the chat.json's turn markers) must be single tokens."""
+    vocab = make_hf(tuple(m for m in KIMI_MARKERS if m != missing))
+    with pytest.raises(ChatFormatError) as err:
+        KimiFormat().bind(vocab)
+    assert err.value.message == message.format(n=vocab.markup_count(missing))
+    assert err.value.param == "model" and err.value.code == "unsupported_chat_format"
+
+
 def test_result_name_cannot_forge_turns(fmt: KimiFormat, tok: Tokenizer) -> None:
     """[deviation] The result turn's name is plain text."""
     evil = {

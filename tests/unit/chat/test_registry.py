@@ -105,6 +105,50 @@ def test_never_falls_back_to_chatml() -> None:
 
 def test_failed_candidates_are_reported() -> None:
     tok = make_hf(("<|im_end|>",))
+    glm_template = "[gMASK]<|assistant|><|observation|><arg_key><arg_value>"
     with pytest.raises(ChatFormatError) as err:
-        resolve(tokenizer=tok, chat_json=CHATML_JSON)
-    assert "chatjson: chat.json uses <|im_start|>" in err.value.message
+        resolve(tokenizer=tok, chat_json=CHATML_JSON, chat_template=glm_template)
+    assert "; and chat.json uses <|im_start|>, which is not a single token" in err.value.message
+    assert "; glm: " in err.value.message and "; hf_template: " in err.value.message
+
+
+@pytest.mark.parametrize(
+    "markers,chat_json,chat_reason",
+    [
+        (
+            (),
+            None,
+            "the container has no chat.json describing its conversation format (examples/ has one per supported architecture)",
+        ),
+        (
+            ("<|open|>", "<|im_end|>"),
+            {"user": ["u", "v"], "open": "o"},
+            'chat.json carries no control token that ends a generated turn: give it a "stop", or an "assistant" suffix that has one',
+        ),
+        (
+            ("<|open|>", "<|close|>", "<|end_of_msg|>", "<|im_end|>"),
+            CHATML_JSON,
+            "chat.json uses <|im_start|>, which is not a single token in this container (got {n}): the tokenizer and the chat format disagree",
+        ),
+    ],
+    ids=["no-chat.json", "bad-chat.json", "chat.json-marker-missing"],
+)
+def test_no_format_names_the_xtml_and_chat_json_reasons(
+    markers: tuple[str, ...],
+    chat_json: dict | None,
+    chat_reason: str,  # type: ignore[type-arg]
+) -> None:
+    """§4.4 step 3: `<XTML reason>; and <chat.json reason>`, XTML's naming the first missing marker."""
+    tok = make_hf(markers)
+    first_missing = next(m for m in XTML_MARKERS if m not in markers)
+    xtml_reason = (
+        f"{first_missing} is not a single token in this container "
+        f"(got {tok.markup_count(first_missing)}): its specials.json does not carry K3's XTML markers"
+    )
+    with pytest.raises(ChatFormatError) as err:
+        resolve(tokenizer=tok, chat_json=chat_json)
+    reason = chat_reason.format(n=tok.markup_count("<|im_start|>"))
+    assert err.value.message == (
+        f"{xtml_reason}; and {reason}; name one of ['chatjson', 'glm', 'hf_template', 'kimi', 'xtml']"
+    )
+    assert err.value.param == "chat_format" and err.value.code == "unsupported_chat_format"

@@ -112,8 +112,26 @@ def test_request_needs_messages_and_known_choices() -> None:
         )
     with pytest.raises(ValidationError):
         ChatRequest.model_validate(
+            {"messages": [{"role": "user", "content": "x"}], "response_format": "json_object"}
+        )
+    with pytest.raises(ValidationError):
+        ChatRequest.model_validate(
             {"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "yaml"}}
         )
+
+
+@pytest.mark.parametrize(
+    "response_format",
+    [{"json_schema": {"schema": {}}}, {"type": "json_schema", "json_schema": "s"}],
+    ids=["no-type", "non-object-json_schema"],
+)
+def test_response_format_passes_to_the_format_as_sent(response_format: dict) -> None:  # type: ignore[type-arg]
+    """Any object is a response_format; the format decides what it means (PROTOCOLS §2.7, §7.7)."""
+    req = ChatRequest.model_validate(
+        {"messages": [{"role": "user", "content": "x"}], "response_format": response_format}
+    )
+    dumped = req.model_dump(mode="python", exclude_unset=True, by_alias=True)
+    assert dumped["response_format"] == response_format
 
 
 def test_results() -> None:

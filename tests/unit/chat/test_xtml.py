@@ -761,6 +761,16 @@ def parse(fmt: XtmlFormat, tok: Tokenizer, reply: Reply, initial: str = "think")
     return msg
 
 
+def _check_cases(
+    fmt: XtmlFormat, tok: Tokenizer, cases: list[tuple[str, Reply, dict[str, Any]]]
+) -> None:
+    for label, reply, want in cases:
+        msg = parse(fmt, tok, reply)
+        assert msg.content == want.get("content"), label
+        assert msg.reasoning == want.get("reasoning"), label
+        assert [(c.id, c.name, c.arguments) for c in msg.tool_calls] == want.get("calls", []), label
+
+
 def test_catalogue_ends_inside_reasoning(fmt: XtmlFormat, hf_tok: Tokenizer) -> None:
     r = Reply(hf_tok).t("thinking...")
     ids = {hf_tok.marker_id(m): m for m in (OPEN, CLOSE, SEP, EOM)}
@@ -959,11 +969,7 @@ def test_catalogue_table(fmt: XtmlFormat, hf_tok: Tokenizer) -> None:
             {"calls": [("call_1", "f", '{"x": NaN}')]},
         ),
     ]
-    for label, reply, want in cases:
-        msg = parse(fmt, hf_tok, reply)
-        assert msg.content == want.get("content"), label
-        assert msg.reasoning == want.get("reasoning"), label
-        assert [(c.id, c.name, c.arguments) for c in msg.tool_calls] == want.get("calls", []), label
+    _check_cases(fmt, hf_tok, cases)
 
 
 def test_malformed_json_block_is_flagged_not_dropped(hf_tok: Tokenizer) -> None:
@@ -1050,3 +1056,219 @@ def test_finish_after_eom_with_pending_header_uses_the_marker_spelling(hf_tok: T
 def test_prompt_is_a_list_of_segments(fmt: XtmlFormat) -> None:
     p = fmt.render({"messages": [USER]})
     assert isinstance(p, Prompt) and isinstance(p, list) and p.thinking
+
+
+# --------------------------------------------------------------------------- §2.3/2.5 names and declarations
+@pytest.mark.parametrize("role", ["system", "assistant"])
+def test_truthy_name_on_system_and_assistant(fmt: XtmlFormat, role: str) -> None:
+    out = render(fmt, [{"role": role, "content": "c", "name": "Ann"}], thinking=False)
+    assert out.startswith(f'<|open|>message role="{role}" name="Ann"<|sep|>')
+
+
+def test_lazy_declaration_ignores_the_message_name(fmt: XtmlFormat) -> None:
+    tools = [{"type": "function", "function": {"name": "late"}}]
+    out = render(fmt, [USER, {"role": "system", "name": "Ann", "content": "c", "tools": tools}])
+    assert '<|open|>message role="system" type="tool-declare"<|sep|>## New Tools' in out
+    assert "Ann" not in out
+
+
+def test_null_tools_render_nothing(fmt: XtmlFormat) -> None:
+    out = render(fmt, [USER, {"role": "system", "content": "s", "tools": None}], tools=None)
+    assert "tool-declare" not in out and '<|open|>message role="system"<|sep|>s<|close|>' in out
+
+
+def test_declaration_keeps_the_order_of_several_tools(fmt: XtmlFormat) -> None:
+    names = ["zeta", "alpha", "mid"]
+    tools = [{"type": "function", "function": {"name": n}} for n in names]
+    for out in (
+        render(fmt, [USER], tools=tools),
+        render(fmt, [USER, {"role": "system", "tools": tools}]),
+    ):
+        declared = json.loads(out.split("```json\n", 1)[1].split("\n```", 1)[0])
+        assert [t["function"]["name"] for t in declared] == names
+
+
+# --------------------------------------------------------------------------- §2.6 re-sort details
+def test_resort_compares_ids_as_strings() -> None:
+    calls = {
+        "role": "assistant",
+        "tool_calls": [
+            {"id": 7, "function": {"name": "a"}},
+            {"id": "8", "function": {"name": "b"}},
+        ],
+    }
+    out = resort_tool_results([calls, _result(8, "B"), _result("7", "A")])
+    assert [(m["tool"], m["content"]) for m in out[1:]] == [("a", "A"), ("b", "B")]
+
+
+def test_null_ids_count_for_position(fmt: XtmlFormat) -> None:
+    calls = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {"id": None, "function": {"name": "n", "arguments": "{}"}},
+            {"id": "x", "function": {"name": "a", "arguments": "{}"}},
+            {"id": "y", "function": {"name": "b", "arguments": "{}"}},
+        ],
+    }
+    msgs = [calls, _result("y", "Y"), _result("x", "X")]
+    assert [m["content"] for m in resort_tool_results(msgs)[1:]] == ["X", "Y"]
+    # rendered numbering is by position in the run, names from the matched calls
+    assert _tool_headers(render(fmt, msgs, thinking=False)) == [("a", "1", "X"), ("b", "2", "Y")]
+
+
+def test_resort_ties_keep_arrival_order_and_name_is_not_added() -> None:
+    msgs = [_calls("a", "b"), _result("id2", "B"), _result("id1", "A1"), _result("id1", "A2")]
+    out = resort_tool_results(msgs)
+    assert [m["content"] for m in out[1:]] == ["A1", "A2", "B"]
+    assert all("name" not in m and m["tool"] in ("a", "b") for m in out[1:])
+
+
+def test_null_tool_member_falls_back_to_positional_name(fmt: XtmlFormat) -> None:
+    msgs = [_calls("a", "b"), _result(None, "1", tool=None, name="ignored"), _result(None, "2")]
+    assert _tool_headers(render(fmt, msgs, thinking=False)) == [("a", "1", "1"), ("b", "2", "2")]
+
+
+# --------------------------------------------------------------------------- §2.7 notes
+@pytest.mark.parametrize(
+    "request_",
+    [
+        {"reasoning_effort": "high"},
+        {"tool_choice": "required"},
+        {"tool_choice": "none"},
+        {"response_format": {"type": "json_object"}},
+        {"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}},
+    ],
+)
+def test_note_body_is_one_stripped_plain_segment(fmt: XtmlFormat, request_: dict[str, Any]) -> None:
+    p = fmt.render({"messages": [USER], **request_}, add_generation_prompt=False)
+    type_at = p.index(T(" type"))
+    body = p[type_at + 5]
+    assert p[type_at + 4] == M(SEP) and p[type_at + 6] == M(CLOSE)
+    assert not body.markup and body.text == body.text.strip() and body.text
+
+
+@pytest.mark.parametrize(
+    "rf,schema",
+    [
+        ({"type": "json_schema", "json_schema": {"name": "n", "schema": None}}, "null"),
+        ({"type": "json_schema", "json_schema": "a string"}, '"a string"'),
+        ({"type": "json_schema", "json_schema": [{"b": 1, "a": 2}]}, '[{"a":2,"b":1}]'),
+    ],
+    ids=["schema-null", "string-json_schema", "list-json_schema"],
+)
+def test_response_format_schema_null_and_non_object_json_schema(
+    fmt: XtmlFormat, rf: dict[str, Any], schema: str
+) -> None:
+    """`schema: null` renders `null`; a non-object `json_schema` is the schema itself (§2.7)."""
+    body = f"The system is invoked with `response_format=json_schema`.\n{JSON_ONLY}\nThe JSON data must match the following schema:\n```json\n{schema}\n```"
+    assert _note("response-format", body) in render(fmt, [USER], response_format=rf)
+
+
+def test_response_format_without_type_renders_nothing(fmt: XtmlFormat) -> None:
+    rf = {"json_schema": {"schema": {"type": "object"}}}
+    assert render(fmt, [USER], response_format=rf) == render(fmt, [USER])
+
+
+# --------------------------------------------------------------------------- §2.9/2.10 images
+def test_placeholder_splices_inside_a_raw_json_block(fmt: XtmlFormat) -> None:
+    call = {"function": {"name": "f", "arguments": "{oops <|kimi_image_placeholder|> x"}}
+    p = fmt.render(
+        {"messages": [{"role": "assistant", "tool_calls": [call]}], "thinking": False},
+        images=[ImageInfo(3, 4)],
+        add_generation_prompt=False,
+    )
+    block = M("<|media_begin|>image 3x4<|media_content|><|media_pad|><|media_end|>")
+    at = p.index(block)
+    assert p[at - 1 : at + 2] == [T("{oops "), block, T(" x")]
+    assert p[at - 8 : at - 1] == [
+        M(OPEN),
+        T("json"),
+        T(" type"),
+        T('="'),
+        T("object"),
+        T('"'),
+        M(SEP),
+    ]
+
+
+def test_image_part_without_images_is_the_bare_placeholder_markup(fmt: XtmlFormat) -> None:
+    msg = {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}
+    p = fmt.render({"messages": [msg]}, add_generation_prompt=False)
+    assert M("<|kimi_image_placeholder|>") in p
+
+
+# --------------------------------------------------------------------------- §2.12 renderer errors
+def test_renderer_errors_have_param_messages_and_no_code(fmt: XtmlFormat) -> None:
+    with pytest.raises(ChatFormatError) as err:
+        render(fmt, [USER, {"role": "tool", "content": "x"}])
+    assert (err.value.param, err.value.code, err.value.type) == (
+        "messages",
+        None,
+        "invalid_request_error",
+    )
+
+
+def test_effort_is_refused_before_the_renderer_sees_it(fmt: XtmlFormat) -> None:
+    """§2.12's `Unsupported thinking_effort=...` is unreachable: §7.6 refuses first, in render."""
+    with pytest.raises(ChatFormatError) as err:
+        render(fmt, [USER], reasoning_effort="medium", thinking=True)
+    assert err.value.message == (
+        "reasoning_effort='medium' is not supported by this model. Kimi K3 accepts ['high', 'low', 'max'], "
+        "or ['minimal', 'none', 'off'] to answer without reasoning. (K3's own encoder documents 'medium' and then rejects it.)"
+    )
+    assert err.value.code is None
+
+
+# --------------------------------------------------------------------------- §3.2-3.6 more reader rules
+def test_reader_rules_added(fmt: XtmlFormat, hf_tok: Tokenizer) -> None:
+    R = lambda: Reply(hf_tok)  # noqa: E731
+    call = lambda: R().close("think").open('call tool="f"')  # noqa: E731
+    cases: list[tuple[str, Reply, dict[str, Any]]] = [
+        (
+            "§3.2 control ids that are no XTML markers are text",
+            R().close("think").m("<|media_pad|>").m("<|im_end|>").t("x"),
+            {"content": "<|media_pad|><|im_end|>x"},
+        ),
+        (
+            "§3.4 an open JSON block takes text before an open argument",
+            call().open("json").open('argument key="k"').t("T").close("argument").close("json"),
+            {"calls": [("call_1", "f", "T")]},
+        ),
+        (
+            "§3.4 text in an unknown element is content, even above think",
+            R().open("nonesuch").t("u").close("nonesuch").t("r"),
+            {"content": "u", "reasoning": "r"},
+        ),
+        (
+            "§3.4 text in an empty-named element is content",
+            R().open("").t("e").close("").t("r"),
+            {"content": "e", "reasoning": "r"},
+        ),
+        (
+            "§3.5 an open argument is abandoned when another opens",
+            call()
+            .open('argument key="a"')
+            .t("1")
+            .open('argument key="b"')
+            .t("2")
+            .close("argument"),
+            {"calls": [("call_1", "f", '{"b": 2}')]},
+        ),
+        (
+            "§3.5 an open JSON block restarts",
+            call().open("json").t("AAA").open("json").t("{}").close("json"),
+            {"calls": [("call_1", "f", "{}")]},
+        ),
+        (
+            "§3.6 an argument is filed though no longer on the stack",
+            call().open('argument key="k"').t("1").close("call").close("argument").t("c"),
+            {"content": "c", "calls": [("call_1", "f", '{"k": 1}')]},
+        ),
+        (
+            "§3.6 a JSON block is filed though no longer on the stack",
+            call().open("json").t('{"j": 1}').close("call").close("json").t("c"),
+            {"content": "c", "calls": [("call_1", "f", '{"j": 1}')]},
+        ),
+    ]
+    _check_cases(fmt, hf_tok, cases)
