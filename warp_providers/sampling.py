@@ -114,9 +114,9 @@ class Sampler:
         vals = x[order]
         probs = np.exp(vals - vals[0])
         probs /= probs.sum()
-        keep = len(order)
+        keep = int(np.count_nonzero(probs > 0.0))  # masked ids (-inf) carry no mass
         if p.top_p < 1.0:
-            keep = int(np.searchsorted(np.cumsum(probs), p.top_p) + 1)
+            keep = min(keep, int(np.searchsorted(np.cumsum(probs), p.top_p) + 1))
         if p.min_p > 0.0:
             keep = min(keep, int(np.count_nonzero(probs >= p.min_p * probs[0])))
         keep = max(keep, 1)
