@@ -360,10 +360,12 @@ wp_status wpi_need_matrix(const wpi_container *c, const char *name, uint64_t row
                           uint64_t cols, char *err, size_t cap)
 {
     const wpi_tensor *t = wpi_container_tensor(c, name);
-    if (!t) return wpi_fail(err, cap, WP_E_FORMAT, "tensor '%s' is missing", name);
+    if (!t)
+        return wpi_fail(err, cap, WP_E_FORMAT, "manifest.json: tensor '%s' is missing", name);
     if (t->n_dims != 2 || t->shape[0] != rows || t->shape[1] != cols)
         return wpi_fail(err, cap, WP_E_FORMAT,
-                        "tensor '%s' has shape [%llu, %llu], expected [%llu, %llu]", name,
+                        "manifest.json: tensor '%s' has shape [%llu, %llu], hparams give "
+                        "[%llu, %llu]", name,
                         (unsigned long long)t->shape[0], (unsigned long long)t->shape[1],
                         (unsigned long long)rows, (unsigned long long)cols);
     if (!wpi_dtype_valid(t->dtype) || wpi_row_bytes(t->dtype, cols) == 0)
@@ -381,8 +383,9 @@ wp_status wpi_opt_vector(const wpi_container *c, const char *name, uint64_t n,
     const wpi_tensor *t = wpi_container_tensor(c, name);
     if (!t) return WP_OK;
     if (t->shape[0] * t->shape[1] != n || (t->n_dims == 2 && t->shape[0] != 1))
-        return wpi_fail(err, cap, WP_E_FORMAT, "tensor '%s' has %llu elements, expected %llu",
-                        name, (unsigned long long)(t->shape[0] * t->shape[1]),
+        return wpi_fail(err, cap, WP_E_FORMAT,
+                        "manifest.json: tensor '%s' has %llu elements, hparams give %llu", name,
+                        (unsigned long long)(t->shape[0] * t->shape[1]),
                         (unsigned long long)n);
     if (t->dtype != WPI_F32)
         return wpi_fail(err, cap, WP_E_UNSUPPORTED, "tensor '%s' must be f32, not %s", name,
@@ -397,7 +400,7 @@ wp_status wpi_need_vector(const wpi_container *c, const char *name, uint64_t n,
                           char *err, size_t cap)
 {
     if (!wpi_container_tensor(c, name))
-        return wpi_fail(err, cap, WP_E_FORMAT, "tensor '%s' is missing", name);
+        return wpi_fail(err, cap, WP_E_FORMAT, "manifest.json: tensor '%s' is missing", name);
     return wpi_opt_vector(c, name, n, err, cap);
 }
 
@@ -460,7 +463,8 @@ wp_status wpi_check_expert_bank(const wpi_container *c, uint32_t l, char *err, s
     if (bk->n_experts != hp->n_experts || bk->inter != hp->moe_intermediate_size ||
         bk->hidden != hp->hidden_size)
         return wpi_fail(err, cap, WP_E_FORMAT,
-                        "expert bank of layer %u is %u x [%u, %u], expected %u x [%u, %u]", l,
+                        "manifest.json: expert bank of layer %u is %u x [%u, %u], hparams "
+                        "give %u x [%u, %u]", l,
                         bk->n_experts, bk->inter, bk->hidden, hp->n_experts,
                         hp->moe_intermediate_size, hp->hidden_size);
     if (!wpi_dtype_valid(bk->dtype) || wpi_row_bytes(bk->dtype, bk->hidden) == 0 ||

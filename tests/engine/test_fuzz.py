@@ -1,8 +1,9 @@
 """Structure-aware fuzzing of containers through the Python API (>= 2000 mutations).
 
 Every mutation of the manifest, of a record header or of a file's length must end in a
-typed error whose message names what is wrong — or, for a harmless mutation, in a model
-that still evaluates. None may crash the interpreter.
+typed error (a `WarpError`, never a bare ValueError) whose message names the file, tensor,
+record or key concerned — or, for a harmless mutation, in a model that still evaluates.
+None may crash the interpreter.
 """
 
 from __future__ import annotations
@@ -10,13 +11,14 @@ from __future__ import annotations
 import copy
 import json
 import random
+import re
 import shutil
 from pathlib import Path
 
 import pytest
 
 from tiny import tiny_moe
-from warp_providers import Engine, WarpError
+from warp_providers import Engine, ModelFormatError, WarpError
 from warp_providers.synth import MoeShape
 
 N_MANIFEST = 1800
@@ -63,14 +65,25 @@ def _mutate(doc, rng: random.Random):
     return doc, path
 
 
-def _check(path: Path) -> str:
-    """'error' for a typed refusal with a message, 'ok' for a model that still runs."""
+def _concerned(base, path) -> list[str]:
+    """Names a refusal of a mutation at path may use for what it touches (any one will do)."""
+    if path[:2] == ("trunk", "tensors") and len(path) > 2:
+        i = path[2]
+        return [f"'{base['trunk']['tensors'][i]['name']}'", f"trunk.tensors[{i}]"]
+    if path[0] == "experts" and len(path) > 1:
+        j = path[1]
+        return [f"experts[{j}]", base["experts"][j]["file"]]
+    return [k for k in path if isinstance(k, str)]
+
+
+def _check(path: Path, names: list[str]) -> str:
+    """'error' for a typed refusal naming one of names, 'ok' for a model that still runs."""
     try:
         with Engine.open(path, threads=1, ctx=64) as eng:
             eng.eval([1, 2, 3, 4, 5, 6, 7, 8])
             return "ok"
-    except (WarpError, ValueError) as e:
-        assert str(e).strip(), f"{type(e).__name__} without a message"
+    except WarpError as e:  # anything else (a bare ValueError, a crash) fails the test
+        assert any(n in str(e) for n in names), f"{str(e)!r} names none of {names}"
         return "error"
 
 
@@ -83,8 +96,23 @@ def test_manifest_mutations(model, tmp_path):
     for _ in range(N_MANIFEST):
         doc, where = _mutate(base, rng)
         (work / "manifest.json").write_text(json.dumps(doc))
-        outcomes[_check(work)] += 1
+        outcomes[_check(work, _concerned(base, where))] += 1
     assert outcomes["error"] >= N_MANIFEST // 2, outcomes  # most mutations must be caught
+
+
+def test_missing_required_tensor_is_named(model, tmp_path):
+    base = json.loads((model / "manifest.json").read_text())
+    work = tmp_path / "t.warp"
+    shutil.copytree(model, work)
+    names = [t["name"] for t in base["trunk"]["tensors"]]
+    assert "blk.1.attn_k_norm.weight" in names and "output.weight" in names
+    for i, name in enumerate(names):  # qwen3_moe, untied: every trunk tensor is required
+        doc = copy.deepcopy(base)
+        del doc["trunk"]["tensors"][i]
+        (work / "manifest.json").write_text(json.dumps(doc))
+        with pytest.raises(ModelFormatError, match=re.escape(f"'{name}' is missing")):
+            with Engine.open(work, threads=1) as eng:
+                eng.eval([1, 2, 3])
 
 
 def test_structural_damage_is_named(model, tmp_path):
@@ -135,9 +163,8 @@ def test_record_header_mutations(model, tmp_path):
         try:
             with Engine.open(work, threads=1, verify=False) as eng:
                 eng.eval(list(range(10, 42)))
-        except WarpError as e:
-            msg = str(e)
-            assert "layer" in msg and "expert" in msg, msg
+        except WarpError as e:  # the file and the record: its layer and an expert id
+            assert re.search(rf"{bank['file']}: layer {bank['layer']} expert \d+: ", str(e)), e
             caught += 1
         f.write_bytes(pristine)
     assert caught == N_RECORD  # every header bit is validated (header CRC covers the rest)

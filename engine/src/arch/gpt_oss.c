@@ -26,7 +26,8 @@ static wp_status check(const wpi_container *c, char *err, size_t cap)
     if (hp->qk_norm != WPI_QK_NONE)
         return wpi_fail(err, cap, WP_E_FORMAT, "gpt_oss: qk_norm must be \"none\"");
     if (hp->shared_expert_intermediate_size != 0)
-        return wpi_fail(err, cap, WP_E_FORMAT, "gpt_oss: has no shared expert");
+        return wpi_fail(err, cap, WP_E_FORMAT,
+                        "gpt_oss: hparams.shared_expert_intermediate_size must be 0");
     if (!(hp->swiglu_alpha > 0) || !(hp->swiglu_limit > 0))
         return wpi_fail(err, cap, WP_E_FORMAT,
                         "gpt_oss: hparams swiglu_alpha and swiglu_limit must be > 0");

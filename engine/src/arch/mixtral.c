@@ -13,7 +13,8 @@ static wp_status check(const wpi_container *c, char *err, size_t cap)
     if (!hp->norm_topk_prob)
         return wpi_fail(err, cap, WP_E_FORMAT, "mixtral: norm_topk_prob must be true");
     if (hp->shared_expert_intermediate_size != 0)
-        return wpi_fail(err, cap, WP_E_FORMAT, "mixtral: has no shared expert");
+        return wpi_fail(err, cap, WP_E_FORMAT,
+                        "mixtral: hparams.shared_expert_intermediate_size must be 0");
     return wpi_check_decoder(c, err, cap);
 }
 

@@ -20,7 +20,8 @@ static wp_status check(const wpi_container *c, char *err, size_t cap)
             char name[96];
             snprintf(name, sizeof name, "blk.%u.%s", l, need[i]);
             if (!wpi_container_tensor(c, name))
-                return wpi_fail(err, cap, WP_E_FORMAT, "tensor '%s' is missing", name);
+                return wpi_fail(err, cap, WP_E_FORMAT, "manifest.json: tensor '%s' is missing",
+                                name);
         }
     }
     return WP_OK;

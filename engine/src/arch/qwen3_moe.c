@@ -11,7 +11,8 @@ static wp_status check(const wpi_container *c, char *err, size_t cap)
     if (c->hp.qk_norm != WPI_QK_HEAD)
         return wpi_fail(err, cap, WP_E_FORMAT, "qwen3_moe: qk_norm must be \"head\"");
     if (c->hp.shared_expert_intermediate_size != 0)
-        return wpi_fail(err, cap, WP_E_FORMAT, "qwen3_moe: has no shared expert");
+        return wpi_fail(err, cap, WP_E_FORMAT,
+                        "qwen3_moe: hparams.shared_expert_intermediate_size must be 0");
     return wpi_check_decoder(c, err, cap);
 }
 

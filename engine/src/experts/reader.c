@@ -69,6 +69,13 @@ static uint64_t rd64(const uint8_t *p)
     return (uint64_t)rd32(p) | (uint64_t)rd32(p + 4) << 32;
 }
 
+/* The bank's file name without its directory, for error details. */
+static const char *bank_file(const wpi_bank *b)
+{
+    const char *slash = strrchr(b->path, '/');
+    return slash ? slash + 1 : b->path;
+}
+
 wp_status wpi_record_check(const wpi_bank *b, uint32_t expert, const void *rec, int verify,
                            char *err, size_t cap)
 {
@@ -97,7 +104,8 @@ wp_status wpi_record_check(const wpi_bank *b, uint32_t expert, const void *rec, 
                            rd32(h + 56))
         why = "payload checksum mismatch";
     if (why)
-        return wpi_fail(err, cap, WP_E_IO, "layer %u expert %u: %s", b->layer, expert, why);
+        return wpi_fail(err, cap, WP_E_IO, "%s: layer %u expert %u: %s", bank_file(b),
+                        b->layer, expert, why);
     return WP_OK;
 }
 
@@ -112,8 +120,9 @@ static wp_status read_record(wpi_reader *r, uint32_t bank, uint32_t expert, void
         if (n < 0 && errno == EINTR)
             continue;
         if (n <= 0)
-            return wpi_fail(err, cap, WP_E_IO, "layer %u expert %u: read failed: %s", b->layer,
-                            expert, n < 0 ? strerror(errno) : "unexpected end of file");
+            return wpi_fail(err, cap, WP_E_IO, "%s: layer %u expert %u: read failed: %s",
+                            bank_file(b), b->layer, expert,
+                            n < 0 ? strerror(errno) : "unexpected end of file");
         got += (uint64_t)n;
     }
     return wpi_record_check(b, expert, buf, r->verify, err, cap);
