@@ -1,4 +1,4 @@
-"""The Python Engine over the binding: open, eval, state, plan, errors, stats."""
+"""The Python Engine over the binding: open, eval, state, plan, errors, stats, stop strings."""
 
 from __future__ import annotations
 
@@ -157,3 +157,49 @@ def test_missing_and_unsupported(model, tmp_path):
 def test_unknown_option(model):
     with pytest.raises(TypeError):
         Engine.open(model, warp_speed=9)
+
+
+def _scripted(eng: Engine, reply: str):
+    """A logits hook that makes greedy decoding spell `reply`, one byte token per step."""
+    ids = eng.tokenizer.encode_content(reply)
+    assert len(ids) == len(reply.encode())  # the tiny tokenizer: one token per byte
+
+    def force(generated, logits):
+        logits[:] = -np.inf
+        logits[ids[len(generated)]] = 0.0
+
+    return force, len(ids)
+
+
+def _stream(eng: Engine, reply: str, stop: list[str]):
+    force, n = _scripted(eng, reply)
+    events = list(eng.stream(PROMPT, max_tokens=n, stop=stop, stop_ids=[], processors=[force]))
+    result = eng.last_result
+    assert "".join(e.text for e in events) == result.text
+    return [e.text for e in events], result
+
+
+@pytest.mark.parametrize(("reply", "stop", "text", "n_ids"), [
+    ("ab<>cd", ["<>"], "ab", 4),                  # the stop string spans two token pieces
+    ("Hello END tail", ["END"], "Hello ", 9),     # three pieces
+    ("ENDabc", ["END"], "", 3),                   # at the very start
+    ("abcdzz", ["zz", "cd", "bcx"], "ab", 4),     # the first complete match wins
+    ("abcd", ["cd", "bcd"], "a", 4),              # two complete at once: the earlier start
+])
+def test_stop_strings_across_token_boundaries(model, reply, stop, text, n_ids):
+    with Engine.open(model, threads=1) as eng:
+        pieces, result = _stream(eng, reply, stop)
+    assert result.text == text and result.finish_reason == "stop"
+    assert len(result.token_ids) == n_ids  # generation ended on the token completing it
+    assert "".join(pieces) == text  # the events never leaked any of the stop string
+
+
+def test_text_held_for_a_possible_stop_is_released_when_it_fails(model):
+    with Engine.open(model, threads=1) as eng:
+        pieces, result = _stream(eng, "abEN!xyENDz", ["END"])
+        assert pieces == ["a", "b", "", "", "EN!", "x", "y", "", ""]
+        assert result.text == "abEN!xy" and result.finish_reason == "stop"
+        # no stop string in the reply: everything held comes out, nothing is lost
+        pieces, result = _stream(eng, "xEN", ["END"])
+        assert pieces == ["x", "", "", "EN"] and result.text == "xEN"
+        assert result.finish_reason == "length"
