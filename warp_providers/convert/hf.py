@@ -5,11 +5,14 @@ tensors are memory-mapped, so bf16 and fp8 need no framework), DeepSeek-style fp
 weights with ``weight_scale_inv`` block scales (block size from
 ``quantization_config.weight_block_size``, never from shapes), the HF -> FORMAT.md
 tensor-name map for ``llama``, ``qwen3_moe``, ``qwen2_moe``, ``mixtral``, ``olmoe``,
-``deepseek_v3`` (MLA tensors kept as stored, ``kv_b_proj`` included; multi-token-prediction
-layers skipped) and ``glm4_moe`` (per-expert tensors and transformers-5 fused
-``gate_up_proj``/``down_proj``; ``e_score_correction_bias`` -> ``exp_probs_b.bias``), the
+``deepseek_v3`` (also as Kimi-K2's ``kimi_k2``; MLA tensors kept as stored, ``kv_b_proj``
+included; multi-token-prediction layers skipped) and ``glm4_moe`` (per-expert tensors and
+transformers-5 fused ``gate_up_proj``/``down_proj``; ``e_score_correction_bias`` ->
+``exp_probs_b.bias``), the
 normalized hparams of FORMAT.md section 3 including ``rope_freqs`` for every rope type,
-and the tokenizer/chat-template side files.
+and the tokenizer/chat-template side files (for a tiktoken rank file, the split pattern
+``pat_str`` is written into the container's tokenizer_config.json, taken from the source's
+config or read from the literals its ``tokenization_*.py`` assigns).
 
 Refuses, with a ``ConvertError`` naming the file, key or tensor: other model types,
 unknown or missing tensors, shapes that disagree with the config, unsupported dtypes or
@@ -18,6 +21,7 @@ rope types, and a checkpoint without a tokenizer. Called by ``convert()``.
 
 from __future__ import annotations
 
+import ast
 import json
 import math
 import re
@@ -32,6 +36,7 @@ from .quant import ConvertError, bf16_to_f32
 from .writer import ExpertLayerSrc, Plan, SrcTensor, const_rows
 
 __all__ = [
+    "MODEL_TYPE_ALIASES",
     "ROPE_TYPES",
     "SUPPORTED_MODEL_TYPES",
     "SafetensorsDir",
@@ -50,6 +55,10 @@ SUPPORTED_MODEL_TYPES: Final[tuple[str, ...]] = (
     "deepseek_v3",
     "glm4_moe",
 )
+
+#: Checkpoint model_type spellings whose config keys and weights are another type's; the
+#: container gets the engine's name (Kimi-K2 ships DeepseekV3ForCausalLM as ``kimi_k2``).
+MODEL_TYPE_ALIASES: Final[dict[str, str]] = {"kimi_k2": "deepseek_v3"}
 
 # --------------------------------------------------------------------------- rope
 
@@ -957,6 +966,51 @@ def _fused_layout(ent: _StEntry, n_experts: int, rows: int, cols: int, name: str
     )
 
 
+def _literal_str(node: ast.expr) -> str | None:
+    """Evaluate a string built from literals only: "a", "a" + "b", "|".join([...])."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        a, b = _literal_str(node.left), _literal_str(node.right)
+        return a + b if a is not None and b is not None else None
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "join" and len(node.args) == 1 and not node.keywords
+            and isinstance(node.args[0], (ast.List, ast.Tuple))):
+        sep = _literal_str(node.func.value)
+        parts = [_literal_str(e) for e in node.args[0].elts]
+        if sep is not None and all(p is not None for p in parts):
+            return sep.join(p for p in parts if p is not None)
+    return None
+
+
+def _tiktoken_pattern(src: Path, rank_file: str) -> str:
+    """Find the split regex of a tiktoken checkpoint.
+
+    It is the ``pat_str`` that a ``tokenization_*.py`` of the checkpoint assigns, read as
+    literals and never executed.
+
+    Raises:
+        ConvertError: no such assignment (naming the rank file and the config key).
+
+    """
+    for py in sorted(src.glob("tokenization_*.py")):
+        try:
+            tree = ast.parse(py.read_text(encoding="utf-8"), filename=str(py))
+        except (SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        for node in ast.walk(tree):
+            targets = (node.targets if isinstance(node, ast.Assign)
+                       else [node.target] if isinstance(node, ast.AnnAssign) else [])
+            named = any(getattr(t, "id", getattr(t, "attr", None)) == "pat_str" for t in targets)
+            value = getattr(node, "value", None)
+            if named and value is not None and (pat := _literal_str(value)):
+                return pat
+    raise ConvertError(
+        f"{src / rank_file}: a tiktoken vocabulary needs its split pattern: set 'pat_str' "
+        f"in tokenizer_config.json (no tokenization_*.py here assigns one)"
+    )
+
+
 def _tokenizer_files(src: Path) -> tuple[list[tuple[str, bytes]], dict[str, Any], dict[str, Any]]:
     files: list[tuple[str, bytes]] = []
     tok = src / "tokenizer.json"
@@ -975,17 +1029,23 @@ def _tokenizer_files(src: Path) -> tuple[list[tuple[str, bytes]], dict[str, Any]
         )
     tc_path = src / "tokenizer_config.json"
     template: str | None = None
-    if tc_path.is_file():
-        tc = _load_json(tc_path)
+    tc = _load_json(tc_path) if tc_path.is_file() else {}
+    if tokenizer["kind"] == "tiktoken" and not isinstance(tc.get("pat_str"), str):
+        # tiktoken has no file of its own for the split regex; the container's
+        # tokenizer_config.json carries it so the container needs nothing else.
+        tc["pat_str"] = _tiktoken_pattern(src, tiktoken_files[0].name)
+        files.append(("tokenizer_config.json", json.dumps(tc, indent=1).encode("utf-8")))
+        tokenizer["config"] = "tokenizer_config.json"
+    elif tc_path.is_file():
         files.append(("tokenizer_config.json", tc_path.read_bytes()))
         tokenizer["config"] = "tokenizer_config.json"
-        ct = tc.get("chat_template")
-        if isinstance(ct, str):
-            template = ct
-        elif isinstance(ct, list):
-            named = {d.get("name"): d.get("template") for d in ct if isinstance(d, Mapping)}
-            pick = named.get("default")
-            template = pick if isinstance(pick, str) else None
+    ct = tc.get("chat_template")
+    if isinstance(ct, str):
+        template = ct
+    elif isinstance(ct, list):
+        named = {d.get("name"): d.get("template") for d in ct if isinstance(d, Mapping)}
+        pick = named.get("default")
+        template = pick if isinstance(pick, str) else None
     jinja = src / "chat_template.jinja"
     if jinja.is_file():
         template = jinja.read_text(encoding="utf-8")
@@ -1011,6 +1071,7 @@ def load_hf(src: Path) -> Plan:
         raise ConvertError(f"{src}: no config.json (not an HF checkpoint directory)")
     cfg = _load_json(cfg_path)
     mt = cfg.get("model_type")
+    mt = MODEL_TYPE_ALIASES.get(mt, mt) if isinstance(mt, str) else mt
     from .hf_ext import EXT_MODEL_TYPES, load_ext
     from .hf_glm5 import GLM5_MODEL_TYPES, load_glm5
 
@@ -1019,9 +1080,11 @@ def load_hf(src: Path) -> Plan:
     if mt in GLM5_MODEL_TYPES:
         return load_glm5(src, cfg)
     if mt not in SUPPORTED_MODEL_TYPES:
+        known = SUPPORTED_MODEL_TYPES + EXT_MODEL_TYPES + GLM5_MODEL_TYPES
+        known += tuple(MODEL_TYPE_ALIASES)
         raise ConvertError(
             f"{cfg_path}: model_type {mt!r} is not supported; supported: "
-            f"{', '.join(sorted(SUPPORTED_MODEL_TYPES + EXT_MODEL_TYPES + GLM5_MODEL_TYPES))}"
+            f"{', '.join(sorted(known))}"
         )
     gen_path = src / "generation_config.json"
     gen = _load_json(gen_path) if gen_path.is_file() else {}
