@@ -6,22 +6,23 @@ writer (numpy has no bf16/fp8), GGUF files with ``gguf.GGUFWriter``.
 
 from __future__ import annotations
 
+import base64
 import json
 import math
+import shutil
 import struct
 from pathlib import Path
 from typing import Any
 
+import gguf  # a dependency of the converter: always present
 import numpy as np
 import pytest
 
-gguf = pytest.importorskip("gguf")
-
-from warp_providers.convert import ConvertError, convert  # noqa: E402
-from warp_providers.convert import writer as W  # noqa: E402
-from warp_providers.convert.gguf_src import build_tokenizer_json, unpermute_rows  # noqa: E402
-from warp_providers.convert.hf import fp8_e4m3_to_f32, rope_from_config, rope_inv_freq  # noqa: E402
-from warp_providers.convert.quant import decode, encode, f32_to_bf16, tensor_bytes  # noqa: E402
+from warp_providers.convert import ConvertError, convert
+from warp_providers.convert import writer as W
+from warp_providers.convert.gguf_src import build_tokenizer_json, unpermute_rows
+from warp_providers.convert.hf import fp8_e4m3_to_f32, rope_from_config, rope_inv_freq
+from warp_providers.convert.quant import decode, encode, f32_to_bf16, tensor_bytes
 
 # --------------------------------------------------------------------------- helpers
 
@@ -466,6 +467,95 @@ def test_tokenizer_and_template_copied(tmp_path: Path) -> None:
     }
 
 
+_TIKTOKEN_WORDS = (b"he", b"ll", b"llo", b"hello", b" w", b"or", b"orl", b"orld", b" world")
+_TIKTOKEN_SPECIALS = {"<|im_start|>": 300, "<|im_end|>": 301}
+_TIKTOKEN_PATTERN = r"""[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s+"""
+
+
+def _tiktoken_checkpoint(src: Path, *, pattern_in: str) -> None:
+    """Turns src into a tiktoken checkpoint: a rank file (256 bytes, then merges), the
+    specials in tokenizer_config.json, and the split pattern where `pattern_in` says."""
+    make_qwen3_moe(src)
+    (src / "tokenizer.json").unlink()
+    ranks = [bytes([b]) for b in range(256)] + list(_TIKTOKEN_WORDS)
+    (src / "tiktoken.model").write_text(
+        "".join(f"{base64.b64encode(t).decode()} {r}\n" for r, t in enumerate(ranks)))
+    config: dict[str, Any] = {
+        "added_tokens_decoder": {str(i): {"content": c, "special": True}
+                                 for c, i in _TIKTOKEN_SPECIALS.items()},
+        "eos_token": "<|im_end|>",
+        "chat_template": "{{ messages }}",
+    }
+    if pattern_in == "config":
+        config["pat_str"] = _TIKTOKEN_PATTERN
+    (src / "tokenizer_config.json").write_text(json.dumps(config))
+    if pattern_in == "code":  # as Kimi-K2's tokenization_kimi.py spells it
+        halves = _TIKTOKEN_PATTERN.split("|", 1)
+        (src / "tokenization_tiny.py").write_text(
+            "class TinyTokenizer:\n"
+            f"    pat_str = \"|\".join(\n        [\n            r\"\"\"{halves[0]}\"\"\",\n"
+            f"            r\"\"\"{halves[1]}\"\"\",\n        ]\n    )\n")
+
+
+@pytest.mark.parametrize("pattern_in", ["config", "code"])
+def test_tiktoken_checkpoint_gives_a_self_contained_container(
+    tmp_path: Path, pattern_in: str
+) -> None:
+    from warp_providers import Tokenizer
+
+    src = tmp_path / "src"
+    _tiktoken_checkpoint(src, pattern_in=pattern_in)
+    out = convert(src, tmp_path / "m.warp")
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["tokenizer"] == {"kind": "tiktoken", "file": "tiktoken.model",
+                              "config": "tokenizer_config.json"}
+    assert not list(out.glob("*.py"))  # the pattern travels as data, not code
+    assert json.loads((out / "tokenizer_config.json").read_text())["pat_str"] == _TIKTOKEN_PATTERN
+    tok = Tokenizer.from_dir(out)  # what Engine.open reads: nothing outside the container
+    # ranks 256.. are the merges: "hello" 259, " world" 264
+    assert tok.encode_content("hello world") == [259, 264]
+    assert tok.encode_content("hello<|im_end|>")[0] == 259
+    assert 301 not in tok.encode_content("hello<|im_end|>")  # text never makes a control
+    assert tok.eos_ids == (301,) and tok.marker_id("<|im_start|>") == 300
+    assert tok.decode([259, 264]) == "hello world"
+
+
+def test_tiktoken_checkpoint_without_a_split_pattern_is_refused(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    _tiktoken_checkpoint(src, pattern_in="nowhere")
+    (src / "tokenization_tiny.py").write_text("pat_str = load_pattern()\n")  # not literal
+    with pytest.raises(ConvertError, match=r"tiktoken.model.*pat_str"):
+        convert(src, tmp_path / "m.warp")
+    assert not (tmp_path / "m.warp").exists()
+
+
+def test_kimi_k2_converts_as_deepseek_v3(tmp_path: Path) -> None:
+    from warp_providers.synth import DeepseekV3Shape, make_deepseek_v3_checkpoint
+
+    shape = DeepseekV3Shape(
+        hidden_size=64, num_hidden_layers=2, first_k_dense_replace=1, intermediate_size=96,
+        n_routed_experts=8, num_experts_per_tok=2, n_group=4, topk_group=2,
+        moe_intermediate_size=32, num_attention_heads=4, q_lora_rank=32, kv_lora_rank=32,
+        qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16)
+    dsv3 = make_deepseek_v3_checkpoint(tmp_path / "dsv3", shape, seed=2)
+    kimi = tmp_path / "kimi"
+    shutil.copytree(dsv3, kimi)
+    cfg = json.loads((kimi / "config.json").read_text())
+    assert cfg["model_type"] == "deepseek_v3"
+    cfg["model_type"] = "kimi_k2"  # what Kimi-K2's config.json says
+    (kimi / "config.json").write_text(json.dumps(cfg))
+    a = convert(dsv3, tmp_path / "a.warp")
+    b = convert(kimi, tmp_path / "b.warp")
+    ma = json.loads((a / "manifest.json").read_text())
+    mb = json.loads((b / "manifest.json").read_text())
+    assert mb["model_type"] == "deepseek_v3"  # a type the engine runs
+    assert mb["source_config"]["model_type"] == "kimi_k2"  # the source config verbatim
+    del ma["source_config"], mb["source_config"]
+    assert ma == mb
+    for f in sorted(p.name for p in a.iterdir() if p.name != "manifest.json"):
+        assert (a / f).read_bytes() == (b / f).read_bytes(), f
+
+
 # --------------------------------------------------------------------------- rope
 
 
@@ -593,6 +683,32 @@ def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
     )
 
 
+def _unpermute_ref(stored: np.ndarray, n_head: int) -> np.ndarray:
+    """HF row order of rows stored in llama.cpp's order (the inverse of `_permute`)."""
+    where = _permute(np.arange(stored.shape[0], dtype=np.float32)[:, None], n_head)[:, 0]
+    out = np.empty_like(stored)
+    out[where.astype(np.int64)] = stored
+    return out
+
+
+_K_QUANTS = (gguf.GGMLQuantizationType.Q4_K, gguf.GGMLQuantizationType.Q6_K)
+
+
+def _k_quant_blocks(rng: np.random.Generator, qt: Any, shape: tuple[int, ...]) -> np.ndarray:
+    """Random but valid K-quant bytes for a tensor of `shape`: random quants and scales,
+    finite f16 super-block scales (Q4_K: d and dmin lead the block; Q6_K: d ends it)."""
+    block, size = gguf.GGML_QUANT_SIZES[qt]
+    n_blocks = math.prod(shape) // block
+    raw = rng.integers(0, 256, (n_blocks, size), dtype=np.uint8)
+    scales = (rng.uniform(0.002, 0.02, (n_blocks, 2)) * rng.choice([-1, 1], (n_blocks, 2)))
+    f16 = scales.astype(np.float16).view(np.uint8)
+    if qt == gguf.GGMLQuantizationType.Q4_K:
+        raw[:, 0:4] = f16
+    else:
+        raw[:, size - 2 : size] = f16[:, :2]
+    return raw.reshape(*shape[:-1], shape[-1] // block * size)
+
+
 def _byte_tokens() -> tuple[list[str], list[str]]:
     bs = (
         list(range(ord("!"), ord("~") + 1))
@@ -619,9 +735,16 @@ def write_tiny_gguf(
     tied: bool = True,
     arch: str = "llama",
     tok_model: str = "gpt2",
+    hidden: int = 64,
 ) -> dict[str, np.ndarray]:
+    """A 2-layer llama (or Mixtral-like) GGUF; returns the float weights in HF row order.
+
+    A K-quant ``qtype`` stores random valid blocks (gguf can dequantize K-quants but not
+    make them) in every tensor whose rows are 256 wide, and F16 in the others.
+    """
     rng = np.random.default_rng(11)
-    H, nh, nkv, hd, F, E = 64, 4, 2, 16, 96, 4
+    H, nh, nkv, F, E = hidden, 4, 2, 96, 4
+    hd = H // nh
     tokens, merges = _byte_tokens()
     tokens = tokens + ["<|im_start|>", "<|im_end|>"]
     V = len(tokens) + 3  # padded embedding
@@ -652,16 +775,22 @@ def write_tiny_gguf(
     def mat(*shape: int) -> np.ndarray:
         return rng.standard_normal(shape).astype(np.float32) * 0.1
 
-    def add(
-        name: str, a: np.ndarray, *, quantize: bool = True, store: np.ndarray | None = None
-    ) -> None:
+    def add(name: str, a: np.ndarray, *, quantize: bool = True, heads: int = 0) -> None:
         ref[name] = a
-        s = a if store is None else store
-        if quantize and qt != gguf.GGMLQuantizationType.F32:
+        s = _permute(a, heads) if heads else a
+        if quantize and qt in _K_QUANTS:
+            if s.shape[-1] % gguf.QK_K == 0:
+                raw = _k_quant_blocks(rng, qt, s.shape)
+                g.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=qt)
+                stored = gguf.quants.dequantize(raw, qt).reshape(s.shape)
+            else:
+                g.add_tensor(name, s.astype(np.float16))
+                stored = s.astype(np.float16).astype(np.float32)
+            ref[name] = _unpermute_ref(stored, heads) if heads else stored
+        elif quantize and qt != gguf.GGMLQuantizationType.F32:
             q = gguf.quants.quantize(s, qt)
-            ref[name] = gguf.quants.dequantize(q, qt).reshape(a.shape)
-            if store is not None:  # the reference is in HF order
-                ref[name] = gguf.quants.dequantize(gguf.quants.quantize(a, qt), qt).reshape(a.shape)
+            # rows quantize alone, so the reference in HF order is `a` quantized
+            ref[name] = gguf.quants.dequantize(gguf.quants.quantize(a, qt), qt).reshape(a.shape)
             g.add_tensor(name, q, raw_shape=q.shape, raw_dtype=qt)
         else:
             g.add_tensor(name, s)
@@ -673,8 +802,8 @@ def write_tiny_gguf(
     for i in range(2):
         q, k = mat(nh * hd, H), mat(nkv * hd, H)
         add(f"blk.{i}.attn_norm.weight", 1 + mat(H), quantize=False)
-        add(f"blk.{i}.attn_q.weight", q, store=_permute(q, nh))
-        add(f"blk.{i}.attn_k.weight", k, store=_permute(k, nkv))
+        add(f"blk.{i}.attn_q.weight", q, heads=nh)
+        add(f"blk.{i}.attn_k.weight", k, heads=nkv)
         add(f"blk.{i}.attn_v.weight", mat(nkv * hd, H))
         add(f"blk.{i}.attn_output.weight", mat(H, nh * hd))
         add(f"blk.{i}.ffn_norm.weight", 1 + mat(H), quantize=False)
@@ -738,6 +867,49 @@ def test_gguf_requested_float_dequantizes(tmp_path: Path) -> None:
     )
 
 
+def _q8_0_round_trip(a: np.ndarray) -> np.ndarray:
+    """gguf's own Q8_0 encode then decode: the reference for any re-quantization."""
+    q8 = gguf.GGMLQuantizationType.Q8_0
+    return gguf.quants.dequantize(gguf.quants.quantize(a, q8), q8).reshape(a.shape)
+
+
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K"])
+def test_gguf_k_quants_are_dequantized_then_requantized(tmp_path: Path, qtype: str) -> None:
+    ref = write_tiny_gguf(tmp_path / "t.gguf", qtype=qtype, hidden=256)
+    reader = gguf.GGUFReader(str(tmp_path / "t.gguf"))
+    kinds = {t.name: t.tensor_type.name for t in reader.tensors}
+    assert kinds["blk.0.attn_q.weight"] == qtype and kinds["blk.0.ffn_down.weight"] == "F16"
+    c = read_container(convert(tmp_path / "t.gguf", tmp_path / "m.warp"))
+    dt = {t["name"]: t["dtype"] for t in c["manifest"]["trunk"]["tensors"]}
+    for name in ("blk.0.attn_q.weight", "blk.1.attn_k.weight", "blk.1.ffn_up.weight",
+                 "token_embd.weight"):
+        assert kinds[name] == qtype and dt[name] == "q8_0", name
+        np.testing.assert_array_equal(c["trunk"][name], _q8_0_round_trip(ref[name]),
+                                      err_msg=name)
+    # a float container holds the dequantized K-quant values themselves
+    c = read_container(convert(tmp_path / "t.gguf", tmp_path / "f.warp", trunk="f32"))
+    np.testing.assert_array_equal(c["trunk"]["blk.1.attn_q.weight"], ref["blk.1.attn_q.weight"])
+
+
+def test_gguf_f16_tensors(tmp_path: Path) -> None:
+    ref = write_tiny_gguf(tmp_path / "t.gguf", qtype="Q6_K", hidden=256)
+    names = ("blk.0.ffn_down.weight", "blk.1.ffn_down.weight")  # rows of 96: F16, not K
+    reader = gguf.GGUFReader(str(tmp_path / "t.gguf"))
+    assert {t.tensor_type.name for t in reader.tensors if t.name in names} == {"F16"}
+    kept = read_container(convert(tmp_path / "t.gguf", tmp_path / "h.warp", trunk="f16"))
+    dt = {t["name"]: t["dtype"] for t in kept["manifest"]["trunk"]["tensors"]}
+    raw = (tmp_path / "h.warp" / "trunk.bin").read_bytes()
+    entry = {t["name"]: t for t in kept["manifest"]["trunk"]["tensors"]}
+    for name in names:
+        assert dt[name] == "f16"
+        np.testing.assert_array_equal(kept["trunk"][name], ref[name])
+        t = entry[name]  # the GGUF's f16 bytes, copied
+        assert raw[t["offset"] : t["offset"] + t["bytes"]] == ref[name].astype("<f2").tobytes()
+    c = read_container(convert(tmp_path / "t.gguf", tmp_path / "q.warp"))
+    for name in names:
+        np.testing.assert_array_equal(c["trunk"][name], _q8_0_round_trip(ref[name]))
+
+
 def test_gguf_import_moe(tmp_path: Path) -> None:
     ref = write_tiny_gguf(tmp_path / "t.gguf", moe=True, tied=False)
     c = read_container(convert(tmp_path / "t.gguf", tmp_path / "m.warp"))
@@ -788,9 +960,9 @@ def test_refusals_name_the_fault(tmp_path: Path) -> None:
         (src / "config.json").write_text(json.dumps({**cfg, **kw}))
 
     with_cfg(model_type="bloom")
-    with pytest.raises(
-        ConvertError, match="bloom.*supported: deepseek_v3, deepseek_v4, glm4_moe, glm5_next, glm5_next_text, gpt_oss, kimi_linear, llama, mixtral"
-    ):
+    supported = ("deepseek_v3, deepseek_v4, glm4_moe, glm5_next, glm5_next_text, gpt_oss, "
+                 "kimi_k2, kimi_linear, llama, mixtral")
+    with pytest.raises(ConvertError, match=f"bloom.*supported: {supported}"):
         convert(src, tmp_path / "o")
     with_cfg(hidden_size=None)
     with pytest.raises(ConvertError, match="hidden_size"):
