@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -90,6 +91,12 @@ def test_convert_cli(model, tmp_path):
     p = warp("convert", str(src), str(tmp_path / "o.warp"), "--json")
     assert p.returncode == 0, p.stderr
     assert (tmp_path / "o.warp" / "manifest.json").is_file()
+    assert "%|" not in p.stderr and json.loads(p.stdout)["bytes"] > 0  # --json: no bar
+    p = warp("convert", str(src), str(tmp_path / "bar.warp"))
+    assert p.returncode == 0, p.stderr
+    # a tqdm bar on stderr, labelled, that reaches the end
+    assert re.search(r"convert: +100%\|", p.stderr), p.stderr[-500:]
+    assert "wrote " in p.stdout and "%|" not in p.stdout
     _one_line_error(warp("convert", str(tmp_path / "missing"), str(tmp_path / "x.warp")))
 
 
