@@ -7,7 +7,14 @@ the tools. SmolLM2 never learnt to call tools, so every call here is forced
 object, while the argument value is the model's own (it copies `3` out of
 "magic_function(3)"). Covered: chat_with_tools / achat_with_tools /
 stream_chat_with_tools / astream_chat_with_tools, predict_and_call / apredict_and_call
-(which really run the Python tool), and get_tool_calls_from_response.
+(which really run the Python tool), get_tool_calls_from_response, and parallel calls.
+
+Parallel calls: the core's grammar for a forced call with `parallel_tool_calls` is
+`call ("\\n"? call)*` and then the end marker, so after each call the MODEL decides whether
+another follows. Greedy SmolLM2 always ends after one call, so the parallel test samples
+(temperature 1, fixed seed: deterministic); what it asserts besides "two or more valid
+calls" holds for any seed: without parallel calls the grammar ends the reply after the
+first call, which is the same call the parallel run starts with.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ from typing import Any
 
 import pytest
 import real_models
-from llama_index.core.base.llms.types import ChatResponse
+from llama_index.core.base.llms.types import ChatResponse, ToolCallBlock
 from llama_index.core.llms import ChatMessage
 from llama_index.core.tools import FunctionTool, ToolSelection
 from llama_index.llms.warp import Warp
@@ -39,8 +46,19 @@ def magic_function(input: int) -> int:
     return input + 2
 
 
+def other_function(input: int) -> int:
+    """Apply another function to an input."""
+    return input * 2
+
+
 def make_tool() -> FunctionTool:
     return FunctionTool.from_defaults(fn=magic_function)
+
+
+TWO_TOOLS = [make_tool(), FunctionTool.from_defaults(fn=other_function)]
+TWO_QUESTION = "What are magic_function(3) and other_function(4)?"
+PARALLEL_SEED = {"temperature": 1.0, "seed": 48, "max_tokens": 96}
+"""Sampling under which SmolLM2 writes a second call (54 tokens for two calls)."""
 
 
 @pytest.fixture(scope="module")
@@ -163,3 +181,55 @@ def test_async_calls_run_concurrently(llm: Warp) -> None:
 
     for response in asyncio.run(both()):
         assert_magic_call(llm, response)
+
+
+def assert_valid_calls(calls: Sequence[ToolSelection]) -> None:
+    """Each call names one of TWO_TOOLS and its arguments validate against that tool."""
+    schemas = {t.metadata.name: t.metadata.fn_schema for t in TWO_TOOLS}
+    for call in calls:
+        assert call.tool_name in schemas, call
+        schema = schemas[call.tool_name]
+        assert schema is not None
+        schema.model_validate(call.tool_kwargs)
+        assert set(call.tool_kwargs) == {"input"}
+    assert len({c.tool_id for c in calls}) == len(calls)  # distinct ids
+
+
+def test_parallel_tool_calls(llm: Warp) -> None:
+    response = llm.chat_with_tools(
+        TWO_TOOLS,
+        user_msg=TWO_QUESTION,
+        tool_required=True,
+        allow_parallel_tool_calls=True,
+        **PARALLEL_SEED,
+    )
+    assert response.raw is not None and response.raw["finish_reason"] == "tool_calls"
+    calls = llm.get_tool_calls_from_response(response)
+    assert len(calls) >= 2, calls
+    assert_valid_calls(calls)
+    assert_no_markers(response.message.content or "")
+    # The streamed reply ends with the same calls.
+    streamed = list(
+        llm.stream_chat_with_tools(
+            TWO_TOOLS,
+            user_msg=TWO_QUESTION,
+            tool_required=True,
+            allow_parallel_tool_calls=True,
+            **PARALLEL_SEED,
+        )
+    )
+    assert llm.get_tool_calls_from_response(streamed[-1]) == calls
+    # Without parallel calls the grammar itself stops after the first call (chat() on the
+    # prepared arguments bypasses the adapter's trimming of extra calls).
+    single = llm.chat(
+        **llm._prepare_chat_with_tools(
+            TWO_TOOLS,
+            user_msg=TWO_QUESTION,
+            tool_required=True,
+            allow_parallel_tool_calls=False,
+            **PARALLEL_SEED,
+        )
+    )
+    blocks = [b for b in single.message.blocks if isinstance(b, ToolCallBlock)]
+    assert len(blocks) == 1
+    assert llm.get_tool_calls_from_response(single) == calls[:1]
