@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from typing import Any
 
 import pytest
@@ -186,3 +187,25 @@ def test_tools(kind: str, llm: Warp) -> None:
     assert [(c.tool_name, c.tool_kwargs) for c in calls] == [("get_weather", {"city": "Paris"})]
     out = llm.predict_and_call([tool], user_msg="Weather in Paris?")
     assert str(out) == "Sunny in Paris"
+
+
+def test_models_are_shared_through_the_core_registry(smollm2_container: Any) -> None:
+    """Warp and LangChain's ChatWarp on one container path load the model once."""
+    from support import has_module, requires
+
+    requires(has_module("langchain_core"), "langchain-core (pip install '.[langchain]')")
+    from langchain_warp import ChatWarp
+
+    from warp_providers import shared_engine
+
+    path = str(smollm2_container)
+    warp_engine = Warp(model_path=path).session.engine
+    assert ChatWarp(model_path=path)._get_session().engine is warp_engine
+    assert shared_engine(path) is warp_engine  # what the OpenAI transport opens too
+    # A relative spelling of the same directory is the same model.
+    relative = os.path.relpath(path)
+    assert Warp(model_path=relative).session.engine is warp_engine
+    # Other open options are another engine, again shared by both adapters.
+    other = Warp(model_path=path, engine_options={"ctx": 1024}).session.engine
+    assert other is not warp_engine
+    assert ChatWarp(model_path=path, ctx=1024)._get_session().engine is other
