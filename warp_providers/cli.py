@@ -186,6 +186,14 @@ def cmd_plan(a: argparse.Namespace) -> int:
                 _say(f"  {kind:<18} {_gib(n):>12}\n")
     _say(f"{'ctx_tokens':<20} {plan['ctx_tokens']:>12}\n{'cache_slots':<20} "
          f"{plan['cache_slots']:>12}\n")
+    k = plan["budget_multiple"]
+    if k < 0:
+        how = "as given"
+    elif k == 0:
+        how = "the floor alone: not one working set more fits in 3/4 of usable RAM"
+    else:
+        how = f"floor + {k} working set{'s' if k > 1 else ''}"
+    _say(f"{'budget is':<20} {how}\n")
     return 0
 
 

@@ -90,6 +90,11 @@ def test_plan_info_eval_tokenize_json(model):
     assert plan["state_bytes"] == {"kv": plan["kv_bytes"]}  # qwen3_moe: K and V rows only
     text = warp("plan", str(model)).stdout
     assert text.splitlines()[1].startswith("kv ") and text.splitlines()[2].split()[0] == "kv"
+    # How the budget was chosen: the tiny model fits floor + 3 working sets in any RAM.
+    assert plan["budget_multiple"] == 3
+    assert text.splitlines()[-1].split(None, 2)[2] == "floor + 3 working sets"
+    given = warp("plan", str(model), "--budget", "1G").stdout
+    assert given.splitlines()[-1].split(None, 2)[2] == "as given"
     info = json.loads(warp("info", str(model), "--json").stdout)
     assert info["model_type"] == "qwen3_moe"
     ev = json.loads(warp("eval", str(model), "--ids", "10,11,12", "--json").stdout)
