@@ -449,7 +449,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server over the same core")
     p.add_argument("model")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=_port, default=8080, help="TCP port (0: any free one)")
+    p.add_argument("--port", type=_port, default=8000, help="TCP port (default 8000; 0: any free one)")
     p.add_argument("--api-key", help="bearer key clients must send (default: $WARP_API_KEY)")
     p.add_argument("--budget")
     p.add_argument("--threads", type=int)
