@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import select
+import signal
 import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -277,10 +278,20 @@ def serve(model_path: str | os.PathLike[str], host: str = "127.0.0.1", port: int
         api.close()
         raise
     log.info("serving %s on http://%s:%d/v1", api.model_id, host, httpd.server_address[1])
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        # SIGTERM (a service manager, `kill`) shuts down as cleanly as Ctrl-C does
+        previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         httpd.serve_forever()
     except KeyboardInterrupt:
         pass
     finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
         httpd.server_close()
         api.close()
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
