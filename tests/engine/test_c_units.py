@@ -8,8 +8,11 @@ a reported pytest skip of its own, so a check that did not run never passes unse
 
 from __future__ import annotations
 
+import functools
+import os
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -32,29 +35,43 @@ def built() -> Path:
 
 
 @pytest.fixture(scope="module")
-def outputs(built: Path) -> dict[str, subprocess.CompletedProcess[str]]:
-    return {}
+def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The C tests' environment, with a comma-decimal locale compiled for them when the
+    system has the locale sources but no compiled de_DE (the JSON parser must not follow
+    LC_NUMERIC)."""
+    env = dict(os.environ)
+    localedef = shutil.which("localedef")
+    if localedef:
+        where = tmp_path_factory.mktemp("locales")
+        made = subprocess.run([localedef, "-i", "de_DE", "-f", "UTF-8",
+                               str(where / "de_DE.UTF-8")], capture_output=True)
+        if made.returncode in (0, 1) and (where / "de_DE.UTF-8").exists():  # 1: warnings
+            env["LOCPATH"] = str(where)
+    return env
 
 
-def _run(built: Path, outputs: dict[str, subprocess.CompletedProcess[str]],
-         name: str) -> subprocess.CompletedProcess[str]:
-    if name not in outputs:
-        outputs[name] = subprocess.run([str(built / name)], capture_output=True, text=True,
-                                       timeout=600)
-    return outputs[name]
+@pytest.fixture(scope="module")
+def run_c(built: Path, env: dict[str, str]) -> Callable[[str], subprocess.CompletedProcess[str]]:
+    """run_c(name) -> the C test's completed process (each test runs once per module)."""
+
+    @functools.cache
+    def run(name: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(built / name)], capture_output=True, text=True,
+                              timeout=600, env=env)
+
+    return run
 
 
 @pytest.mark.parametrize("name", C_TESTS)
-def test_c_unit(built: Path, outputs: dict, name: str) -> None:
-    proc = _run(built, outputs, name)
+def test_c_unit(run_c: Callable, name: str) -> None:
+    proc = run_c(name)
     assert proc.returncode == 0, f"{name} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
 
 
 @pytest.mark.parametrize("name", C_TESTS)
-def test_c_unit_ran_every_check(built: Path, outputs: dict, name: str) -> None:
+def test_c_unit_ran_every_check(run_c: Callable, name: str) -> None:
     """The checks a C test could not run here: hardware or locales CI does not promise."""
-    proc = _run(built, outputs, name)
-    skipped = [line[5:] for line in proc.stdout.splitlines() if line.startswith("SKIP ")]
+    skipped = [line[5:] for line in run_c(name).stdout.splitlines() if line.startswith("SKIP ")]
     requires(not skipped, f"{name}: " + "; ".join(skipped), ci_provides=False)
 
 
