@@ -485,6 +485,10 @@ void wpi_ffn_block(wpi_model *mdl, uint32_t layer, uint32_t n);
  * it in m->ex_pick[m->ex_start[s] .. m->ex_start[s + 1]). Returns how many. */
 uint32_t wpi_moe_distinct_experts(wpi_model *mdl, uint32_t n);
 wp_status wpi_moe_block(wpi_model *mdl, uint32_t layer, uint32_t n);
+/* A layer of the llama-shaped MoE families (qwen2_moe, qwen3_moe, mixtral, olmoe,
+ * glm4_moe): wpi_attention_block, then wpi_moe_block on MoE layers and wpi_ffn_block on
+ * dense ones; the arch's hparams decide routing, shared expert and qk norm. */
+wp_status wpi_moe_decoder_layer(wpi_model *mdl, uint32_t layer, uint32_t n, uint32_t pos);
 /* attention_sw.c: attention with per-head sinks (layer's attn_sinks, if any) over keys
  * p-window+1..p of each position p (window 0: all); biases, RoPE, no qk norm. */
 void wpi_attention_sw_block(wpi_model *mdl, uint32_t layer, uint32_t n, uint32_t pos,

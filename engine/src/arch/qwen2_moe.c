@@ -27,14 +27,4 @@ static wp_status check(const wpi_container *c, char *err, size_t cap)
     return WP_OK;
 }
 
-static wp_status layer_forward(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
-{
-    wpi_attention_block(m, l, n, pos);
-    if (!m->layers[l].is_moe) {
-        wpi_ffn_block(m, l, n);
-        return WP_OK;
-    }
-    return wpi_moe_block(m, l, n); /* routed experts + gated shared expert */
-}
-
-const wpi_arch wpi_arch_qwen2_moe = {"qwen2_moe", check, layer_forward};
+const wpi_arch wpi_arch_qwen2_moe = {"qwen2_moe", check, wpi_moe_decoder_layer};

@@ -16,14 +16,4 @@ static wp_status check(const wpi_container *c, char *err, size_t cap)
     return wpi_check_decoder(c, err, cap);
 }
 
-static wp_status layer_forward(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
-{
-    wpi_attention_block(m, l, n, pos);
-    if (!m->layers[l].is_moe) {
-        wpi_ffn_block(m, l, n);
-        return WP_OK;
-    }
-    return wpi_moe_block(m, l, n);
-}
-
-const wpi_arch wpi_arch_qwen3_moe = {"qwen3_moe", check, layer_forward};
+const wpi_arch wpi_arch_qwen3_moe = {"qwen3_moe", check, wpi_moe_decoder_layer};

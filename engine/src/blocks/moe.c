@@ -283,3 +283,13 @@ wp_status wpi_moe_block(wpi_model *m, uint32_t l, uint32_t n)
         lookahead(m, l);
     return WP_OK;
 }
+
+wp_status wpi_moe_decoder_layer(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
+{
+    wpi_attention_block(m, l, n, pos);
+    if (!m->layers[l].is_moe) {
+        wpi_ffn_block(m, l, n);
+        return WP_OK;
+    }
+    return wpi_moe_block(m, l, n);
+}
