@@ -9,26 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "check.h"
 #include "internal.h"
-
-static int failures;
-
-#define CHECK(cond, ...)                                    \
-    do {                                                    \
-        if (!(cond)) {                                      \
-            failures++;                                     \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__);     \
-            printf(__VA_ARGS__);                            \
-            printf("\n");                                   \
-        }                                                   \
-    } while (0)
-
-static uint32_t rng = 12345;
-static float frand(void)
-{
-    rng = rng * 1664525u + 1013904223u;
-    return (float)((rng >> 8) & 0xFFFF) / 32768.0f - 1.0f;
-}
 
 /* Matmul and SwiGLU outputs at 1, 2 and 4 threads are byte-identical, per dtype. */
 static void test_pool_determinism(void)

@@ -10,26 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "check.h"
 #include "internal.h"
-
-static int failures;
-
-#define CHECK(cond, ...)                                    \
-    do {                                                    \
-        if (!(cond)) {                                      \
-            failures++;                                     \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__);     \
-            printf(__VA_ARGS__);                            \
-            printf("\n");                                   \
-        }                                                   \
-    } while (0)
-
-static uint32_t rng = 12345;
-static float frand(void)
-{
-    rng = rng * 1664525u + 1013904223u;
-    return (float)((rng >> 8) & 0xFFFF) / 32768.0f - 1.0f;
-}
 
 /* transformers' outputs for hc 4, dim 8, 2 tokens, 20 Sinkhorn iterations, eps 1e-6. */
 static const float want_post[8] = {1.820071220e+00f, 1.057177544e+00f, 8.174493313e-01f, 1.059411883e+00f, 1.817765355e+00f, 6.302236319e-01f, 5.839439631e-01f, 1.776676774e-01f};
