@@ -485,6 +485,15 @@ void wpi_ffn_block(wpi_model *mdl, uint32_t layer, uint32_t n);
  * it in m->ex_pick[m->ex_start[s] .. m->ex_start[s + 1]). Returns how many. */
 uint32_t wpi_moe_distinct_experts(wpi_model *mdl, uint32_t n);
 wp_status wpi_moe_block(wpi_model *mdl, uint32_t layer, uint32_t n);
+/* Runs every distinct expert of the chunk (wpi_moe_distinct_experts) through
+ * fn(arg, mdl, view, expert, rows, cnt, out) in groups the cache can pin: the rows of xs
+ * that picked it are gathered into cnt rows, and fn's out rows are scattered to m->eo at
+ * each pick. The shared driver of the MoE blocks with their own expert FFN. */
+typedef void (*wpi_expert_apply_fn)(void *arg, wpi_model *mdl, const wpi_expert_view *v,
+                                    int32_t expert, const float *rows, uint32_t cnt,
+                                    float *out);
+wp_status wpi_moe_for_each_expert(wpi_model *mdl, uint32_t layer, const float *xs,
+                                  uint32_t nd, wpi_expert_apply_fn fn, void *arg);
 /* A layer of the llama-shaped MoE families (qwen2_moe, qwen3_moe, mixtral, olmoe,
  * glm4_moe): wpi_attention_block, then wpi_moe_block on MoE layers and wpi_ffn_block on
  * dense ones; the arch's hparams decide routing, shared expert and qk norm. */

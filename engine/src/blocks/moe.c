@@ -203,6 +203,34 @@ uint32_t wpi_moe_distinct_experts(wpi_model *m, uint32_t n)
     return nd;
 }
 
+wp_status wpi_moe_for_each_expert(wpi_model *m, uint32_t l, const float *xs, uint32_t nd,
+                                  wpi_expert_apply_fn fn, void *arg)
+{
+    const size_t H = m->hp->hidden_size, K = m->hp->top_k;
+    const uint32_t group = wpi_experts_max_pinned(m->experts);
+    for (uint32_t g0 = 0; g0 < nd; g0 += group) {
+        uint32_t cnt = nd - g0 < group ? nd - g0 : group;
+        wp_status st = wpi_experts_request(m->experts, l, m->ex_ids + g0, cnt, m->err,
+                                           m->err_cap);
+        for (uint32_t s = g0; st == WP_OK && s < g0 + cnt; s++) {
+            wpi_expert_view v;
+            st = wpi_experts_acquire(m->experts, l, m->ex_ids[s], &v, m->err, m->err_cap);
+            if (st != WP_OK) break;
+            const int32_t p0 = m->ex_start[s], p1 = m->ex_start[s + 1];
+            const uint32_t c = (uint32_t)(p1 - p0);
+            for (uint32_t i = 0; i < c; i++)
+                memcpy(m->xg + i * H, xs + (size_t)(m->ex_pick[p0 + i] / K) * H,
+                       H * sizeof(float));
+            fn(arg, m, &v, m->ex_ids[s], m->xg, c, m->yg);
+            for (uint32_t i = 0; i < c; i++)
+                memcpy(m->eo + (size_t)m->ex_pick[p0 + i] * H, m->yg + i * H, H * sizeof(float));
+        }
+        wpi_experts_release(m->experts);
+        if (st != WP_OK) return st;
+    }
+    return WP_OK;
+}
+
 wp_status wpi_moe_block(wpi_model *m, uint32_t l, uint32_t n)
 {
     const wpi_hparams *hp = m->hp;

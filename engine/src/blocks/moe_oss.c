@@ -73,6 +73,13 @@ static void expert_ffn(wpi_model *m, const wpi_layer *L, const wpi_expert_view *
     }
 }
 
+/* wpi_expert_apply_fn: arg is the layer (its expert biases). */
+static void routed_expert(void *arg, wpi_model *m, const wpi_expert_view *v, int32_t expert,
+                          const float *rows, uint32_t cnt, float *out)
+{
+    expert_ffn(m, (const wpi_layer *)arg, v, expert, rows, cnt, out);
+}
+
 static void lookahead(wpi_model *m, uint32_t l)
 {
     const wpi_hparams *hp = m->hp;
@@ -96,28 +103,8 @@ wp_status wpi_moe_oss_block(wpi_model *m, uint32_t l, uint32_t n)
         select_topk(hp, m->probs + t * E, m->topk_id + t * K, m->topk_w + t * K);
 
     const uint32_t nd = wpi_moe_distinct_experts(m, n);
-
-    const uint32_t group = wpi_experts_max_pinned(m->experts);
-    for (uint32_t g0 = 0; g0 < nd; g0 += group) {
-        uint32_t cnt = nd - g0 < group ? nd - g0 : group;
-        wp_status st = wpi_experts_request(m->experts, l, m->ex_ids + g0, cnt, m->err,
-                                           m->err_cap);
-        for (uint32_t s = g0; st == WP_OK && s < g0 + cnt; s++) {
-            wpi_expert_view v;
-            st = wpi_experts_acquire(m->experts, l, m->ex_ids[s], &v, m->err, m->err_cap);
-            if (st != WP_OK) break;
-            const int32_t p0 = m->ex_start[s], p1 = m->ex_start[s + 1];
-            const uint32_t c = (uint32_t)(p1 - p0);
-            for (uint32_t i = 0; i < c; i++)
-                memcpy(m->xg + i * H, m->xn + (size_t)(m->ex_pick[p0 + i] / K) * H,
-                       H * sizeof(float));
-            expert_ffn(m, L, &v, m->ex_ids[s], m->xg, c, m->yg);
-            for (uint32_t i = 0; i < c; i++)
-                memcpy(m->eo + (size_t)m->ex_pick[p0 + i] * H, m->yg + i * H, H * sizeof(float));
-        }
-        wpi_experts_release(m->experts);
-        if (st != WP_OK) return st;
-    }
+    wp_status st = wpi_moe_for_each_expert(m, l, m->xn, nd, routed_expert, (void *)L);
+    if (st != WP_OK) return st;
 
     for (uint32_t t = 0; t < n; t++) {
         float *acc = m->moe_out + t * H;

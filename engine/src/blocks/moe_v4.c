@@ -42,6 +42,16 @@ static void clamped_swiglu(wpi_model *m, const wpi_wmat *gate, const wpi_wmat *u
     wpi_matmul(m, &d, 1, m->ff_g, I, cnt);
 }
 
+/* wpi_expert_apply_fn over a streamed expert's record. */
+static void routed_expert(void *arg, wpi_model *m, const wpi_expert_view *v, int32_t expert,
+                          const float *rows, uint32_t cnt, float *out)
+{
+    wpi_wmat gate = {v->gate, v->dtype, v->inter, v->hidden};
+    wpi_wmat up = {v->up, v->dtype, v->inter, v->hidden};
+    wpi_wmat down = {v->down, v->dtype, v->hidden, v->inter};
+    clamped_swiglu(m, &gate, &up, &down, rows, cnt, out);
+}
+
 static float sqrt_softplus(float y)
 {
     float sp = y > 20.0f ? y : log1pf(expf(y));
@@ -77,29 +87,8 @@ wp_status wpi_v4_moe(wpi_model *m, uint32_t l, const float *x, uint32_t n, float
     }
 
     const uint32_t nd = wpi_moe_distinct_experts(m, n);
-    const uint32_t group = wpi_experts_max_pinned(m->experts);
-    for (uint32_t g0 = 0; g0 < nd; g0 += group) {
-        uint32_t cnt = nd - g0 < group ? nd - g0 : group;
-        wp_status st = wpi_experts_request(m->experts, l, m->ex_ids + g0, cnt, m->err,
-                                           m->err_cap);
-        for (uint32_t s = g0; st == WP_OK && s < g0 + cnt; s++) {
-            wpi_expert_view v;
-            st = wpi_experts_acquire(m->experts, l, m->ex_ids[s], &v, m->err, m->err_cap);
-            if (st != WP_OK) break;
-            wpi_wmat gate = {v.gate, v.dtype, v.inter, v.hidden};
-            wpi_wmat up = {v.up, v.dtype, v.inter, v.hidden};
-            wpi_wmat down = {v.down, v.dtype, v.hidden, v.inter};
-            const int32_t p0 = m->ex_start[s], p1 = m->ex_start[s + 1];
-            const uint32_t c = (uint32_t)(p1 - p0);
-            for (uint32_t i = 0; i < c; i++)
-                memcpy(m->xg + i * H, x + (size_t)(m->ex_pick[p0 + i] / K) * H, H * sizeof(float));
-            clamped_swiglu(m, &gate, &up, &down, m->xg, c, m->yg);
-            for (uint32_t i = 0; i < c; i++)
-                memcpy(m->eo + (size_t)m->ex_pick[p0 + i] * H, m->yg + i * H, H * sizeof(float));
-        }
-        wpi_experts_release(m->experts);
-        if (st != WP_OK) return st;
-    }
+    wp_status st = wpi_moe_for_each_expert(m, l, x, nd, routed_expert, NULL);
+    if (st != WP_OK) return st;
 
     const int shared = L->sh_gate.data != NULL;
     if (shared) clamped_swiglu(m, &L->sh_gate, &L->sh_up, &L->sh_down, x, n, m->yg);
