@@ -414,12 +414,6 @@ static wp_status need_f32_matrix(const wpi_container *c, const char *name, uint6
     return WP_OK;
 }
 
-#define TRY(expr)                          \
-    do {                                   \
-        wp_status st_ = (expr);            \
-        if (st_ != WP_OK) return st_;      \
-    } while (0)
-
 static wp_status check_hparams(const wpi_hparams *hp, char *err, size_t cap)
 {
 #define HP(cond, ...) \

@@ -32,6 +32,13 @@
 wp_status wpi_fail(char *err, size_t cap, wp_status status, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
+/* Returns from the enclosing function with expr's status unless it is WP_OK. */
+#define TRY(expr)                          \
+    do {                                   \
+        wp_status st_ = (expr);            \
+        if (st_ != WP_OK) return st_;      \
+    } while (0)
+
 /* CRC32C (Castagnoli); SSE4.2 instruction when present, table otherwise. */
 uint32_t wpi_crc32c(uint32_t crc, const void *data, size_t n);
 

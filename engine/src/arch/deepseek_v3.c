@@ -11,12 +11,6 @@
 
 #include "internal.h"
 
-#define TRY(expr)                          \
-    do {                                   \
-        wp_status st_ = (expr);            \
-        if (st_ != WP_OK) return st_;      \
-    } while (0)
-
 static wp_status check(const wpi_container *c, char *err, size_t cap)
 {
     const wpi_hparams *hp = &c->hp;

@@ -15,12 +15,6 @@
 
 #include "internal.h"
 
-#define TRY(expr)                          \
-    do {                                   \
-        wp_status st_ = (expr);            \
-        if (st_ != WP_OK) return st_;      \
-    } while (0)
-
 /* attention_csa.c */
 void wpi_v4_hc_buffers(wpi_model *m, float **streams, float **post, float **comb,
                        float **hcs, float **coll, float **y);

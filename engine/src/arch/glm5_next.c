@@ -19,12 +19,6 @@
 
 #include "internal.h"
 
-#define TRY(expr)                          \
-    do {                                   \
-        wp_status st_ = (expr);            \
-        if (st_ != WP_OK) return st_;      \
-    } while (0)
-
 static wp_status check_hparams(const wpi_hparams *hp, char *err, size_t cap)
 {
 #define HP(cond, ...) \

@@ -184,12 +184,7 @@ wp_status wpi_kda_check_layer(const wpi_container *c, uint32_t l, char *err, siz
     const wpi_hparams *hp = &c->hp;
     const uint64_t H = hp->hidden_size, d = hp->kda_head_dim, D = hp->kda_heads * d;
     char n[96];
-    wp_status st;
 #define NAME(s) (snprintf(n, sizeof n, "blk.%u." s, l), n)
-#define TRY(expr)                     \
-    do {                              \
-        if ((st = (expr)) != WP_OK) return st; \
-    } while (0)
     TRY(wpi_need_matrix(c, NAME("attn_q.weight"), D, H, err, cap));
     TRY(wpi_need_matrix(c, NAME("attn_k.weight"), D, H, err, cap));
     TRY(wpi_need_matrix(c, NAME("attn_v.weight"), D, H, err, cap));
@@ -203,7 +198,6 @@ wp_status wpi_kda_check_layer(const wpi_container *c, uint32_t l, char *err, siz
     TRY(wpi_need_vector(c, NAME("kda_dt_bias"), D, err, cap));
     TRY(wpi_need_vector(c, NAME("kda_a_log"), hp->kda_heads, err, cap));
     TRY(wpi_need_vector(c, NAME("kda_o_norm.weight"), d, err, cap));
-#undef TRY
 #undef NAME
     return WP_OK;
 }
