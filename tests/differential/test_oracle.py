@@ -12,22 +12,12 @@ import pytest
 from oracle_util import assert_matches_reference, assert_q8_0_matches
 from oracle_util import convert_to as _convert
 from oracle_util import mean_kl as _kl
-from support import has_module, requires
 
 PROMPT = [(17 * i + 5) % 250 + 3 for i in range(32)]
 ARCH_PARAMS = ["llama", "llama_rope3", "qwen3_moe", "qwen2_moe", "mixtral", "olmoe"]
 # The draw of each model: one that Q8_0 rounding leaves stable in transformers itself
 # (checked by assert_q8_0_matches); seed 0 of mixtral flips an expert selection.
 SEEDS = {"mixtral": 3}
-
-
-@pytest.fixture(scope="module")
-def oracle_env():
-    requires(has_module("torch") and has_module("transformers"),
-             "torch==2.13.0 and transformers (the oracle)")
-    import oracle_models
-
-    return oracle_models
 
 
 

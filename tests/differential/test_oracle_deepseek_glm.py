@@ -37,15 +37,6 @@ STD = 0.1
 BIAS_STD = 0.2  # e_score_correction_bias: large enough to reorder the selection
 
 
-@pytest.fixture(scope="module")
-def oracle_env():
-    requires(has_module("torch") and has_module("transformers"),
-             "torch==2.13.0 and transformers (the oracle)")
-    import oracle_models
-
-    return oracle_models
-
-
 def _common(**over: Any) -> dict[str, Any]:
     from oracle_models import COMMON
 

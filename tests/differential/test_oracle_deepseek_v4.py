@@ -27,7 +27,6 @@ import pytest
 from oracle_util import assert_streaming_bit_identical
 from oracle_util import convert_to as _convert
 from oracle_util import mean_kl as _kl
-from support import has_module, requires
 
 PROMPT = [(17 * i + 5) % 250 + 3 for i in range(48)]
 STD = 0.1
@@ -47,15 +46,6 @@ N_DECODE = 16
 # mean KL (8.2e-4) and continuation as the engine's Q8_0 container.
 BIAS_STD = 2.0
 SEED = 1
-
-
-@pytest.fixture(scope="module")
-def oracle_env():
-    requires(has_module("torch") and has_module("transformers"),
-             "torch==2.13.0 and transformers (the oracle)")
-    import oracle_models
-
-    return oracle_models
 
 
 def _config(**over: Any) -> Any:

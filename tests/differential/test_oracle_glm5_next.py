@@ -34,7 +34,6 @@ import pytest
 from oracle_util import assert_streaming_bit_identical
 from oracle_util import convert_to as _convert
 from oracle_util import mean_kl as _kl
-from support import has_module, requires
 
 PROMPT = [(17 * i + 5) % 250 + 3 for i in range(48)]
 STD = 0.1
@@ -50,17 +49,6 @@ EMBED_STD = 1.0
 BIAS_STD = 0.5
 SEED = 1
 STEPS = 16
-
-
-@pytest.fixture(scope="module")
-def oracle_env():
-    requires(
-        has_module("torch") and has_module("transformers"),
-        "torch==2.13.0 and transformers (the oracle)",
-    )
-    import oracle_models
-
-    return oracle_models
 
 
 def _text_config(**over: Any) -> dict[str, Any]:

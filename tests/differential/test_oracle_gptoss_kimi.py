@@ -24,19 +24,9 @@ from oracle_util import (
 )
 from oracle_util import convert_to as _convert
 from oracle_util import mean_kl as _kl
-from support import has_module, requires
 
 PROMPT = [(17 * i + 5) % 250 + 3 for i in range(32)]
 STD = 0.1
-
-
-@pytest.fixture(scope="module")
-def oracle_env():
-    requires(has_module("torch") and has_module("transformers"),
-             "torch==2.13.0 and transformers (the oracle)")
-    import oracle_models
-
-    return oracle_models
 
 
 def _gpt_oss_config(**over: Any) -> Any:
