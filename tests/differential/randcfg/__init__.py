@@ -8,6 +8,8 @@ One module per architecture, `randcfg/<model_type>.py`, defines:
   (default: `transformers.<CONFIG_CLASS>(**config)` redrawn by `oracle_models.randomize`);
 - optionally `prompt_lens(config)`: a strategy of prompt lengths (default 2..48), so a
   module can place prompts on both sides of every window it draws;
+- optionally `postsave(hf_dir, config)`: edits the saved checkpoint (for example a
+  config.json spelling such as Kimi-K2's `model_type` that transformers does not write);
 - optionally `reference(model, prompt, steps)`: the reference trace (default: transformers'
   full forward recomputed for every step, no cache, the plainest reference there is).
 
@@ -139,6 +141,8 @@ def check(draw: Draw, workdir: Path) -> float:
     mod = module(draw.arch)
     model = mod.build(dict(draw.config), draw.seed)
     hf = oracle_models.save(model, workdir / "hf")
+    if hasattr(mod, "postsave"):
+        mod.postsave(hf, dict(draw.config))
     out = convert_to(hf, workdir / "m.warp", experts="f32", trunk="f32")
     vocab = int(model.config.get_text_config().vocab_size)
     prompt = prompt_ids(draw, vocab)
