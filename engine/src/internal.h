@@ -41,7 +41,8 @@ wp_status wpi_fail(char *err, size_t cap, wp_status status, const char *fmt, ...
         if (st_ != WP_OK) return st_;      \
     } while (0)
 
-/* CRC32C (Castagnoli); SSE4.2 instruction when present, table otherwise. */
+/* CRC32C (Castagnoli); the SSE4.2 or AArch64 CRC32 instruction when present, table
+ * otherwise. */
 uint32_t wpi_crc32c(uint32_t crc, const void *data, size_t n);
 
 /* Memory accounting of one context: every engine allocation goes through it. */
@@ -56,7 +57,7 @@ void wpi_free(wpi_mem *m, void *p, size_t bytes);
 double wpi_now(void); /* monotonic seconds */
 
 /* Tests only: 0 forces the portable CRC32C table, 1 restores the automatic choice.
- * Returns 1 when the SSE4.2 instruction is in use afterwards. */
+ * Returns 1 when a CRC32C instruction (SSE4.2, AArch64 CRC32) is in use afterwards. */
 int wpi_crc32c_use_hw(int allow);
 
 /* ---- container.c --------------------------------------------------------------- */

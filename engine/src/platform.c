@@ -3,7 +3,7 @@
  *
  * The rest of the engine names no OS. Branches here are chosen by feature tests where
  * the facility has one name everywhere it exists (O_DIRECT, F_NOCACHE, F_RDAHEAD,
- * POSIX_FADV_*, CPU_COUNT, HWCAP_ASIMDDP), and by __APPLE__ only for sysctl names:
+ * POSIX_FADV_*, CPU_COUNT, HWCAP_*), and by __APPLE__ only for sysctl names:
  *
  *                      Linux                                  macOS
  *   uncached reads     open(O_DIRECT)                         fcntl F_NOCACHE 1, F_RDAHEAD 0
@@ -14,6 +14,7 @@
  *   physical cores     /proc/cpuinfo, capped by affinity      sysctl hw.perflevel0.physicalcpu
  *                                                             (else hw.physicalcpu)
  *   SDOT/UDOT          getauxval(AT_HWCAP) & HWCAP_ASIMDDP     sysctl hw.optional.arm.FEAT_DotProd
+ *   CRC32C insns       getauxval(AT_HWCAP) & HWCAP_CRC32       sysctl hw.optional.armv8_crc32
  *
  * Thread placement is left to the OS everywhere (no affinity is set).
  * The macOS column cannot be compiled by this project's CI (no SDK): it is kept to the
@@ -29,9 +30,9 @@
 #include <unistd.h>
 
 #if defined(__APPLE__)
+#include <sys/types.h>
 #include <sys/resource.h>
 #include <sys/sysctl.h>
-#include <sys/types.h>
 #endif
 
 #if defined(__aarch64__) && defined(__has_include)
@@ -327,6 +328,19 @@ int wpi_cpu_has_dotprod(void)
     return sysctlbyname("hw.optional.arm.FEAT_DotProd", &v, &len, NULL, 0) == 0 && v != 0;
 #elif defined(__aarch64__) && defined(AT_HWCAP) && defined(HWCAP_ASIMDDP)
     return (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0;
+#else
+    return 0;
+#endif
+}
+
+int wpi_cpu_has_crc32(void)
+{
+#if defined(__aarch64__) && defined(__APPLE__)
+    int v = 0;
+    size_t len = sizeof v;
+    return sysctlbyname("hw.optional.armv8_crc32", &v, &len, NULL, 0) == 0 && v != 0;
+#elif defined(__aarch64__) && defined(AT_HWCAP) && defined(HWCAP_CRC32)
+    return (getauxval(AT_HWCAP) & HWCAP_CRC32) != 0;
 #else
     return 0;
 #endif

@@ -41,4 +41,8 @@ uint32_t wpi_physical_cores(void);
  * read from the OS (AT_HWCAP on Linux, sysctl on macOS); 0 otherwise and off AArch64. */
 int wpi_cpu_has_dotprod(void);
 
+/* 1 when the CPU has the AArch64 CRC32 instructions (FEAT_CRC32, CRC32C* included),
+ * read from the OS (AT_HWCAP on Linux, sysctl on macOS); 0 otherwise and off AArch64. */
+int wpi_cpu_has_crc32(void);
+
 #endif /* WP_PLATFORM_H */

@@ -10,6 +10,10 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
 #include "wp.h"
 #include "kernels/kernels.h"
 
@@ -27,6 +31,17 @@
 
 #define WPI_ISA_LAST WP_ISA_NEON
 
+#if WPI_HAVE_X86
+/* F16C from CPUID leaf 1 (ECX bit 29): not every compiler's __builtin_cpu_supports
+ * knows the name (clang 14 refuses it). OS support of the YMM state, which F16C also
+ * needs, is part of the avx2 test. */
+static int cpu_has_f16c(void)
+{
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+}
+#endif
+
 /* Bit mask of (1 << wp_isa) for the sets this CPU can run. */
 static uint32_t detect(void)
 {
@@ -34,7 +49,7 @@ static uint32_t detect(void)
 #if WPI_HAVE_X86
     __builtin_cpu_init();
     int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-               __builtin_cpu_supports("f16c");
+               cpu_has_f16c();
     if (avx2)
         mask |= 1u << WP_ISA_AVX2;
     /* The AVX-512 file also uses AVX2/FMA/F16C instructions (masks, f16 loads). */
