@@ -43,7 +43,7 @@ __all__ = [
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _POLICIES = {"lfru": 0, "lru": 1}
-_ISAS = {"auto": 0, "scalar": 1, "avx2": 2, "avx512": 3}
+_ISAS = {"auto": 0, "scalar": 1, "avx2": 2, "avx512": 3, "neon": 4}
 _HOTLIST_NAME = "hotlist"  # the learned hotlist inside a container (hotlist=True)
 
 
@@ -265,7 +265,7 @@ class Engine:
             threads: compute threads (None = physical cores).
             ctx: context length in tokens (None = min(model maximum, 4096)).
             **options: cache_policy ("lfru"/"lru"), direct_io, verify, lookahead,
-                reader_threads, prefill_chunk, isa ("auto"/"scalar"/"avx2"/"avx512"),
+                reader_threads, prefill_chunk, isa ("auto"/"scalar"/"avx2"/"avx512"/"neon"),
                 hotlist (True: warm the cache from the hotlist `save_hotlist()` wrote
                 in the container; no file yet is a first run, not an error),
                 hotlist_path (a hotlist file elsewhere), usable_ram, cgroup_root,

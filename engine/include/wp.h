@@ -52,7 +52,8 @@ typedef enum wp_isa {
     WP_ISA_AUTO = 0,   /* best the CPU supports */
     WP_ISA_SCALAR = 1, /* the portable reference kernels */
     WP_ISA_AVX2 = 2,   /* AVX2 + FMA */
-    WP_ISA_AVX512 = 3  /* AVX-512 F/BW/VL (+VNNI where present) */
+    WP_ISA_AVX512 = 3, /* AVX-512 F/BW/VL (+VNNI where present) */
+    WP_ISA_NEON = 4    /* AArch64 Advanced SIMD (every AArch64 CPU) */
 } wp_isa;
 
 /* Configuration. Always start from wp_cfg_init(): fields added later get sane defaults. */
@@ -131,7 +132,7 @@ const char *wp_error_detail(const wp_ctx *ctx);
 
 typedef struct wp_info {
     char model_type[32];
-    char isa[16];                /* kernel set in use: "scalar", "avx2", "avx512" */
+    char isa[16];                /* kernel set in use: "scalar", "avx2", "avx512", "neon" */
     uint32_t vocab_size, hidden_size, n_layers, n_heads, n_kv_heads, head_dim;
     uint32_t n_experts, top_k, n_moe_layers;
     uint32_t ctx_tokens, max_position_embeddings, n_threads;

@@ -838,7 +838,7 @@ wp_status wpi_container_load_trunk(wpi_container *c, wpi_mem *m, char *err, size
         t->data = d;
         /* The copy is resident now; the page-cache copy would only double the RAM the
          * trunk occupies outside the budget. */
-        posix_fadvise(fd, (off_t)t->offset, (off_t)t->bytes, POSIX_FADV_DONTNEED);
+        wpi_advise_dontneed(fd, t->offset, t->bytes);
     }
     free(order);
     close(fd);

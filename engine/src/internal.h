@@ -6,6 +6,7 @@
  *                reader.c (aligned pread, O_DIRECT probe, header + CRC32C validation)
  *   core.c       wp_open/wp_eval/...: glue; arch/ + blocks/ compute the forward pass
  *   kernels/     numeric kernels with ISA dispatch (kernels.h)
+ *   platform.c   all that differs between operating systems (platform.h)
  *
  * Architecture code reaches experts only through wpi_experts_* and never touches a file.
  * Nothing here is exported: every non-static symbol is prefixed wpi_.
@@ -18,6 +19,7 @@
 
 #include "wp.h"
 #include "kernels/kernels.h"
+#include "platform.h"
 
 #define WPI_MAX_LAYERS 1024
 #define WPI_MAX_EOS 16
@@ -39,7 +41,8 @@ wp_status wpi_fail(char *err, size_t cap, wp_status status, const char *fmt, ...
         if (st_ != WP_OK) return st_;      \
     } while (0)
 
-/* CRC32C (Castagnoli); SSE4.2 instruction when present, table otherwise. */
+/* CRC32C (Castagnoli); the SSE4.2 or AArch64 CRC32 instruction when present, table
+ * otherwise. */
 uint32_t wpi_crc32c(uint32_t crc, const void *data, size_t n);
 
 /* Memory accounting of one context: every engine allocation goes through it. */
@@ -54,7 +57,7 @@ void wpi_free(wpi_mem *m, void *p, size_t bytes);
 double wpi_now(void); /* monotonic seconds */
 
 /* Tests only: 0 forces the portable CRC32C table, 1 restores the automatic choice.
- * Returns 1 when the SSE4.2 instruction is in use afterwards. */
+ * Returns 1 when a CRC32C instruction (SSE4.2, AArch64 CRC32) is in use afterwards. */
 int wpi_crc32c_use_hw(int allow);
 
 /* ---- container.c --------------------------------------------------------------- */
@@ -294,9 +297,7 @@ uint32_t wpi_cache_slots(const wpi_container *c, uint64_t cache_bytes);
 wp_status wpi_plan(const wpi_container *c, const wp_cfg *cfg, wp_plan *out,
                    char *err, size_t cap);
 
-/* Usable RAM: min(physical, every finite cgroup v2 memory.max/memory.high from this
- * process's cgroup up to the root, cgroup v1 memory.limit_in_bytes). */
-uint64_t wpi_usable_ram(const wp_cfg *cfg);
+/* Usable RAM: wpi_usable_ram (platform.h). */
 
 /* ---- forward (core.c, forward.c, pool.c, blocks/, arch/) --------------------- */
 
@@ -315,7 +316,6 @@ typedef struct wpi_arch wpi_arch;
 typedef struct wpi_pool wpi_pool;
 typedef void (*wpi_task_fn)(void *arg, uint32_t task);
 
-uint32_t wpi_physical_cores(void); /* unique (physical id, core id) pairs; >= 1 */
 wp_status wpi_pool_open(uint32_t n_threads, wpi_pool **out);
 void wpi_pool_close(wpi_pool *p);
 uint32_t wpi_pool_threads(const wpi_pool *p);

@@ -12,6 +12,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* newlocale and strtod_l are POSIX 2008 / glibc in <locale.h> and <stdlib.h>; the BSDs
+ * and macOS declare them in <xlocale.h>. */
+#if defined(__has_include)
+#if __has_include(<xlocale.h>)
+#include <xlocale.h>
+#endif
+#endif
+
 #include "internal.h"
 #include "json.h"
 

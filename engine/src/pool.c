@@ -52,56 +52,6 @@ static inline void cpu_relax(void)
 #endif
 }
 
-uint32_t wpi_physical_cores(void)
-{
-    FILE *f = fopen("/proc/cpuinfo", "r");
-    uint32_t n = 0;
-    if (f) {
-        /* Unique (physical id, core id) pairs; small fixed table, linear search. */
-        enum { MAXP = 4096 };
-        const int none = -1;
-        int pairs[MAXP][2];
-        int phys = none, core = none;
-        char line[256];
-        while (fgets(line, sizeof line, f)) {
-            int v;
-            if (sscanf(line, "physical id : %d", &v) == 1) phys = v;
-            else if (sscanf(line, "core id : %d", &v) == 1) core = v;
-            else if (line[0] == '\n' || line[0] == '\r') {
-                if (phys != none && core != none) {
-                    uint32_t i;
-                    for (i = 0; i < n; i++)
-                        if (pairs[i][0] == phys && pairs[i][1] == core) break;
-                    if (i == n && n < MAXP) {
-                        pairs[n][0] = phys;
-                        pairs[n][1] = core;
-                        n++;
-                    }
-                }
-                phys = core = none;
-            }
-        }
-        if (phys != none && core != none) {
-            uint32_t i;
-            for (i = 0; i < n; i++)
-                if (pairs[i][0] == phys && pairs[i][1] == core) break;
-            if (i == n && n < MAXP) n++;
-        }
-        fclose(f);
-    }
-    if (n == 0) {
-        long c = sysconf(_SC_NPROCESSORS_ONLN);
-        n = c > 0 ? (uint32_t)c : 1;
-    }
-    /* Never more than the CPUs this process may run on (cpusets, taskset). */
-    cpu_set_t set;
-    if (sched_getaffinity(0, sizeof set, &set) == 0) {
-        int allowed = CPU_COUNT(&set);
-        if (allowed > 0 && (uint32_t)allowed < n) n = (uint32_t)allowed;
-    }
-    return n;
-}
-
 /* Claims and runs tasks of generation g until none is left. */
 static void run_tasks(wpi_pool *p, uint32_t g)
 {

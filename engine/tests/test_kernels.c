@@ -3,7 +3,12 @@
  *
  * Prints one PASS/FAIL line per check and a summary; exits non-zero on any failure.
  * It names the ISA sets it executed and says which it could not (a CPU without
- * AVX-512 cannot execute kernels_avx512.c: that set is then only compiled).
+ * AVX-512 cannot execute kernels_avx512.c: that set is then only compiled; an x86-64
+ * build has no NEON set, an AArch64 build no AVX sets).
+ *
+ * WP_TEST_EXPECT_DOTPROD=0 or 1 (set by .ci/aarch64, which runs this test under QEMU
+ * with CPU models with and without FEAT_DotProd) makes the dot-product detection a
+ * checked result rather than a printed one.
  *
  * Contract checked for SIMD matmul/dot: |y - ref| <= 1e-6 * sum_i |w_i * x_i| + 1e-30,
  * and splitting a row range in two never changes a bit. The reference itself is checked
@@ -23,11 +28,13 @@
 #include <string.h>
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
 #include "wp.h"
 #include "kernels/kernels.h"
+#include "platform.h"
 
 static int n_pass, n_fail;
 
@@ -288,6 +295,14 @@ __attribute__((target("f16c"))) static uint16_t hw_f32_to_f16(float f)
 {
     return (uint16_t)_cvtss_sh(f, 0); /* 0: round to nearest even */
 }
+#elif defined(__aarch64__)
+static uint16_t hw_f32_to_f16(float f)
+{
+    __fp16 h = (__fp16)f; /* FCVT, in the default round-to-nearest-even mode */
+    uint16_t u;
+    memcpy(&u, &h, 2);
+    return u;
+}
 #endif
 
 static void test_f16(void)
@@ -325,7 +340,8 @@ static void test_f16(void)
     report(!bad, "f32 -> f16 rounding edges (ties, subnormals, overflow, inf, nan): %d wrong", bad);
 
 #if defined(__x86_64__)
-    if (__builtin_cpu_supports("f16c")) {
+    unsigned ca, cb, cc, cd;
+    if (__get_cpuid(1, &ca, &cb, &cc, &cd) && (cc & bit_F16C)) {
         bad = 0;
         uint32_t n = 0;
         for (uint64_t u = 0; u < (1ull << 32); u += 251 + (rng() & 0xff), n++) {
@@ -338,6 +354,22 @@ static void test_f16(void)
     } else {
         printf("SKIP f32 -> f16 against F16C: this CPU has no F16C\n");
     }
+#elif defined(__aarch64__)
+    {
+        bad = 0;
+        uint32_t n = 0;
+        for (uint64_t u = 0; u < (1ull << 32); u += 251 + (rng() & 0xff), n++) {
+            float f = bitsf((uint32_t)u);
+            uint16_t hw = hw_f32_to_f16(f);
+            /* FCVT keeps a NaN's top payload bits and quiets it, as wpi_f32_to_f16 does */
+            if (wpi_f32_to_f16(f) != hw)
+                bad++;
+        }
+        report(!bad, "f32 -> f16 equals the AArch64 FCVT instruction on %u bit patterns: "
+               "%d mismatches", n, bad);
+    }
+#else
+    printf("SKIP f32 -> f16 against a hardware conversion: none on this architecture\n");
 #endif
 
     bad = 0;
@@ -495,28 +527,59 @@ static void test_helpers(void)
     report(ok, "silu: known values and saturation");
 }
 
+/* The dot-product feature as the OS reports it; checked when the runner says what the
+ * CPU (model) has, printed otherwise. Off AArch64 it must read 0. */
+static void test_dotprod_detection(void)
+{
+    int have = wpi_cpu_has_dotprod();
+    const char *want = getenv("WP_TEST_EXPECT_DOTPROD");
+#if defined(__aarch64__)
+    if (want && (want[0] == '0' || want[0] == '1') && !want[1])
+        report(have == want[0] - '0', "dot-product (FEAT_DotProd) detection: %d, expected %s",
+               have, want);
+    else
+        printf("  dot-product (FEAT_DotProd) detected: %d (WP_TEST_EXPECT_DOTPROD unset: "
+               "not checked)\n", have);
+#else
+    (void)want;
+    report(have == 0, "dot-product (FEAT_DotProd) detection off AArch64: %d", have);
+#endif
+}
+
 int main(void)
 {
     uint32_t isa = wp_isa_supported();
-    const wpi_kernels *sets[3] = {&wpi_kernels_ref, NULL, NULL};
+    const wpi_kernels *sets[4] = {&wpi_kernels_ref, NULL, NULL, NULL};
     int n_sets = 1;
     printf("ISA sets on this CPU (wp_isa_supported = 0x%x):\n", isa);
     printf("  scalar: the reference; checked against double-precision sums\n");
-    static const struct { int isa; const char *name, *needs; } simd[] = {
-        {WP_ISA_AVX2, "avx2", "avx2+fma+f16c"},
-        {WP_ISA_AVX512, "avx512", "avx512f+bw+vl"},
+#if defined(__x86_64__)
+    enum { X86 = 1, ARM = 0 };
+#elif defined(__aarch64__)
+    enum { X86 = 0, ARM = 1 };
+#else
+    enum { X86 = 0, ARM = 0 };
+#endif
+    static const struct { int isa; const char *name, *needs; int built; } simd[] = {
+        {WP_ISA_AVX2, "avx2", "avx2+fma+f16c", X86},
+        {WP_ISA_AVX512, "avx512", "avx512f+bw+vl", X86},
+        {WP_ISA_NEON, "neon", "AArch64 ASIMD", ARM},
     };
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < 3; i++) {
         const wpi_kernels *k = wpi_kernels_get(simd[i].isa);
         if (k) {
             sets[n_sets++] = k;
             printf("  %s: EXECUTED and compared with the reference\n", simd[i].name);
         } else {
-            printf("SKIP %s kernels against the reference: this CPU or build lacks %s"
-                   " (compiled only)\n",
-                   simd[i].name, simd[i].needs);
+            if (simd[i].built)
+                printf("SKIP %s kernels against the reference: this CPU lacks %s"
+                       " (compiled only)\n", simd[i].name, simd[i].needs);
+            else /* not a check this machine could run: another architecture's lane */
+                printf("  %s: not built for this architecture (%s)\n", simd[i].name,
+                       simd[i].needs);
         }
     }
+    test_dotprod_detection();
     const wpi_kernels *best = wpi_kernels_get(WP_ISA_AUTO);
     report(best == sets[n_sets - 1] && wpi_kernels_get(WP_ISA_SCALAR) == &wpi_kernels_ref &&
                wpi_kernels_get(99) == NULL && wpi_kernels_matmul(best, 7) == NULL &&
@@ -535,8 +598,10 @@ int main(void)
     printf("kernels: %d passed, %d failed; ISA sets executed:", n_pass, n_fail);
     for (int i = 0; i < n_sets; i++)
         printf(" %s", sets[i]->name);
+#if defined(__x86_64__)
     if (!wpi_kernels_get(WP_ISA_AVX512))
         printf(" (avx512 NOT executed on this CPU)");
+#endif
     printf("\n");
     return n_fail ? 1 : 0;
 }

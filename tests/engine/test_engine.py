@@ -45,7 +45,7 @@ def test_info_and_eval_shapes(model):
         info = eng.info()
         assert info["model_type"] == "qwen3_moe"
         assert info["n_layers"] == 3 and info["n_experts"] == 16 and info["top_k"] == 4
-        assert info["isa"] in ("scalar", "avx2", "avx512")
+        assert info["isa"] in ("scalar", "avx2", "avx512", "neon")
         last = eng.eval(PROMPT[:5])
         assert last.shape == (eng.vocab_size,) and last.dtype == np.float32
         assert np.isfinite(last).all()
@@ -152,6 +152,27 @@ def test_missing_and_unsupported(model, tmp_path):
     with pytest.raises(UnsupportedModelError) as e:
         Engine.open(bad)
     assert "qwen3_moe" in str(e.value) and "llama" in str(e.value)
+
+
+def test_isa_option_every_kernel_set(model):
+    """Each isa name opens exactly when the CPU can run that set, and gives its logits
+    within float tolerance of the scalar reference; a set this CPU lacks is refused."""
+    from warp_providers import _engine
+
+    supported = _engine.isa_supported()
+    with Engine.open(model, threads=1, isa="scalar") as eng:
+        want = eng.eval(PROMPT[:6], all_logits=True)
+    for name, bit in (("avx2", 2), ("avx512", 3), ("neon", 4)):
+        if supported & (1 << bit):
+            with Engine.open(model, threads=1, isa=name) as eng:
+                assert eng.info()["isa"] == name
+                got = eng.eval(PROMPT[:6], all_logits=True)
+            assert np.abs(got - want).max() <= 1e-3 * max(1.0, np.abs(want).max())
+        else:
+            with pytest.raises(UnsupportedModelError, match="isa"):
+                Engine.open(model, isa=name)
+    with pytest.raises(ValueError, match="neon"):
+        Engine.open(model, isa="sve")
 
 
 def test_unknown_option(model):

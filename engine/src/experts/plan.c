@@ -15,21 +15,18 @@
  * Whole multiples of ws because below one ws a demand cache keeps nothing between
  * tokens (hit rate exactly 0), and 3/4 rather than 7/8 because 7/8 of 64 GB landed in
  * the measured 46-52 GB paging cliff of the reference engine (0.08 vs 0.88 tok/s).
- * Usable RAM honours every cgroup limit up to the root: sysconf reports the host, and a
- * 32 GiB cgroup on a 256 GiB host that planned from sysconf was killed.
+ * Usable RAM (platform.c) honours every cgroup limit up to the root: sysconf reports the
+ * host, and a 32 GiB cgroup on a 256 GiB host that planned from sysconf was killed.
  */
-#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "internal.h"
 
 #define GIB (1024.0 * 1024.0 * 1024.0)
 #define DEFAULT_CTX 4096
 #define DEFAULT_CHUNK 64
-#define UNLIMITED_V1 ((uint64_t)1 << 60) /* cgroup v1 writes "no limit" as ~2^63 */
 
 static uint64_t sat_add(uint64_t a, uint64_t b)
 {
@@ -120,116 +117,6 @@ wp_status wpi_plan(const wpi_container *c, const wp_cfg *cfg, wp_plan *out, char
         out->cache_slots = wpi_cache_slots(c, out->cache_bytes);
     }
     return st;
-}
-
-/* ---- usable RAM ----------------------------------------------------------------- */
-
-/* The number in a cgroup limit file; UINT64_MAX for "max", a missing file or junk. */
-static uint64_t read_limit(const char *path)
-{
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return UINT64_MAX;
-    char buf[64];
-    uint64_t v = UINT64_MAX;
-    if (fgets(buf, sizeof(buf), f)) {
-        char *end;
-        if (isdigit((unsigned char)buf[0])) {
-            unsigned long long x = strtoull(buf, &end, 10);
-            if (*end == '\n' || *end == '\0')
-                v = x;
-        }
-    }
-    fclose(f);
-    return v;
-}
-
-/* min over <root><path>/<file> for path and each ancestor up to and including root. */
-static uint64_t walk_limits(const char *root, const char *cg_path, const char *const *files,
-                            int n_files, uint64_t unlimited_at)
-{
-    char path[8448];
-    uint64_t best = UINT64_MAX;
-    size_t rl = strlen(root);
-    if (rl + strlen(cg_path) + 2 >= sizeof(path))
-        return best;
-    char rel[4096];
-    snprintf(rel, sizeof(rel), "%s", cg_path);
-    /* A path with ".." could climb out of the hierarchy; such a path is not trusted. */
-    if (strstr(rel, "/../") || !strncmp(rel, "../", 3) ||
-        (strlen(rel) >= 3 && !strcmp(rel + strlen(rel) - 3, "/..")) || !strcmp(rel, ".."))
-        rel[0] = '\0';
-    size_t n = strlen(rel);
-    while (n > 0 && rel[n - 1] == '/')
-        rel[--n] = '\0';
-    for (;;) {
-        for (int k = 0; k < n_files; k++) {
-            snprintf(path, sizeof(path), "%s%s%s/%s", root, rel[0] == '/' || !rel[0] ? "" : "/",
-                     rel, files[k]);
-            uint64_t v = read_limit(path);
-            if (v < unlimited_at && v < best)
-                best = v;
-        }
-        if (!rel[0])
-            break;
-        char *slash = strrchr(rel, '/');
-        if (!slash)
-            rel[0] = '\0';
-        else
-            *slash = '\0';
-    }
-    return best;
-}
-
-uint64_t wpi_usable_ram(const wp_cfg *cfg)
-{
-    if (cfg && cfg->usable_ram_bytes)
-        return cfg->usable_ram_bytes;
-    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
-    uint64_t best = pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz : UINT64_MAX;
-    const char *cg_root = cfg && cfg->cgroup_root ? cfg->cgroup_root : "/sys/fs/cgroup";
-    const char *proc = cfg && cfg->proc_root ? cfg->proc_root : "/proc";
-    char path[4096];
-    snprintf(path, sizeof(path), "%s/self/cgroup", proc);
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return best;
-    char line[4096];
-    while (fgets(line, sizeof(line), f)) {
-        size_t l = strlen(line);
-        while (l && (line[l - 1] == '\n' || line[l - 1] == '\r'))
-            line[--l] = '\0';
-        /* "hierarchy-id:controllers:path" */
-        char *c1 = strchr(line, ':');
-        char *c2 = c1 ? strchr(c1 + 1, ':') : NULL;
-        if (!c2)
-            continue;
-        *c1 = '\0';
-        *c2 = '\0';
-        const char *ctrl = c1 + 1, *cg = c2 + 1;
-        uint64_t v = UINT64_MAX;
-        if (!strcmp(line, "0") && !ctrl[0]) {
-            static const char *const v2[] = {"memory.max", "memory.high"};
-            v = walk_limits(cg_root, cg, v2, 2, UINT64_MAX);
-        } else {
-            /* v1: the memory controller, alone or in a comma-separated list. */
-            int has_mem = 0;
-            char tmp[256];
-            snprintf(tmp, sizeof(tmp), "%s", ctrl);
-            for (char *s = strtok(tmp, ","); s; s = strtok(NULL, ","))
-                has_mem |= !strcmp(s, "memory");
-            if (has_mem) {
-                static const char *const v1[] = {"memory.limit_in_bytes"};
-                char root1[4096];
-                snprintf(root1, sizeof(root1), "%s/memory", cg_root);
-                v = walk_limits(root1, cg, v1, 1, UNLIMITED_V1);
-            }
-        }
-        if (v < best)
-            best = v;
-    }
-    fclose(f);
-    return best;
 }
 
 /* ---- public ------------------------------------------------------------------------ */

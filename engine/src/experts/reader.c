@@ -2,10 +2,11 @@
  * reader.c -- expert bank files, record validation and the reader threads.
  *
  * Each miss is ONE pread of the whole 4 KiB-aligned record into a 4 KiB-aligned slot
- * buffer. Banks are opened with O_DIRECT and then probed with a one-block read: some
- * file systems accept O_DIRECT at open and refuse every transfer (tmpfs before Linux
- * 6.1), so a failed probe falls back to a buffered fd with POSIX_FADV_RANDOM and the
- * stats report direct_io = 0. The probe compares against WPI_DISK_ALIGN (on-disk
+ * buffer. Banks are opened uncached (wpi_open_uncached: O_DIRECT, or F_NOCACHE where
+ * that is the system's call) and then probed with a one-block read: some file systems
+ * accept O_DIRECT at open and refuse every transfer (tmpfs before Linux 6.1), so a
+ * failed probe falls back to a buffered fd with read-ahead off (wpi_advise_random) and
+ * the stats report direct_io = 0. The probe compares against WPI_DISK_ALIGN (on-disk
  * alignment), never the buffer alignment: confusing the two once kept a reference
  * engine from ever bypassing the page cache.
  *
@@ -160,12 +161,13 @@ static void *worker(void *arg)
     return NULL;
 }
 
-/* Opens one bank: O_DIRECT if asked and a one-block read succeeds, else buffered. */
+/* Opens one bank: uncached (O_DIRECT or F_NOCACHE, platform.c) if asked and a one-block
+ * read succeeds, else buffered. */
 static wp_status open_bank(const wpi_bank *b, int want_direct, void *probe, int *fd_out,
                            int *direct_out, char *err, size_t cap)
 {
     if (want_direct) {
-        int fd = open(b->path, O_RDONLY | O_DIRECT | O_CLOEXEC);
+        int fd = wpi_open_uncached(b->path);
         if (fd >= 0) {
             ssize_t n = pread(fd, probe, WPI_DISK_ALIGN, 0);
             if (n == WPI_DISK_ALIGN) {
@@ -180,7 +182,7 @@ static wp_status open_bank(const wpi_bank *b, int want_direct, void *probe, int 
     if (fd < 0)
         return wpi_fail(err, cap, WP_E_IO, "layer %u: cannot open expert bank '%s': %s",
                         b->layer, b->path, strerror(errno));
-    posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM);
+    wpi_advise_random(fd);
     *fd_out = fd;
     *direct_out = 0;
     return WP_OK;

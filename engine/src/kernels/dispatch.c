@@ -2,11 +2,17 @@
  * dispatch.c -- picks a kernel set from the CPU's flags.
  *
  * The flags are read once (the only process-wide state of the kernels, and it is
- * idempotent: two threads racing to fill it compute the same value). The SIMD tables
- * exist only in x86-64 builds; elsewhere only the reference set is offered.
+ * idempotent: two threads racing to fill it compute the same value). The AVX tables
+ * exist only in x86-64 builds and the NEON table only in AArch64 builds (where ASIMD is
+ * part of the base architecture, so it is always offered); elsewhere only the reference
+ * set is.
  */
 #include <stdatomic.h>
 #include <stdint.h>
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 
 #include "wp.h"
 #include "kernels/kernels.h"
@@ -17,6 +23,25 @@
 #define WPI_HAVE_X86 0
 #endif
 
+#if defined(__aarch64__)
+#define WPI_HAVE_NEON 1
+#else
+#define WPI_HAVE_NEON 0
+#endif
+
+#define WPI_ISA_LAST WP_ISA_NEON
+
+#if WPI_HAVE_X86
+/* F16C from CPUID leaf 1 (ECX bit 29): not every compiler's __builtin_cpu_supports
+ * knows the name (clang 14 refuses it). OS support of the YMM state, which F16C also
+ * needs, is part of the avx2 test. */
+static int cpu_has_f16c(void)
+{
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+}
+#endif
+
 /* Bit mask of (1 << wp_isa) for the sets this CPU can run. */
 static uint32_t detect(void)
 {
@@ -24,13 +49,16 @@ static uint32_t detect(void)
 #if WPI_HAVE_X86
     __builtin_cpu_init();
     int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-               __builtin_cpu_supports("f16c");
+               cpu_has_f16c();
     if (avx2)
         mask |= 1u << WP_ISA_AVX2;
     /* The AVX-512 file also uses AVX2/FMA/F16C instructions (masks, f16 loads). */
     if (avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl"))
         mask |= 1u << WP_ISA_AVX512;
+#endif
+#if WPI_HAVE_NEON
+    mask |= 1u << WP_ISA_NEON;
 #endif
     return mask;
 }
@@ -57,6 +85,10 @@ static const wpi_kernels *table(int isa)
     case WP_ISA_AVX512:
         return &wpi_kernels_avx512;
 #endif
+#if WPI_HAVE_NEON
+    case WP_ISA_NEON:
+        return &wpi_kernels_neon;
+#endif
     default:
         return NULL;
     }
@@ -66,12 +98,12 @@ const wpi_kernels *wpi_kernels_get(int isa)
 {
     uint32_t mask = wp_isa_supported();
     if (isa == WP_ISA_AUTO) {
-        for (int i = WP_ISA_AVX512; i > WP_ISA_AUTO; i--)
+        for (int i = WPI_ISA_LAST; i > WP_ISA_AUTO; i--)
             if (mask & (1u << i))
                 return table(i);
         return &wpi_kernels_ref;
     }
-    if (isa < WP_ISA_SCALAR || isa > WP_ISA_AVX512 || !(mask & (1u << isa)))
+    if (isa < WP_ISA_SCALAR || isa > WPI_ISA_LAST || !(mask & (1u << isa)))
         return NULL;
     return table(isa);
 }

@@ -2,8 +2,9 @@
  * kernels.h -- numeric kernels on quantized blocks, with runtime ISA dispatch.
  *
  * Every kernel has a portable reference (kernels_ref.c, always compiled). SIMD variants
- * (kernels_avx2.c, kernels_avx512.c) are compiled with per-function target pragmas, so
- * no global -m flag is needed, and chosen in dispatch.c from the CPU's flags.
+ * (kernels_avx2.c, kernels_avx512.c on x86-64, with per-file target pragmas so no global
+ * -m flag is needed; kernels_neon.c on AArch64, whose ASIMD is baseline) are chosen in
+ * dispatch.c from the CPU's flags. Each file compiles to nothing on other architectures.
  * Contract of a SIMD variant: equal to the reference within 1e-6 * sum_i |w_i * x_i|
  * per output (accumulation order differs); thread count never changes a result
  * (callers split work by rows).
@@ -45,7 +46,7 @@ typedef void (*wpi_matmul_fn)(const void *w, size_t cols, size_t r0, size_t r1,
                               float *y, size_t ldy);
 
 typedef struct wpi_kernels {
-    const char *name;            /* "scalar", "avx2", "avx512" */
+    const char *name;            /* "scalar", "avx2", "avx512", "neon" */
     wpi_matmul_fn matmul_f32;
     wpi_matmul_fn matmul_f16;
     wpi_matmul_fn matmul_bf16;
@@ -56,11 +57,13 @@ typedef struct wpi_kernels {
     void (*axpy_f32)(float a, const float *x, float *y, size_t n); /* y += a*x */
 } wpi_kernels;
 
-/* The kernel tables (dispatch.c picks one). The SIMD tables exist only on x86-64 builds;
- * use wpi_kernels_get() rather than naming them, except in tests and benchmarks. */
+/* The kernel tables (dispatch.c picks one). The AVX tables exist only on x86-64 builds,
+ * the NEON table only on AArch64 builds; use wpi_kernels_get() rather than naming them,
+ * except in tests and benchmarks. */
 extern const wpi_kernels wpi_kernels_ref;
 extern const wpi_kernels wpi_kernels_avx2;
 extern const wpi_kernels wpi_kernels_avx512;
+extern const wpi_kernels wpi_kernels_neon;
 
 /* Kernel set for an ISA (wp_isa values); NULL if this CPU cannot run it.
  * WP_ISA_AUTO (0) returns the best supported set. */

@@ -1,0 +1,399 @@
+/*
+ * kernels_neon.c -- AArch64 Advanced SIMD (NEON) variants of the matmul, dot and axpy
+ * kernels.
+ *
+ * ASIMD is part of the AArch64 base architecture, so this file needs no target
+ * attribute: it compiles on every AArch64 build and to an empty table-less unit
+ * elsewhere. The same two paths as kernels_avx2.c, 4 lanes wide:
+ *   n_tok == 1 (decode): per row, each 32-weight block is widened to float in registers
+ *     (int8/nibbles -> int16 -> int32 -> float), dotted with x, scaled by the block's d
+ *     and added to one of two accumulators (even and odd blocks).
+ *   n_tok >= 2 (prefill): a tile of up to TILE_ROWS rows is dequantized CHUNK columns
+ *     at a time into a stack buffer, then applied to every token, 2 rows x 4 tokens per
+ *     register tile, so each weight is decoded once per call.
+ * Activations stay float32 and weights are never requantized, so the dot-product
+ * instructions (SDOT/UDOT, int8 x int8) have nothing to do here; wpi_cpu_has_dotprod()
+ * reports them for a kernel with 8-bit activations.
+ * Each row's arithmetic is the same whatever row range it sits in, so splitting rows
+ * across threads never changes a result.
+ */
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "kernels/kernels.h"
+
+#if defined(__aarch64__)
+
+#include <arm_neon.h>
+
+#define CHUNK 512    /* columns dequantized at a time: 2 KiB of floats per row */
+#define TILE_ROWS 8  /* rows sharing one pass over the tokens' x chunk */
+
+/* ---- helpers --------------------------------------------------------------------- */
+
+/* n < 4 floats at p, the other lanes 0; reads exactly n floats. */
+static inline float32x4_t load4_part(const float *p, size_t n)
+{
+    float tmp[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    memcpy(tmp, p, n * sizeof(float));
+    return vld1q_f32(tmp);
+}
+
+static inline float load_f16(const uint8_t *p)
+{
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return vgetq_lane_f32(vcvt_f32_f16(vreinterpret_f16_u16(vdup_n_u16(h))), 0);
+}
+
+/* 4 halves at p as floats; n < 4 reads only n of them, the rest are 0. */
+static inline uint16x4_t load4_u16(const uint16_t *p, size_t n)
+{
+    if (n >= 4)
+        return vld1_u16(p);
+    uint16_t tmp[4] = {0, 0, 0, 0};
+    memcpy(tmp, p, n * 2);
+    return vld1_u16(tmp);
+}
+
+static inline float32x4_t cvt_f16(uint16x4_t h)
+{
+    return vcvt_f32_f16(vreinterpret_f16_u16(h));
+}
+
+static inline float32x4_t cvt_bf16(uint16x4_t h)
+{
+    return vreinterpretq_f32_u32(vshll_n_u16(h, 16));
+}
+
+/* 16 signed bytes as four float vectors, in order. */
+static inline void widen16(int8x16_t v, float32x4_t w[4])
+{
+    int16x8_t a = vmovl_s8(vget_low_s8(v)), b = vmovl_high_s8(v);
+    w[0] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(a)));
+    w[1] = vcvtq_f32_s32(vmovl_high_s16(a));
+    w[2] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(b)));
+    w[3] = vcvtq_f32_s32(vmovl_high_s16(b));
+}
+
+/* The 32 signed int8 weights of a q8_0 block as eight float vectors. */
+static inline void widen_q8(const uint8_t *q, float32x4_t w[8])
+{
+    widen16(vld1q_s8((const int8_t *)q), w);
+    widen16(vld1q_s8((const int8_t *)q + 16), w + 4);
+}
+
+/* The 32 nibbles of a q4 block (16 bytes; low nibbles = weights 0..15, high = 16..31)
+ * minus bias, as eight float vectors. */
+static inline void widen_q4(const uint8_t *q, int bias, float32x4_t w[8])
+{
+    uint8x16_t raw = vld1q_u8(q);
+    int8x16_t b = vdupq_n_s8((int8_t)bias);
+    int8x16_t lo = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(raw, vdupq_n_u8(15))), b);
+    int8x16_t hi = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(raw, 4)), b);
+    widen16(lo, w);
+    widen16(hi, w + 4);
+}
+
+/* sum over the block of w[k] * x[4k..4k+4), as a vector. */
+static inline float32x4_t block_dot(const float32x4_t w[8], const float *x)
+{
+    float32x4_t s0 = vmulq_f32(w[0], vld1q_f32(x));
+    float32x4_t s1 = vmulq_f32(w[1], vld1q_f32(x + 4));
+    s0 = vfmaq_f32(s0, w[2], vld1q_f32(x + 8));
+    s1 = vfmaq_f32(s1, w[3], vld1q_f32(x + 12));
+    s0 = vfmaq_f32(s0, w[4], vld1q_f32(x + 16));
+    s1 = vfmaq_f32(s1, w[5], vld1q_f32(x + 20));
+    s0 = vfmaq_f32(s0, w[6], vld1q_f32(x + 24));
+    s1 = vfmaq_f32(s1, w[7], vld1q_f32(x + 28));
+    return vaddq_f32(s0, s1);
+}
+
+/* ---- dot, axpy ------------------------------------------------------------------- */
+
+static float dot_f32_neon(const float *a, const float *b, size_t n)
+{
+    float32x4_t s0 = vdupq_n_f32(0.0f), s1 = s0, s2 = s0, s3 = s0;
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        s0 = vfmaq_f32(s0, vld1q_f32(a + i), vld1q_f32(b + i));
+        s1 = vfmaq_f32(s1, vld1q_f32(a + i + 4), vld1q_f32(b + i + 4));
+        s2 = vfmaq_f32(s2, vld1q_f32(a + i + 8), vld1q_f32(b + i + 8));
+        s3 = vfmaq_f32(s3, vld1q_f32(a + i + 12), vld1q_f32(b + i + 12));
+    }
+    for (; i + 4 <= n; i += 4)
+        s0 = vfmaq_f32(s0, vld1q_f32(a + i), vld1q_f32(b + i));
+    if (i < n)
+        s1 = vfmaq_f32(s1, load4_part(a + i, n - i), load4_part(b + i, n - i));
+    return vaddvq_f32(vaddq_f32(vaddq_f32(s0, s1), vaddq_f32(s2, s3)));
+}
+
+static void axpy_f32_neon(float a, const float *x, float *y, size_t n)
+{
+    float32x4_t va = vdupq_n_f32(a);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        float32x4_t y0 = vfmaq_f32(vld1q_f32(y + i), va, vld1q_f32(x + i));
+        float32x4_t y1 = vfmaq_f32(vld1q_f32(y + i + 4), va, vld1q_f32(x + i + 4));
+        vst1q_f32(y + i, y0);
+        vst1q_f32(y + i + 4, y1);
+    }
+    for (; i + 4 <= n; i += 4)
+        vst1q_f32(y + i, vfmaq_f32(vld1q_f32(y + i), va, vld1q_f32(x + i)));
+    if (i < n) {
+        float tmp[4];
+        vst1q_f32(tmp, vfmaq_f32(load4_part(y + i, n - i), va, load4_part(x + i, n - i)));
+        memcpy(y + i, tmp, (n - i) * sizeof(float));
+    }
+}
+
+/* ---- n_tok == 1: one row against one x, straight from the stored weights --------- */
+
+/* A row of halves (f16 or bf16) dotted with x: 8 halves per step, 2 accumulators. */
+#define ROW_HALF(name, cvt)                                                              \
+    static float name(const uint16_t *w, const float *x, size_t n)                       \
+    {                                                                                    \
+        float32x4_t s0 = vdupq_n_f32(0.0f), s1 = s0, s2 = s0, s3 = s0;                   \
+        size_t i = 0;                                                                    \
+        for (; i + 16 <= n; i += 16) {                                                   \
+            s0 = vfmaq_f32(s0, cvt(vld1_u16(w + i)), vld1q_f32(x + i));                  \
+            s1 = vfmaq_f32(s1, cvt(vld1_u16(w + i + 4)), vld1q_f32(x + i + 4));          \
+            s2 = vfmaq_f32(s2, cvt(vld1_u16(w + i + 8)), vld1q_f32(x + i + 8));          \
+            s3 = vfmaq_f32(s3, cvt(vld1_u16(w + i + 12)), vld1q_f32(x + i + 12));        \
+        }                                                                                \
+        for (; i + 4 <= n; i += 4)                                                       \
+            s0 = vfmaq_f32(s0, cvt(vld1_u16(w + i)), vld1q_f32(x + i));                  \
+        if (i < n)                                                                       \
+            s1 = vfmaq_f32(s1, cvt(load4_u16(w + i, n - i)), load4_part(x + i, n - i));  \
+        return vaddvq_f32(vaddq_f32(vaddq_f32(s0, s1), vaddq_f32(s2, s3)));              \
+    }
+
+ROW_HALF(row_f16, cvt_f16)
+ROW_HALF(row_bf16, cvt_bf16)
+
+/* acc + one block's d * sum(w*x), for q8_0 and q4_0. */
+static inline float32x4_t block_q8_0(const uint8_t *blk, const float *x, float32x4_t acc)
+{
+    float32x4_t w[8];
+    widen_q8(blk + 2, w);
+    return vfmaq_n_f32(acc, block_dot(w, x), load_f16(blk));
+}
+
+static inline float32x4_t block_q4_0(const uint8_t *blk, const float *x, float32x4_t acc)
+{
+    float32x4_t w[8];
+    widen_q4(blk + 2, 8, w);
+    return vfmaq_n_f32(acc, block_dot(w, x), load_f16(blk));
+}
+
+/* q4_1 weights are d*q + m, so a block adds d*sum(q*x) + m*sum(x). */
+static inline float32x4_t block_q4_1(const uint8_t *blk, const float *x, float32x4_t acc)
+{
+    float32x4_t w[8];
+    widen_q4(blk + 4, 0, w);
+    float32x4_t sx = vaddq_f32(vaddq_f32(vld1q_f32(x), vld1q_f32(x + 4)),
+                               vaddq_f32(vld1q_f32(x + 8), vld1q_f32(x + 12)));
+    sx = vaddq_f32(sx, vaddq_f32(vaddq_f32(vld1q_f32(x + 16), vld1q_f32(x + 20)),
+                                 vaddq_f32(vld1q_f32(x + 24), vld1q_f32(x + 28))));
+    acc = vfmaq_n_f32(acc, sx, load_f16(blk + 2));
+    return vfmaq_n_f32(acc, block_dot(w, x), load_f16(blk));
+}
+
+/* Even blocks into one accumulator, odd into another: two independent add chains. */
+#define ROW_QUANT(name, block_fn, bytes)                                                 \
+    static float name(const uint8_t *row, const float *x, size_t nb)                     \
+    {                                                                                    \
+        float32x4_t e = vdupq_n_f32(0.0f), o = e;                                        \
+        size_t b = 0;                                                                    \
+        for (; b + 2 <= nb; b += 2) {                                                    \
+            e = block_fn(row + b * (bytes), x + b * 32, e);                              \
+            o = block_fn(row + (b + 1) * (bytes), x + (b + 1) * 32, o);                  \
+        }                                                                                \
+        if (b < nb)                                                                      \
+            e = block_fn(row + b * (bytes), x + b * 32, e);                              \
+        return vaddvq_f32(vaddq_f32(e, o));                                              \
+    }
+
+ROW_QUANT(row_q8_0, block_q8_0, 34)
+ROW_QUANT(row_q4_0, block_q4_0, 18)
+ROW_QUANT(row_q4_1, block_q4_1, 20)
+
+static void matvec(int dtype, const void *w, size_t cols, size_t r0, size_t r1,
+                   const float *x, float *y)
+{
+    size_t rb = wpi_row_bytes(dtype, cols);
+    for (size_t r = r0; r < r1; r++) {
+        const uint8_t *row = (const uint8_t *)w + r * rb;
+        switch (dtype) {
+        case WPI_F32: y[r] = dot_f32_neon((const float *)row, x, cols); break;
+        case WPI_F16: y[r] = row_f16((const uint16_t *)row, x, cols); break;
+        case WPI_BF16: y[r] = row_bf16((const uint16_t *)row, x, cols); break;
+        case WPI_Q8_0: y[r] = row_q8_0(row, x, cols / 32); break;
+        case WPI_Q4_0: y[r] = row_q4_0(row, x, cols / 32); break;
+        case WPI_Q4_1: y[r] = row_q4_1(row, x, cols / 32); break;
+        default: break;
+        }
+    }
+}
+
+/* ---- n_tok >= 2: dequantize a chunk once, apply it to every token ----------------- */
+
+/* Columns [c, c + n) of a row as floats into out (n <= CHUNK; quantized: c, n % 32 == 0).
+ * out has room for a whole last vector. */
+static void dequant_chunk(int dtype, const uint8_t *row, size_t c, size_t n, float *out)
+{
+    switch (dtype) {
+    case WPI_F16:
+    case WPI_BF16: {
+        const uint16_t *h = (const uint16_t *)row + c;
+        for (size_t i = 0; i < n; i += 4) {
+            uint16x4_t v = load4_u16(h + i, n - i);
+            vst1q_f32(out + i, dtype == WPI_F16 ? cvt_f16(v) : cvt_bf16(v));
+        }
+        return;
+    }
+    case WPI_Q8_0:
+    case WPI_Q4_0:
+    case WPI_Q4_1:
+        for (size_t i = 0; i < n; i += 32) {
+            size_t b = (c + i) / 32;
+            float32x4_t w[8];
+            float d, m = 0.0f;
+            if (dtype == WPI_Q8_0) {
+                widen_q8(row + b * 34 + 2, w);
+                d = load_f16(row + b * 34);
+            } else if (dtype == WPI_Q4_0) {
+                widen_q4(row + b * 18 + 2, 8, w);
+                d = load_f16(row + b * 18);
+            } else {
+                widen_q4(row + b * 20 + 4, 0, w);
+                d = load_f16(row + b * 20);
+                m = load_f16(row + b * 20 + 2);
+            }
+            float32x4_t vm = vdupq_n_f32(m);
+            for (int k = 0; k < 8; k++)
+                vst1q_f32(out + i + 4 * k, vfmaq_n_f32(vm, w[k], d));
+        }
+        return;
+    default:
+        return;
+    }
+}
+
+/*
+ * The micro-kernel: sums of w_i[0..n) * x_t[0..n) for 2 rows x 4 tokens, one
+ * accumulator per (row, token): 8 independent FMA chains. Callers fill a ragged tile by
+ * repeating a row or token pointer and dropping those sums; every (row, token) sum is
+ * formed in the same order whatever its neighbours, so results never depend on how
+ * rows or tokens were grouped.
+ */
+static void tile_2x4(const float *w0, const float *w1, const float *const xt[4], size_t n,
+                     float out[2][4])
+{
+    float32x4_t a[2][4];
+    for (int r = 0; r < 2; r++)
+        for (int t = 0; t < 4; t++)
+            a[r][t] = vdupq_n_f32(0.0f);
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        float32x4_t u = vld1q_f32(w0 + i), v = vld1q_f32(w1 + i);
+        for (int t = 0; t < 4; t++) {
+            float32x4_t xv = vld1q_f32(xt[t] + i);
+            a[0][t] = vfmaq_f32(a[0][t], u, xv);
+            a[1][t] = vfmaq_f32(a[1][t], v, xv);
+        }
+    }
+    if (i < n) {
+        float32x4_t u = load4_part(w0 + i, n - i), v = load4_part(w1 + i, n - i);
+        for (int t = 0; t < 4; t++) {
+            float32x4_t xv = load4_part(xt[t] + i, n - i);
+            a[0][t] = vfmaq_f32(a[0][t], u, xv);
+            a[1][t] = vfmaq_f32(a[1][t], v, xv);
+        }
+    }
+    for (int r = 0; r < 2; r++)
+        for (int t = 0; t < 4; t++)
+            out[r][t] = vaddvq_f32(a[r][t]);
+}
+
+static void matmul_tiled(int dtype, const void *w, size_t cols, size_t r0, size_t r1,
+                         const float *x, size_t ldx, size_t n_tok, float *y, size_t ldy)
+{
+    _Alignas(16) float buf[TILE_ROWS][CHUNK];
+    size_t rb = wpi_row_bytes(dtype, cols);
+    for (size_t rt = r0; rt < r1; rt += TILE_ROWS) {
+        size_t nr = r1 - rt < TILE_ROWS ? r1 - rt : TILE_ROWS;
+        for (size_t t = 0; t < n_tok; t++)
+            for (size_t i = 0; i < nr; i++)
+                y[t * ldy + rt + i] = 0.0f;
+        for (size_t c = 0; c < cols; c += CHUNK) {
+            size_t nc = cols - c < CHUNK ? cols - c : CHUNK;
+            const float *wr[TILE_ROWS];
+            for (size_t i = 0; i < nr; i++) {
+                const uint8_t *row = (const uint8_t *)w + (rt + i) * rb;
+                if (dtype == WPI_F32) {
+                    wr[i] = (const float *)row + c;
+                } else {
+                    dequant_chunk(dtype, row, c, nc, buf[i]);
+                    wr[i] = buf[i];
+                }
+            }
+            for (size_t t = 0; t < n_tok; t += 4) {
+                size_t nt = n_tok - t < 4 ? n_tok - t : 4;
+                const float *xt[4];
+                for (size_t k = 0; k < 4; k++)
+                    xt[k] = x + (t + (k < nt ? k : 0)) * ldx + c;
+                for (size_t i = 0; i < nr; i += 2) {
+                    float s[2][4];
+                    size_t i1 = i + 1 < nr ? i + 1 : i;
+                    tile_2x4(wr[i], wr[i1], xt, nc, s);
+                    for (size_t k = 0; k < nt; k++) {
+                        y[(t + k) * ldy + rt + i] += s[0][k];
+                        if (i1 != i)
+                            y[(t + k) * ldy + rt + i1] += s[1][k];
+                    }
+                }
+            }
+        }
+    }
+}
+
+static void matmul_any(int dtype, const void *w, size_t cols, size_t r0, size_t r1,
+                       const float *x, size_t ldx, size_t n_tok, float *y, size_t ldy)
+{
+    if (wpi_row_bytes(dtype, cols) == 0 && cols != 0)
+        return;
+    if (n_tok == 1)
+        matvec(dtype, w, cols, r0, r1, x, y);
+    else
+        matmul_tiled(dtype, w, cols, r0, r1, x, ldx, n_tok, y, ldy);
+}
+
+#define NEON_MATMUL(name, dtype)                                                         \
+    static void name(const void *w, size_t cols, size_t r0, size_t r1, const float *x,  \
+                     size_t ldx, size_t n_tok, float *y, size_t ldy)                      \
+    {                                                                                    \
+        matmul_any(dtype, w, cols, r0, r1, x, ldx, n_tok, y, ldy);                      \
+    }
+
+NEON_MATMUL(matmul_f32_neon, WPI_F32)
+NEON_MATMUL(matmul_f16_neon, WPI_F16)
+NEON_MATMUL(matmul_bf16_neon, WPI_BF16)
+NEON_MATMUL(matmul_q8_0_neon, WPI_Q8_0)
+NEON_MATMUL(matmul_q4_0_neon, WPI_Q4_0)
+NEON_MATMUL(matmul_q4_1_neon, WPI_Q4_1)
+
+const wpi_kernels wpi_kernels_neon = {
+    .name = "neon",
+    .matmul_f32 = matmul_f32_neon,
+    .matmul_f16 = matmul_f16_neon,
+    .matmul_bf16 = matmul_bf16_neon,
+    .matmul_q8_0 = matmul_q8_0_neon,
+    .matmul_q4_0 = matmul_q4_0_neon,
+    .matmul_q4_1 = matmul_q4_1_neon,
+    .dot_f32 = dot_f32_neon,
+    .axpy_f32 = axpy_f32_neon,
+};
+
+#endif /* __aarch64__ */
