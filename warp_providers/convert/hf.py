@@ -1158,6 +1158,11 @@ def load_hf(src: Path) -> Plan:
     for i in range(n_layers):
         kind = hp["layer_kinds"][i]
         have = layers[i]
+        if not hp["shared_expert_intermediate_size"]:
+            # n_shared_experts=0: transformers still writes the shared MLP, 0 rows wide
+            for cname in ("ffn_gate_shexp.weight", "ffn_up_shexp.weight", "ffn_down_shexp.weight"):
+                if cname in have and 0 in st.entries[have[cname]].shape:
+                    del have[cname]
         for cname in _required(hp, kind):
             if cname not in have:
                 hf = next(k for k, v in _LAYER.items() if v[0] == cname)
