@@ -636,6 +636,12 @@ def _hparams(mt: str, cfg: Mapping[str, Any], gen: Mapping[str, Any]) -> dict[st
         if (mt == "glm4_moe" and "partial_rotary_factor" not in cfg
                 and not (isinstance(rp, Mapping) and "partial_rotary_factor" in rp)):
             cfg["partial_rotary_factor"] = 0.5  # transformers' Glm4MoeConfig default
+    act = cfg.get("hidden_act", "silu")
+    if act not in ("silu", "swish"):  # transformers' ACT2FN: swish is silu
+        raise ConvertError(
+            f"config.json: hidden_act {act!r} is not supported: the engine's MLPs are SwiGLU "
+            "(silu)"
+        )
     hidden = _int(cfg, "hidden_size")
     n_layers = _int(cfg, "num_hidden_layers")
     n_heads = _int(cfg, "num_attention_heads")

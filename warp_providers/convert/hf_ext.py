@@ -74,7 +74,7 @@ def _base_hparams(cfg: Mapping[str, Any], gen: Mapping[str, Any], moe_inter: int
     """The common keys through hf's normalizer (as a qwen2_moe-shaped config)."""
     c2 = dict(cfg)
     for k in ("mlp_layer_types", "first_k_dense_replace", "mlp_only_layers",
-              "decoder_sparse_step", "layer_types"):
+              "decoder_sparse_step", "layer_types", "hidden_act"):  # gpt_oss: own activation
         c2.pop(k, None)
     c2.update(moe_intermediate_size=moe_inter, intermediate_size=inter,
               norm_topk_prob=norm_topk, shared_expert_intermediate_size=shared)
