@@ -134,8 +134,8 @@ def build(config: dict[str, Any], seed: int) -> Any:
     return model.eval()
 
 
-def reference(model: Any, prompt: list[int],
-              steps: int) -> tuple[np.ndarray, list[int], np.ndarray]:
+def _reference(model: Any, prompt: list[int],
+               steps: int) -> tuple[np.ndarray, list[int], np.ndarray]:
     """transformers with its cache: prompt logits, then `steps` greedy tokens one at a time.
 
     transformers' cache needs an attention layer: a model of KDA layers only is referenced
@@ -164,3 +164,17 @@ def reference(model: Any, prompt: list[int],
             last = o.logits[0, -1].float().numpy()
             rows.append(last)
     return prompt_logits, tokens, np.stack(rows)
+
+
+def reference(model: Any, prompt: list[int],
+              steps: int) -> tuple[np.ndarray, list[int], np.ndarray]:
+    """_reference on one torch thread: these models are many tiny matmuls, which a second
+    thread only slows down (by 50x on a loaded machine)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _reference(model, prompt, steps)
+    finally:
+        torch.set_num_threads(threads)
