@@ -172,3 +172,26 @@ def test_hash_routing_table_shape_is_checked(hash_model, tmp_path):
     (work / "manifest.json").write_text(json.dumps(doc))
     with pytest.raises(ModelFormatError, match=r"blk\.1\.ffn_hash_ids"):
         Engine.open(work, threads=1, ctx=32)
+
+
+def test_damaged_chat_side_files_are_named(model, tmp_path):
+    """The template the manifest names, and the manifest's chat entry, are read by the
+    chat layer after open: damage there is a ModelFormatError naming the file or key."""
+    from warp_providers.session import ChatSession
+
+    work = tmp_path / "c"
+    for name, data, named in [
+        ("chat_template.jinja", b"\xff\xfe{{", "chat_template.jinja"),
+        ("chat_template.jinja", b"{% for m in messages %}", "chat_template.jinja"),
+        ("manifest.json", None, "manifest.json: chat"),
+    ]:
+        shutil.rmtree(work, ignore_errors=True)
+        shutil.copytree(model, work)
+        if data is None:
+            doc = json.loads((work / name).read_text())
+            doc["chat"] = ["chat_template.jinja"]
+            data = json.dumps(doc).encode()
+        (work / name).write_bytes(data)
+        with Engine.open(work, threads=1, ctx=32) as eng:
+            with pytest.raises(ModelFormatError, match=named):
+                ChatSession(eng)
