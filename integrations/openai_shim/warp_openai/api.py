@@ -161,6 +161,7 @@ class WarpAPI:
         api_key: str | None = None,
         default_max_tokens: int = DEFAULT_MAX_TOKENS,
         on_close: Callable[[], Any] | None = None,
+        max_body: int = MAX_BODY_BYTES,
     ) -> None:
         """Serve a session (or an engine: its chat format is resolved here).
 
@@ -172,6 +173,7 @@ class WarpAPI:
             api_key: require `Authorization: Bearer <key>` (None: no auth).
             default_max_tokens: completion limit when a request sets none.
             on_close: called once by `close()` (gives back a shared engine's reference).
+            max_body: largest raw request body in bytes (a 413 above it).
 
         """
         self._on_close = on_close
@@ -190,6 +192,7 @@ class WarpAPI:
         self.model_id = model_id or default_id
         self.api_key = api_key
         self.default_max_tokens = default_max_tokens
+        self.max_body = max_body
         self.created = int(time.time())
         self._started = time.monotonic()
 
@@ -249,9 +252,9 @@ class WarpAPI:
         if method == "POST":
             self._auth(headers)
             if path == "/v1/chat/completions":
-                return self.chat_completions(_parse(body), should_stop=should_stop)
+                return self.chat_completions(_parse(body, self.max_body), should_stop=should_stop)
             if path == "/v1/completions":
-                return self.completions(_parse(body), should_stop=should_stop)
+                return self.completions(_parse(body, self.max_body), should_stop=should_stop)
             raise APIError(404, f"no route for POST {path}")
         if method == "GET":
             self._auth(headers)
@@ -545,15 +548,15 @@ def _clean(path: str) -> str:
     return path or "/"
 
 
-def _parse(body: Any) -> dict[str, Any]:
+def _parse(body: Any, max_body: int = MAX_BODY_BYTES) -> dict[str, Any]:
     if isinstance(body, Mapping):
         value: Any = dict(body)
     else:
         if body is None or body == b"" or body == "":
             raise APIError(400, "request body is empty")
         size = len(body.encode("utf-8", "surrogatepass")) if isinstance(body, str) else len(body)
-        if size > MAX_BODY_BYTES:
-            raise APIError(413, f"request body may not exceed {MAX_BODY_BYTES} bytes")
+        if size > max_body:
+            raise APIError(413, f"request body may not exceed {max_body} bytes")
         try:
             text = body.decode("utf-8") if isinstance(body, (bytes, bytearray)) else str(body)
             value = json.loads(text, parse_constant=_no_constant)
@@ -839,6 +842,7 @@ def _stats(s: Mapping[str, Any], n: int, seconds: float) -> dict[str, Any]:
         "ms": round(seconds * 1000.0, 1),
         "tok_s": round(float(tok_s), 2),
         "prefill_tok_s": round(float(s.get("prefill_tok_s", 0.0) or 0.0), 2),
+        "prefill_ms": round(float(s.get("prefill_seconds", 0.0) or 0.0) * 1000.0, 3),
         "prefill_tokens": int(s.get("prompt_tokens_evaluated", 0) or 0),
         "cached_tokens": int(s.get("cached_tokens", 0) or 0),
     }
