@@ -7,8 +7,9 @@ texts of PROTOCOLS.md §7, generation options, blocking and streamed response sh
 object, and cancellation (closing a `ChunkStream` stops generation within a token).
 Refuses: everything §7 refuses, OpenAI-shaped (`{"error": {message, type, param, code}}`);
 `n` > 1 and `top_logprobs` > 0 (one sampled completion per request).
-Knows nothing of HTTP libraries: `transport.py` (httpx/httpx2) and `server.py` (stdlib)
-frame what this returns.
+Also owns the body rules every POST route shares (size, nesting depth, lone surrogates,
+field sizes: a 4xx naming the field). Knows nothing of HTTP libraries: `transport.py`
+(httpx/httpx2) and `server.py` (Starlette) frame what this returns.
 """
 
 from __future__ import annotations
