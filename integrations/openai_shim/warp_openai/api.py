@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import logging
 import secrets
 import threading
 import time
@@ -37,6 +38,8 @@ __all__ = [
     "encode_json",
     "error_body",
 ]
+
+log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
 """Request bodies above this are refused on their declared length (§7.3)."""
@@ -242,6 +245,10 @@ class WarpAPI:
             return 400, error_body(f"request body nests deeper than {MAX_DEPTH} levels")
         except (WarpError, ValueError, RuntimeError, OSError) as exc:
             return 500, error_body(str(exc) or type(exc).__name__, "engine_error")
+        except Exception as exc:  # a bug here: logged with its traceback, still an answer
+            log.exception("unexpected error answering %s %s", method, path)
+            return 500, error_body(f"internal error: {type(exc).__name__}: {exc}",
+                                   "engine_error")
 
     def _route(
         self, method: str, path: str, body: Any, headers: Mapping[str, str],
