@@ -795,6 +795,10 @@ def _check_template(template: Any, name: str) -> str | None:
         return None
     if not isinstance(template, str):
         raise ModelFormatError(f"{name}: expected a string")
+    try:  # a JSON escape can spell a lone surrogate, which no tokenizer can encode
+        template.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ModelFormatError(f"{name}: not valid Unicode (at character {exc.start})") from None
     import jinja2
 
     global _JINJA

@@ -120,6 +120,7 @@ def test_not_json_or_not_an_object(tmp_path, data):
     {"chat_template": 7},
     {"chat_template": [{"name": "default"}]},
     {"chat_template": "{% for %}"},
+    {"chat_template": "<|im_start|>\udcff{{ m }}"},  # a lone surrogate, via a JSON escape
     {"pat_str": 3},
 ])
 def test_tokenizer_config(tmp_path, config):
