@@ -17,7 +17,8 @@ config or read from the literals its ``tokenization_*.py`` assigns).
 
 Refuses, with a ``ConvertError`` naming the file, key or tensor: other model types,
 unknown or missing tensors, shapes that disagree with the config, unsupported dtypes or
-rope types, a ``hidden_act`` other than silu, and a checkpoint without a tokenizer. Called by ``convert()``.
+rope types, a ``hidden_act`` other than silu, and a checkpoint without a tokenizer.
+Called by ``convert()``.
 """
 
 from __future__ import annotations
