@@ -25,6 +25,7 @@ from warp_providers import ContextOverflowError, SamplingParams, WarpError
 from warp_providers.chat import ChatFormatError
 from warp_providers.chat.base import ToolCallArguments, ToolCallStart
 from warp_providers.session import ChatResult, ChatSession
+from warp_providers.types import Usage
 
 __all__ = ["MAX_BODY_BYTES", "APIError", "ChunkStream", "WarpAPI", "bearer_matches", "error_body"]
 
@@ -166,6 +167,10 @@ class WarpAPI:
         self.default_max_tokens = default_max_tokens
         self.created = int(time.time())
         self._started = time.monotonic()
+        from warp_openai.responses import Responses
+
+        self.responses = Responses(self)
+        """The /v1/responses routes and their store of finished responses."""
 
     def close(self) -> None:
         """Ends this surface's use of its engine (idempotent; see `on_close`)."""
@@ -217,6 +222,9 @@ class WarpAPI:
         if method == "GET" and path == "/health":
             return 200, {"status": "ok", "model": self.model_id, "engine": self._engine_build(),
                          "uptime_s": int(time.monotonic() - self._started)}
+        if path == "/v1/responses" or path.startswith("/v1/responses/"):
+            self._auth(headers)
+            return self.responses.route(method, path, body, should_stop)
         if method == "POST":
             self._auth(headers)
             if path == "/v1/chat/completions":
@@ -295,13 +303,14 @@ class WarpAPI:
         stop = _stop(req)
         logprobs = _logprobs(req)
         opts = _stream_options(req)
+        procs = _logit_bias(req, self.engine)
         ident, created = _new_id("chatcmpl-"), int(time.time())
         if not stream:
             t0 = time.perf_counter()
             result = None
             entries: list[dict[str, Any]] | None = [] if logprobs else None
             for chunk in self.session.stream(prep, sampling=sampling, stop=stop,
-                                             should_stop=should_stop):
+                                             processors=procs, should_stop=should_stop):
                 result = chunk.result or result
                 if entries is not None and chunk.delta.content and chunk.logprob is not None:
                     entries.append(_logprob_entry(chunk.delta.content, chunk.logprob))
@@ -315,13 +324,15 @@ class WarpAPI:
             def stop_now() -> bool:
                 return cancelled() or bool(outer is not None and outer())
 
-            return self._chunks(ident, created, prep, sampling, stop, stop_now, opts, logprobs)
+            return self._chunks(ident, created, prep, sampling, stop, stop_now, opts, logprobs,
+                                procs)
 
         return 200, ChunkStream(make)
 
     def _chunks(
         self, ident: str, created: int, prep: Any, sampling: SamplingParams, stop: list[str],
         should_stop: Callable[[], bool], include_usage: bool, logprobs: bool,
+        procs: list[Any],
     ) -> Iterator[dict[str, Any]]:
         assert self.session is not None
         base = {"id": ident, "object": "chat.completion.chunk", "created": created,
@@ -337,7 +348,8 @@ class WarpAPI:
         role_sent = False
         announced: set[int] = set()
         result: ChatResult | None = None
-        items = self.session.stream(prep, sampling=sampling, stop=stop, should_stop=should_stop)
+        items = self.session.stream(prep, sampling=sampling, stop=stop, processors=procs,
+                                    should_stop=should_stop)
         for item in items:
             if item.result is not None:
                 result = item.result
@@ -376,7 +388,7 @@ class WarpAPI:
         final["warp"] = stats
         yield final
         if include_usage:
-            yield {**base, "choices": [], "usage": result.usage.model_dump(), "warp": stats}
+            yield {**base, "choices": [], "usage": usage_body(result.usage), "warp": stats}
 
     def _completion_body(self, ident: str, created: int, result: ChatResult, seconds: float,
                          logprobs: list[dict[str, Any]] | None) -> dict[str, Any]:
@@ -395,62 +407,18 @@ class WarpAPI:
             "choices": [{"index": 0, "message": message,
                          "logprobs": {"content": logprobs} if logprobs is not None else None,
                          "finish_reason": msg.finish_reason or "stop"}],
-            "usage": result.usage.model_dump(),
+            "usage": usage_body(result.usage),
             "warp": _stats(result, seconds),
         }
 
     # ------------------------------------------------------------------ raw completions
     def completions(
         self, req: dict[str, Any], *, should_stop: Callable[[], bool] | None = None
-    ) -> tuple[int, dict[str, Any]]:
-        """POST /v1/completions (§7.15): plain-text continuation, no chat template."""
-        prompt = req.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1:
-            prompt = prompt[0]
-        if not isinstance(prompt, str):
-            raise APIError(400, "'prompt' must be a string", param="prompt")
-        if not prompt:
-            raise APIError(400, "'prompt' must be a non-empty string", param="prompt")
-        tokenizer = self.engine.tokenizer
-        ids = tokenizer.encode_content(prompt)
-        if not ids:
-            raise APIError(400, "'prompt' encoded to no tokens", param="prompt")
-        ctx = int(self.engine.info().get("ctx_tokens", 0) or 0)
-        if ctx and len(ids) >= ctx:
-            raise APIError(400, f"prompt is {len(ids)} tokens, and this model's context is {ctx}",
-                           param="prompt", code="context_length_exceeded")
-        limit = _max_tokens(req, self.default_max_tokens)
-        if ctx:
-            limit = min(limit, max(1, ctx - len(ids)))
-        sampling = _sampling(req)
-        stop = _stop(req)
-        text = ""
-        n = 0
-        hit_stop = False
-        events = self.engine.stream(ids, max_tokens=limit, sampling=sampling, stop=stop,
-                                    should_stop=should_stop)
-        for ev in events:
-            n += 1
-            text += ev.text
-            cut = [text.find(s) for s in stop if s and s in text]
-            if cut:
-                text = text[: min(cut)]
-                hit_stop = True
-                break
-        getattr(events, "close", lambda: None)()
-        gen = getattr(self.engine, "last_result", None)
-        if gen is not None and not hit_stop:
-            n = len(gen.token_ids)
-            finish = "length" if gen.finish_reason == "length" else "stop"
-        else:
-            finish = "stop"
-        return 200, {
-            "id": _new_id("cmpl-"), "object": "text_completion", "created": int(time.time()),
-            "model": self.model_id,
-            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
-            "usage": {"prompt_tokens": len(ids), "completion_tokens": n,
-                      "total_tokens": len(ids) + n},
-        }
+    ) -> tuple[int, dict[str, Any] | ChunkStream]:
+        """POST /v1/completions (§7.15, with streaming, echo and logprobs: completions.py)."""
+        from warp_openai.completions import completions
+
+        return completions(self, req, should_stop=should_stop)
 
 
 # ---------------------------------------------------------------------- helpers
@@ -666,6 +634,22 @@ def _stream_options(req: Mapping[str, Any]) -> bool:
 def _logprob_entry(text: str, logprob: float) -> dict[str, Any]:
     return {"token": text, "logprob": float(logprob), "bytes": list(text.encode("utf-8")),
             "top_logprobs": []}
+
+
+def usage_body(usage: Usage) -> dict[str, Any]:
+    """Chat and completions `usage`: counts plus the cached prompt and reasoning tokens."""
+    return {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
+            "total_tokens": usage.total_tokens,
+            "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+            "completion_tokens_details": {"reasoning_tokens": usage.reasoning_tokens}}
+
+
+def _logit_bias(req: Mapping[str, Any], engine: Any) -> list[Any]:
+    from warp_openai.bias import logit_bias
+
+    vocab = int(engine.info().get("vocab_size") or engine.tokenizer.vocab_size)
+    bias = logit_bias(req, vocab)
+    return [bias] if bias is not None else []
 
 
 def _stats(result: ChatResult, seconds: float) -> dict[str, Any]:

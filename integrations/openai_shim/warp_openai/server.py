@@ -197,6 +197,14 @@ class _Handler(BaseHTTPRequestHandler):
         assert isinstance(body, dict)
         self._json(status, body)
 
+    def do_DELETE(self) -> None:  # noqa: N802 - stdlib name
+        if not self._authorized():
+            self._error(401, "invalid API key", "authentication_error")
+            return
+        status, body = self.server.api.handle("DELETE", self.path)
+        assert isinstance(body, dict)
+        self._json(status, body)
+
     def do_POST(self) -> None:  # noqa: N802 - stdlib name
         if not self._authorized():
             self._error(401, "invalid API key", "authentication_error", close=True)
