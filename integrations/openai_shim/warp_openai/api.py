@@ -1,7 +1,8 @@
 """The OpenAI-compatible request core: (method, path, JSON body) -> (status, body or chunks).
 
 Owns: routing (GET /health, /v1/models, /v1/models/{id}; POST /v1/chat/completions,
-/v1/completions), optional bearer auth, body parsing, the validation order and error
+/v1/completions, whose meaning is in completions.py; /v1/responses, in responses.py),
+optional bearer auth, body parsing, the validation order and error
 texts of PROTOCOLS.md §7, generation options, blocking and streamed response shapes
 (chunk dicts; the transport or server frames them as SSE), usage and the `warp` stats
 object, and cancellation (closing a `ChunkStream` stops generation within a token).

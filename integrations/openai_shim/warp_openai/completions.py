@@ -30,18 +30,20 @@ MAX_LOGPROBS = 5
 
 
 class _Capture:
-    """A last logits processor that records the top alternatives at every sampled position.
+    """A last logits processor that keeps the distribution of the position being sampled.
 
     It sees the logits after the request's biases and before temperature, so with greedy
-    decoding its log-probability of the sampled token is the engine's own.
+    decoding its log-probability of the sampled token is the engine's own. Only the latest
+    position is kept: the engine yields each token before it evaluates the next one.
     """
 
-    def __init__(self, top: int) -> None:
-        self.top = top
-        self.rows: list[tuple[np.ndarray, np.ndarray]] = []
+    def __init__(self) -> None:
+        self.count = 0
+        self.last: tuple[np.ndarray, np.ndarray] | None = None
 
     def __call__(self, generated: Any, logits: np.ndarray) -> None:
-        self.rows.append(_log_softmax(logits))
+        self.count += 1
+        self.last = _log_softmax(logits)
 
 
 def _log_softmax(logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -252,7 +254,7 @@ class _Run:
         if self.limit == 0:
             self.finish = "length"
             return
-        capture = _Capture(int(self.n_top or 0)) if self.entries is not None else None
+        capture = _Capture() if self.entries is not None else None
         procs = [p for p in (self.bias, capture) if p is not None]
         events = self.engine.stream(self.ids, max_tokens=self.limit, sampling=self.sampling,
                                     stop=self.stop, processors=procs, should_stop=should_stop)
@@ -296,8 +298,8 @@ class _Run:
             entries.offset += len(piece)
             return {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
         start = len(entries.tokens)
-        if capture is not None and len(capture.rows) > ev.index:
-            row = capture.rows[ev.index]
+        if capture is not None and capture.last is not None and capture.count == ev.index + 1:
+            row = capture.last
             entries.add(piece, _lp(row, ev.token_id), self._top(row, ev.token_id))
         else:  # an engine that does not run logits processors: the sampled token only
             entries.add(piece, float(ev.logprob),
