@@ -42,6 +42,7 @@ def logit_bias(req: Mapping[str, Any], vocab_size: int) -> LogitBias | None:
 
     Raises:
         APIError: 400 naming `logit_bias` for a malformed key, value or token id.
+
     """
     raw = req.get("logit_bias")
     if raw is None:

@@ -18,16 +18,16 @@ types; each a 400 naming its field. Knows nothing of HTTP: `transport.py` and
 from __future__ import annotations
 
 import json
+import secrets
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from warp_providers.chat import ChatFormatError
-
 from warp_openai.api import APIError, ChunkStream
+from warp_providers.chat import ChatFormatError
 
 __all__ = ["DEFAULT_STORE_SIZE", "Responses"]
 
@@ -40,8 +40,6 @@ _PARAM_MAP = {"messages": "input", "max_tokens": "max_output_tokens",
 
 
 def _new_id(prefix: str) -> str:
-    import secrets
-
     return prefix + secrets.token_hex(24)
 
 
@@ -60,8 +58,6 @@ class _Request:
     echo: dict[str, Any]
     store: bool
     stream: bool
-    previous: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class Responses:
@@ -73,6 +69,7 @@ class Responses:
         Args:
             api: the `WarpAPI` whose chat core answers.
             store_size: responses kept for `previous_response_id` and GET.
+
         """
         self.api = api
         self.store_size = store_size
@@ -236,7 +233,7 @@ class Responses:
         echo["reasoning"] = reasoning or {"effort": None, "summary": None}
         echo["store"] = store is not False
         return _Request(chat, messages, _with_ids(items), echo, store is not False,
-                        bool(stream), previous)
+                        bool(stream))
 
 
 def _rename(param: str | None) -> str | None:
@@ -583,7 +580,7 @@ class _Builder:
                           item=json.loads(json.dumps(item)))
 
     def output_messages(self) -> list[dict[str, Any]]:
-        """This response's output as chat messages, for a later `previous_response_id`."""
+        """The output as chat messages, for a later `previous_response_id`."""
         msg: dict[str, Any] = {"role": "assistant", "content": None}
         for item in self.output:
             if item["type"] == "reasoning":

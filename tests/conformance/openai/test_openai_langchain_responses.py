@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
 from fake_engine import ScriptedEngine, tool_call_text
-
 
 
 def _llm(engine: ScriptedEngine, **kw):
