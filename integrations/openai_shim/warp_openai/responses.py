@@ -247,7 +247,10 @@ def _rename(param: str | None) -> str | None:
 
 
 def _renamed(exc: APIError) -> APIError:
-    return APIError(exc.status, exc.message, param=_rename(exc.param), code=exc.code,
+    message = exc.message
+    for chat_name, name in _PARAM_MAP.items():
+        message = message.replace(f"'{chat_name}'", f"'{name}'")
+    return APIError(exc.status, message, param=_rename(exc.param), code=exc.code,
                     type=exc.type)
 
 
