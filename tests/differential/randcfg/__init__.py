@@ -122,6 +122,40 @@ def full_forward_reference(model: Any, prompt: list[int],
     return prompt_logits, tokens, np.stack(rows)
 
 
+def cached_reference(model: Any, prompt: list[int],
+                     steps: int) -> tuple[np.ndarray, list[int], np.ndarray]:
+    """Prompt logits, then `steps` greedy tokens decoded one at a time with transformers'
+    own cache (for models whose cache path is the reference)."""
+    import torch
+
+    with torch.no_grad():
+        out = model(torch.tensor([prompt]), use_cache=True)
+        cache = out.cache if getattr(out, "cache", None) is not None else out.past_key_values
+        prompt_logits = out.logits[0].float().numpy()
+        tokens, rows = [], []
+        last = prompt_logits[-1]
+        for _ in range(steps):
+            tok = int(last.argmax())
+            tokens.append(tok)
+            o = model(torch.tensor([[tok]]), cache=cache, use_cache=True)
+            last = o.logits[0, -1].float().numpy()
+            rows.append(last)
+    return prompt_logits, tokens, np.stack(rows)
+
+
+def on_one_thread(fn: Any, *args: Any) -> Any:
+    """fn(*args) with torch on one thread: tiny models are many small matmuls, which a
+    second thread only slows down (by 50x on a loaded machine)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return fn(*args)
+    finally:
+        torch.set_num_threads(threads)
+
+
 def prompt_ids(draw: Draw, vocab: int) -> list[int]:
     rng = np.random.default_rng(draw.seed)
     return [int(t) for t in rng.integers(3, min(vocab, 260), size=draw.prompt_len)]

@@ -119,35 +119,9 @@ def build(config: dict[str, Any], seed: int) -> Any:
     return model.eval()
 
 
-def _reference(model: Any, prompt: list[int],
-               steps: int) -> tuple[np.ndarray, list[int], np.ndarray]:
-    """transformers with its cache: prompt logits, then `steps` greedy tokens one at a time."""
-    import torch
-
-    with torch.no_grad():
-        out = model(torch.tensor([prompt]), use_cache=True)
-        cache = out.cache if getattr(out, "cache", None) is not None else out.past_key_values
-        prompt_logits = out.logits[0].float().numpy()
-        tokens, rows = [], []
-        last = prompt_logits[-1]
-        for _ in range(steps):
-            tok = int(last.argmax())
-            tokens.append(tok)
-            o = model(torch.tensor([[tok]]), cache=cache, use_cache=True)
-            last = o.logits[0, -1].float().numpy()
-            rows.append(last)
-    return prompt_logits, tokens, np.stack(rows)
-
-
 def reference(model: Any, prompt: list[int],
               steps: int) -> tuple[np.ndarray, list[int], np.ndarray]:
-    """_reference on one torch thread: these models are many tiny matmuls, which a second
-    thread only slows down (by 50x on a loaded machine)."""
-    import torch
+    """transformers' cached decode (randcfg.cached_reference) on one torch thread."""
+    import randcfg
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return _reference(model, prompt, steps)
-    finally:
-        torch.set_num_threads(threads)
+    return randcfg.on_one_thread(randcfg.cached_reference, model, prompt, steps)

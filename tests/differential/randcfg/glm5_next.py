@@ -141,7 +141,6 @@ def _reference(model: Any, prompt: list[int],
     transformers' cache needs an attention layer: a model of KDA layers only is referenced
     by the full forward of every step instead."""
     import randcfg
-    import torch
 
     types = model.config.text_config.layer_types
     if "indexed_attention" not in types:
@@ -151,30 +150,12 @@ def _reference(model: Any, prompt: list[int],
         finally:
             model.config.text_config.use_cache = True
 
-    with torch.no_grad():
-        out = model(torch.tensor([prompt]), use_cache=True)
-        cache = out.cache if getattr(out, "cache", None) is not None else out.past_key_values
-        prompt_logits = out.logits[0].float().numpy()
-        tokens, rows = [], []
-        last = prompt_logits[-1]
-        for _ in range(steps):
-            tok = int(last.argmax())
-            tokens.append(tok)
-            o = model(torch.tensor([[tok]]), cache=cache, use_cache=True)
-            last = o.logits[0, -1].float().numpy()
-            rows.append(last)
-    return prompt_logits, tokens, np.stack(rows)
+    return randcfg.cached_reference(model, prompt, steps)
 
 
 def reference(model: Any, prompt: list[int],
               steps: int) -> tuple[np.ndarray, list[int], np.ndarray]:
-    """_reference on one torch thread: these models are many tiny matmuls, which a second
-    thread only slows down (by 50x on a loaded machine)."""
-    import torch
+    """_reference on one torch thread (randcfg.on_one_thread)."""
+    import randcfg
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return _reference(model, prompt, steps)
-    finally:
-        torch.set_num_threads(threads)
+    return randcfg.on_one_thread(_reference, model, prompt, steps)
