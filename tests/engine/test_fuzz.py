@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 import fuzz_cases
-from tiny import tiny_moe
+from tiny import tiny_deepseek_v4, tiny_moe
 from warp_providers import Engine, ModelFormatError, WarpError
 from warp_providers.synth import MoeShape
 
@@ -44,18 +44,7 @@ def model(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def v4_model(tmp_path_factory) -> Path:
-    from warp_providers.convert import convert
-    from warp_providers.synth import DeepseekV4Shape, make_deepseek_v4_checkpoint
-
-    root = tmp_path_factory.mktemp("fuzz-v4")
-    shape = DeepseekV4Shape(
-        hidden_size=32, num_hidden_layers=2, n_routed_experts=8, num_experts_per_tok=2,
-        moe_intermediate_size=32, num_attention_heads=2, head_dim=32, q_lora_rank=16,
-        qk_rope_head_dim=8, o_groups=2, o_lora_rank=8, index_n_heads=2, index_head_dim=16,
-        index_topk=2, compress_rate_csa=4, compress_rate_hca=8, sliding_window=8,
-        hc_mult=2, num_hash_layers=1)
-    src = make_deepseek_v4_checkpoint(root / "hf", shape, seed=5)
-    return convert(src, root / "v4.warp", experts="q8_0", trunk="f32")
+    return tiny_deepseek_v4(tmp_path_factory.mktemp("fuzz-v4"), experts="q8_0")
 
 
 class _Worker:

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tiny import tiny_moe
+from tiny import tiny_deepseek_v4, tiny_moe
 from warp_providers import Engine, ModelFormatError
 from warp_providers.convert.writer import crc32c
 from warp_providers.synth import MoeShape
@@ -130,18 +130,7 @@ def _rewrite_tensor(work: Path, name: str, fn) -> None:
 
 @pytest.fixture(scope="module")
 def hash_model(tmp_path_factory) -> Path:
-    from warp_providers.convert import convert
-    from warp_providers.synth import DeepseekV4Shape, make_deepseek_v4_checkpoint
-
-    root = tmp_path_factory.mktemp("hash")
-    shape = DeepseekV4Shape(
-        hidden_size=32, num_hidden_layers=2, n_routed_experts=8, num_experts_per_tok=2,
-        moe_intermediate_size=32, num_attention_heads=2, head_dim=32, q_lora_rank=16,
-        qk_rope_head_dim=8, o_groups=2, o_lora_rank=8, index_n_heads=2, index_head_dim=16,
-        index_topk=2, compress_rate_csa=4, compress_rate_hca=8, sliding_window=8,
-        hc_mult=2, num_hash_layers=1)
-    src = make_deepseek_v4_checkpoint(root / "hf", shape, seed=5)
-    return convert(src, root / "v4.warp", experts="f32", trunk="f32")
+    return tiny_deepseek_v4(tmp_path_factory.mktemp("hash"), experts="f32")
 
 
 def test_hash_routing_ids_out_of_range_are_refused_naming_the_table(hash_model, tmp_path):

@@ -19,3 +19,18 @@ def tiny_moe(root: Path, *, shape: MoeShape = TINY, experts: str = "q8_0",
 
     src = make_moe_checkpoint(root / f"hf-{seed}", shape, seed=seed)
     return convert(src, root / f"moe-{seed}-{experts}.warp", experts=experts, trunk=trunk)
+
+
+def tiny_deepseek_v4(root: Path, *, experts: str, trunk: str = "f32") -> Path:
+    """A converted two-layer DeepSeek-V4 (a hash-routed first layer, every attention kind)."""
+    from warp_providers.convert import convert
+    from warp_providers.synth import DeepseekV4Shape, make_deepseek_v4_checkpoint
+
+    shape = DeepseekV4Shape(
+        hidden_size=32, num_hidden_layers=2, n_routed_experts=8, num_experts_per_tok=2,
+        moe_intermediate_size=32, num_attention_heads=2, head_dim=32, q_lora_rank=16,
+        qk_rope_head_dim=8, o_groups=2, o_lora_rank=8, index_n_heads=2, index_head_dim=16,
+        index_topk=2, compress_rate_csa=4, compress_rate_hca=8, sliding_window=8,
+        hc_mult=2, num_hash_layers=1)
+    src = make_deepseek_v4_checkpoint(root / "hf", shape, seed=5)
+    return convert(src, root / "v4.warp", experts=experts, trunk=trunk)
