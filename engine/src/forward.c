@@ -72,7 +72,9 @@ static uint64_t layout(const wpi_hparams *hp, uint32_t chunk, wpi_model *m, char
     CARVE(x, float, C * H);
     CARVE(xn, float, C * H);
     CARVE(q, float, C * QD);
-    CARVE(att, float, C * QD);
+    /* att holds each head's output: head_dim wide, or MLA's v_head_dim (which may be wider) */
+    const uint64_t VD = (uint64_t)hp->n_heads * hp->v_head_dim;
+    CARVE(att, float, C * (VD > QD ? VD : QD));
     CARVE(rope_cos, float, C * (hp->rope_dim / 2));
     CARVE(rope_sin, float, C * (hp->rope_dim / 2));
     CARVE(ff_g, float, C * FF);

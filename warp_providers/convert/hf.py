@@ -636,6 +636,12 @@ def _hparams(mt: str, cfg: Mapping[str, Any], gen: Mapping[str, Any]) -> dict[st
         if (mt == "glm4_moe" and "partial_rotary_factor" not in cfg
                 and not (isinstance(rp, Mapping) and "partial_rotary_factor" in rp)):
             cfg["partial_rotary_factor"] = 0.5  # transformers' Glm4MoeConfig default
+    act = cfg.get("hidden_act", "silu")
+    if act not in ("silu", "swish"):  # transformers' ACT2FN: swish is silu
+        raise ConvertError(
+            f"config.json: hidden_act {act!r} is not supported: the engine's MLPs are SwiGLU "
+            "(silu)"
+        )
     hidden = _int(cfg, "hidden_size")
     n_layers = _int(cfg, "num_hidden_layers")
     n_heads = _int(cfg, "num_attention_heads")
@@ -1158,6 +1164,11 @@ def load_hf(src: Path) -> Plan:
     for i in range(n_layers):
         kind = hp["layer_kinds"][i]
         have = layers[i]
+        if not hp["shared_expert_intermediate_size"]:
+            # n_shared_experts=0: transformers still writes the shared MLP, 0 rows wide
+            for cname in ("ffn_gate_shexp.weight", "ffn_up_shexp.weight", "ffn_down_shexp.weight"):
+                if cname in have and 0 in st.entries[have[cname]].shape:
+                    del have[cname]
         for cname in _required(hp, kind):
             if cname not in have:
                 hf = next(k for k, v in _LAYER.items() if v[0] == cname)

@@ -74,7 +74,7 @@ def _base_hparams(cfg: Mapping[str, Any], gen: Mapping[str, Any], moe_inter: int
     """The common keys through hf's normalizer (as a qwen2_moe-shaped config)."""
     c2 = dict(cfg)
     for k in ("mlp_layer_types", "first_k_dense_replace", "mlp_only_layers",
-              "decoder_sparse_step", "layer_types"):
+              "decoder_sparse_step", "layer_types", "hidden_act"):  # gpt_oss: own activation
         c2.pop(k, None)
     c2.update(moe_intermediate_size=moe_inter, intermediate_size=inter,
               norm_topk_prob=norm_topk, shared_expert_intermediate_size=shared)
@@ -380,6 +380,10 @@ def _load_kimi_linear(src: Path, cfg: dict[str, Any], gen: Mapping[str, Any]) ->
     hp.pop("_rope")
     st = hf.SafetensorsDir(src)
     s = _St(st)
+    if hp["tie_word_embeddings"] and s.has("lm_head.weight"):
+        # KimiLinearForCausalLM ties nothing (empty _tied_weights_keys): whatever
+        # tie_word_embeddings says, transformers computes the logits with lm_head.weight
+        hp["tie_word_embeddings"] = False
     b = hf._Builder(st, cfg)
     L, H, V = hp["n_layers"], hp["hidden_size"], hp["vocab_size"]
     nh, R, RD = hp["n_heads"], hp["kv_lora_rank"], hp["rope_dim"]
@@ -442,6 +446,11 @@ def _load_kimi_linear(src: Path, cfg: dict[str, Any], gen: Mapping[str, Any]) ->
             need(a, ("kv_a_layernorm.weight",), blk + "attn_kv_a_norm.weight", "f32", (R,))
             need(a, ("kv_b_proj.weight",), blk + "attn_kv_b.weight", "trunk", (nh * (nope + vd), R))
             need(a, ("o_proj.weight",), blk + "attn_output.weight", "trunk", (H, nh * vd))
+            # attention_bias: q_a_proj (with q_lora), kv_a_proj_with_mqa and o_proj carry biases
+            for p, cn, n in (("q_a_proj", "attn_q_a", QL), ("kv_a_proj_with_mqa", "attn_kv_a_mqa",
+                                                            R + RD), ("o_proj", "attn_output", H)):
+                if n and s.has(a + f"{p}.bias"):
+                    trunk.append(s.tensor(b, a + f"{p}.bias", blk + f"{cn}.bias", "f32", (n,)))
         need(pre, ("post_attention_layernorm.weight",), blk + "ffn_norm.weight", "f32", (H,))
         if hp["layer_kinds"][i] == "dense":
             for p, cn, shape in (("gate_proj", "ffn_gate", (inter, H)), ("up_proj", "ffn_up", (inter, H)),
@@ -453,6 +462,12 @@ def _load_kimi_linear(src: Path, cfg: dict[str, Any], gen: Mapping[str, Any]) ->
              "f32", (E, H))
         need(pre, ("block_sparse_moe.gate.e_score_correction_bias", "mlp.gate.e_score_correction_bias"),
              blk + "exp_probs_b.bias", "f32", (E,))
+        if not sh:  # n_shared_experts=0: transformers still writes the MLP, 0 rows wide
+            for p in ("gate_proj", "up_proj", "down_proj"):
+                for n in (f"block_sparse_moe.shared_experts.{p}.weight",
+                          f"mlp.shared_experts.{p}.weight"):
+                    if s.has(pre + n) and 0 in st.entries[pre + n].shape:
+                        s.used.add(pre + n)
         if sh:
             for p, cn, shape in (("gate_proj", "ffn_gate_shexp", (sh, H)), ("up_proj", "ffn_up_shexp", (sh, H)),
                                  ("down_proj", "ffn_down_shexp", (H, sh))):

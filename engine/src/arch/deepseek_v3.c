@@ -17,12 +17,11 @@ static wp_status check(const wpi_container *c, char *err, size_t cap)
     if (!hp->kv_lora_rank || hp->kv_lora_rank > 4096)
         return wpi_fail(err, cap, WP_E_FORMAT, "deepseek_v3: kv_lora_rank %u must be in 1..4096",
                         hp->kv_lora_rank);
-    if (hp->qk_nope_head_dim + hp->rope_dim != hp->head_dim || !hp->v_head_dim ||
-        hp->v_head_dim > hp->head_dim)
+    if (hp->qk_nope_head_dim + hp->rope_dim != hp->head_dim || !hp->v_head_dim)
         return wpi_fail(err, cap, WP_E_FORMAT,
                         "deepseek_v3: head_dim %u must be qk_nope_head_dim %u + rope_dim %u, "
-                        "and v_head_dim %u in 1..head_dim", hp->head_dim, hp->qk_nope_head_dim,
-                        hp->rope_dim, hp->v_head_dim);
+                        "and v_head_dim > 0", hp->head_dim, hp->qk_nope_head_dim,
+                        hp->rope_dim);
     if (hp->qk_norm != WPI_QK_NONE || hp->clip_qkv != 0)
         return wpi_fail(err, cap, WP_E_FORMAT, "deepseek_v3: qk_norm must be \"none\", no clip_qkv");
     if (hp->shared_expert_gate)

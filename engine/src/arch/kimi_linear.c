@@ -45,16 +45,19 @@ static wp_status check(const wpi_container *c, char *err, size_t cap)
         }
         if (QL) {
             TRY(wpi_need_matrix(c, NAME("attn_q_a.weight"), QL, H, err, cap));
+            TRY(wpi_opt_vector(c, NAME("attn_q_a.bias"), QL, err, cap));
             TRY(wpi_need_vector(c, NAME("attn_q_a_norm.weight"), QL, err, cap));
             TRY(wpi_need_matrix(c, NAME("attn_q_b.weight"), QD, QL, err, cap));
         } else {
             TRY(wpi_need_matrix(c, NAME("attn_q.weight"), QD, H, err, cap));
         }
         TRY(wpi_need_matrix(c, NAME("attn_kv_a_mqa.weight"), R + hp->rope_dim, H, err, cap));
+        TRY(wpi_opt_vector(c, NAME("attn_kv_a_mqa.bias"), R + hp->rope_dim, err, cap));
         TRY(wpi_need_vector(c, NAME("attn_kv_a_norm.weight"), R, err, cap));
         TRY(wpi_need_matrix(c, NAME("attn_kv_b.weight"),
                             NH * (hp->qk_nope_head_dim + hp->v_head_dim), R, err, cap));
         TRY(wpi_need_matrix(c, NAME("attn_output.weight"), H, NH * hp->v_head_dim, err, cap));
+        TRY(wpi_opt_vector(c, NAME("attn_output.bias"), H, err, cap));
 #undef NAME
     }
     return WP_OK;
