@@ -494,8 +494,9 @@ uint32_t wpi_moe_distinct_experts(wpi_model *mdl, uint32_t n);
 wp_status wpi_moe_block(wpi_model *mdl, uint32_t layer, uint32_t n);
 /* Runs every distinct expert of the chunk (wpi_moe_distinct_experts) through
  * fn(arg, mdl, view, expert, rows, cnt, out) in groups the cache can pin: the rows of xs
- * that picked it are gathered into cnt rows, and fn's out rows are scattered to m->eo at
- * each pick. The shared driver of the MoE blocks with their own expert FFN. */
+ * that picked it are gathered into cnt rows (at most mdl->chunk per call: a hash row may
+ * pick one expert twice), and fn's out rows are scattered to m->eo at each pick. The
+ * shared driver of the MoE blocks with their own expert FFN. */
 typedef void (*wpi_expert_apply_fn)(void *arg, wpi_model *mdl, const wpi_expert_view *v,
                                     int32_t expert, const float *rows, uint32_t cnt,
                                     float *out);

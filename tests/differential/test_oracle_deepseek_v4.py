@@ -20,6 +20,9 @@ release checkpoint spelling and transformers' spelling convert to the same conta
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -467,3 +470,114 @@ def test_fp8_and_fp4_release_sources(model, oracle_env, tmp_path):
     with Engine.open(out, threads=2) as eng:
         d = np.abs(eng.eval(PROMPT, all_logits=True) - ref).max()
     assert d <= 1e-4, f"fp8/fp4 source: max |d| = {d:.3g}"
+
+
+_CHILD_EVAL = """
+import sys
+import numpy as np
+from warp_providers import Engine
+out, ids, dst = sys.argv[1], [int(t) for t in sys.argv[2].split(",")], sys.argv[3]
+rows = []
+for threads, chunk in ((1, 1), (2, 1), (2, 5), (2, 64)):
+    with Engine.open(out, threads=threads, prefill_chunk=chunk) as eng:
+        rows.append(eng.eval(ids, all_logits=True))
+np.save(dst, np.stack(rows))
+"""
+
+
+def _hash_model(seed: int, rows: Any) -> Any:
+    """A model whose hash layers (0 and 2) route by the given tid2eid rows (12 experts,
+    top-3), the other weights drawn as in _build."""
+    import torch
+    import transformers as tf
+
+    cfg = _config(n_routed_experts=12, num_experts_per_tok=3)
+    torch.manual_seed(seed)
+    m = tf.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    with torch.no_grad():
+        for pname, p in m.named_parameters():
+            if "norm" in pname:
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+            elif p.dim() == 1:
+                p.copy_(0.1 * torch.randn_like(p))
+            else:
+                p.copy_(STD * torch.randn_like(p))
+        for bname, buf in m.named_buffers():
+            if bname.endswith("tid2eid"):
+                buf.copy_(torch.as_tensor(rows))
+            elif bname.endswith("e_score_correction_bias"):
+                buf.copy_(BIAS_STD * torch.randn_like(buf))
+    return m.eval()
+
+
+@pytest.mark.oracle
+def test_hash_rows_repeating_an_expert_match_transformers(oracle_env, tmp_path):
+    """A hash table may name one expert more than once in a token's row; transformers then
+    adds that expert's output once per occurrence (each with its own normalised weight).
+    Such an expert has more picks than the chunk has tokens (2 or 3 picks of one token at
+    prefill_chunk 1), which once overran the engine's per-expert gather buffers and killed
+    the process (SIGSEGV). Run in a child process, so a crash reads as a failure here."""
+    rng = np.random.default_rng(5)
+    rows = rng.integers(0, 12, size=(272, 3))
+    rows[:, 1] = rows[:, 0]  # every token picks its first expert twice
+    rows[::3, 2] = rows[::3, 0]  # and every third one three times
+    m = _hash_model(2, rows)
+    hf_dir = oracle_env.save(m, tmp_path / "hf")
+    out = _convert(hf_dir, tmp_path / "m.warp", experts="f32", trunk="f32")
+    ref = oracle_env.logits(m, PROMPT).numpy()
+    dst = tmp_path / "got.npy"
+    p = subprocess.run([sys.executable, "-c", _CHILD_EVAL, str(out), ",".join(map(str, PROMPT)),
+                        str(dst)], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, f"engine exited with {p.returncode}: {p.stderr[-2000:]}"
+    for got in np.load(dst):
+        d = float(np.abs(got - ref).max())
+        assert d <= 1e-4, f"repeated hash experts: max |d| = {d:.3g}"
+
+
+def _set_tensor(out: Path, name: str, values: np.ndarray) -> None:
+    """Rewrites one f32 trunk tensor of a container in place (and its checksum)."""
+    from warp_providers.convert.writer import crc32c
+
+    man = json.loads((out / "manifest.json").read_text())
+    ent = next(t for t in man["trunk"]["tensors"] if t["name"] == name)
+    buf = np.ascontiguousarray(values, dtype=np.float32).tobytes()
+    assert len(buf) == ent["bytes"]
+    with open(out / man["trunk"]["file"], "r+b") as f:
+        f.seek(ent["offset"])
+        f.write(buf)
+    ent["crc32c"] = crc32c(buf)
+    (out / "manifest.json").write_text(json.dumps(man))
+
+
+@pytest.mark.oracle
+def test_hash_ids_out_of_range_are_refused(model, tmp_path):
+    """An expert id outside 0..n_experts-1 in a hash table is refused by name: by the
+    converter in the source's tid2eid, by the engine's open in the container's
+    ffn_hash_ids (never read as an index)."""
+    from safetensors.torch import load_file, save_file
+
+    from warp_providers import Engine
+    from warp_providers.convert.quant import ConvertError
+    from warp_providers.errors import ModelFormatError
+
+    m, hf_dir, *_ = model
+    bad = tmp_path / "hf-bad"
+    bad.mkdir()
+    for f in hf_dir.iterdir():
+        if f.name != "model.safetensors":
+            (bad / f.name).write_bytes(f.read_bytes())
+    sd = load_file(str(hf_dir / "model.safetensors"))
+    key = next(k for k in sd if k.endswith("tid2eid"))
+    sd[key][7, 1] = m.config.n_routed_experts
+    save_file(sd, str(bad / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ConvertError, match=r"tid2eid.*outside"):
+        _convert(bad, tmp_path / "bad.warp", experts="f32", trunk="f32")
+
+    out = _convert(hf_dir, tmp_path / "m.warp", experts="f32", trunk="f32")
+    E, K = m.config.n_routed_experts, m.config.num_experts_per_tok
+    for value in (E, -1, 1.5):
+        table = np.asarray(m.model.layers[0].mlp.gate.tid2eid, dtype=np.float32).copy()
+        table[11, K - 1] = value
+        _set_tensor(out, "blk.0.ffn_hash_ids", table)
+        with pytest.raises(ModelFormatError, match=r"blk\.0\.ffn_hash_ids"):
+            Engine.open(out, threads=1)

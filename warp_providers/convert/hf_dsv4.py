@@ -167,7 +167,8 @@ def _dsv4_hparams(cfg: Mapping[str, Any],
         comp = {**yarn, "rope_theta": cfg.get("compress_rope_theta", 160000.0)}
     main.setdefault("partial_rotary_factor", prf)
     comp.setdefault("partial_rotary_factor", prf)
-    n_shared = hf._int(cfg, "n_shared_experts", default=1)
+    # transformers builds one shared expert of moe_intermediate_size whatever
+    # n_shared_experts says (DeepseekV4MLP reads intermediate_size, mapped to it)
     moe_inter = hf._int(cfg, "moe_intermediate_size")
     c2 = {k: v for k, v in cfg.items() if k not in (
         "rope_parameters", "rope_scaling", "partial_rotary_factor", "compress_rates",
@@ -176,7 +177,7 @@ def _dsv4_hparams(cfg: Mapping[str, Any],
     c2["head_dim"] = head_dim
     c2.setdefault("num_key_value_heads", 1)
     hp = _base_hparams(c2, gen, moe_inter=moe_inter, inter=0, norm_topk=True,
-                       shared=moe_inter * n_shared)
+                       shared=moe_inter)
     rope_type, _ = hp.pop("_rope")
     if rope_type != "default":
         raise ConvertError("config.json: the main rope of deepseek_v4 is the default one")

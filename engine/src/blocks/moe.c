@@ -216,14 +216,20 @@ wp_status wpi_moe_for_each_expert(wpi_model *m, uint32_t l, const float *xs, uin
             wpi_expert_view v;
             st = wpi_experts_acquire(m->experts, l, m->ex_ids[s], &v, m->err, m->err_cap);
             if (st != WP_OK) break;
-            const int32_t p0 = m->ex_start[s], p1 = m->ex_start[s + 1];
-            const uint32_t c = (uint32_t)(p1 - p0);
-            for (uint32_t i = 0; i < c; i++)
-                memcpy(m->xg + i * H, xs + (size_t)(m->ex_pick[p0 + i] / K) * H,
-                       H * sizeof(float));
-            fn(arg, m, &v, m->ex_ids[s], m->xg, c, m->yg);
-            for (uint32_t i = 0; i < c; i++)
-                memcpy(m->eo + (size_t)m->ex_pick[p0 + i] * H, m->yg + i * H, H * sizeof(float));
+            /* An expert has up to one pick per token and routing slot: more picks than
+             * the chunk's tokens when a hash row names it twice. The gather buffers (and
+             * fn's) hold a chunk's rows, so its picks go through them a chunk at a time. */
+            for (int32_t q0 = m->ex_start[s]; q0 < m->ex_start[s + 1]; q0 += (int32_t)m->chunk) {
+                const int32_t left = m->ex_start[s + 1] - q0;
+                const uint32_t c = left < (int32_t)m->chunk ? (uint32_t)left : m->chunk;
+                for (uint32_t i = 0; i < c; i++)
+                    memcpy(m->xg + i * H, xs + (size_t)(m->ex_pick[q0 + i] / K) * H,
+                           H * sizeof(float));
+                fn(arg, m, &v, m->ex_ids[s], m->xg, c, m->yg);
+                for (uint32_t i = 0; i < c; i++)
+                    memcpy(m->eo + (size_t)m->ex_pick[q0 + i] * H, m->yg + i * H,
+                           H * sizeof(float));
+            }
         }
         wpi_experts_release(m->experts);
         if (st != WP_OK) return st;
