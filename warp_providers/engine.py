@@ -279,8 +279,13 @@ class Engine:
 
         where = _container(path)
         opts = _options(where, budget, threads, ctx, options)
-        tokenizer = Tokenizer.from_dir(where)
-        return cls(_engine.Context(where, opts), where, tokenizer)
+        ctx_ = _engine.Context(where, opts)
+        try:  # after the engine: token ids are checked against the model's vocabulary
+            tokenizer = Tokenizer.from_dir(where, vocab_size=ctx_.info()["vocab_size"])
+        except BaseException:
+            ctx_.close()
+            raise
+        return cls(ctx_, where, tokenizer)
 
     # -- lifecycle ------------------------------------------------------------------
     def close(self) -> None:
@@ -362,15 +367,28 @@ class Engine:
         """The container's chat format name and chat template text (either may be None)."""
         import json
 
-        manifest = json.loads((Path(self.path) / "manifest.json").read_text())
+        from warp_providers.tokenizer import read_chat_template
+
+        try:  # the engine has read this manifest: it is a JSON object
+            manifest = json.loads((Path(self.path) / "manifest.json").read_text())
+        except (OSError, ValueError) as exc:
+            raise ModelFormatError(f"manifest.json: cannot be read again: {exc}") from None
         chat = manifest.get("chat") or {}
+        fmt = chat.get("format") if isinstance(chat, dict) else None
+        file = chat.get("template") if isinstance(chat, dict) else None
+        if not isinstance(chat, dict) or not isinstance(fmt, (str, type(None))) or \
+                not isinstance(file, (str, type(None))):
+            raise ModelFormatError(
+                'manifest.json: chat: expected {"template": file or null, "format": name or null}'
+            )
         template = None
-        if chat.get("template"):
-            f = Path(self.path) / str(chat["template"])
-            template = f.read_text() if f.is_file() else None
+        if file:
+            if "/" in file or file in (".", ".."):
+                raise ModelFormatError(f"manifest.json: chat.template: {file!r} is not a file name")
+            template = read_chat_template(Path(self.path) / file, file)
         if template is None:
             template = getattr(self.tokenizer, "chat_template", None)
-        return {"format": chat.get("format"), "template": template}
+        return {"format": fmt, "template": template}
 
     def stats(self) -> dict[str, Any]:
         """Cumulative engine counters since open (expert hits/misses, bytes read...)."""

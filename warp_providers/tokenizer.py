@@ -18,12 +18,15 @@ Called by: chat formats (`bind`), the engine wrapper and the adapters.
 from __future__ import annotations
 
 import base64
+import binascii
 import codecs
 import json
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
+
+from warp_providers.errors import ModelFormatError, WarpError
 
 if TYPE_CHECKING:
     import tiktoken
@@ -35,6 +38,11 @@ MAX_CHUNK_CHARS = 400_000
 """K3's encoder hands the BPE at most this many characters at a time (§1.2.5)."""
 MAX_RUN_CHARS = 25_000
 """Longest run of same-class (whitespace / non-whitespace) characters handed to the BPE at once."""
+MAX_TOKEN_ID = 1 << 24
+"""Ids are below this (the engine's vocabulary bound) when no model vocab_size is given."""
+MAX_SIDE_FILE_BYTES = 1 << 30
+"""Largest tokenizer, config or template file read."""
+_HF_MODELS = ("BPE", "WordPiece", "WordLevel", "Unigram")
 
 
 class _SegmentLike(Protocol):
@@ -267,14 +275,33 @@ class Tokenizer:
 
         """
         text = str(path_or_json_str)
+        name = "tokenizer.json"
         if not text.lstrip().startswith("{"):
-            text = Path(text).read_text(encoding="utf-8")
-        try:
-            spec = json.loads(text)
-        except ValueError as exc:
-            raise ValueError(f"tokenizer.json is not JSON: {exc}") from None
+            name = text
+            text = _read_side_text(Path(text), name)
+        spec = _parse_json(text, name)
+        _check_hf_spec(spec, name, MAX_TOKEN_ID)
+        return cls._from_checked_spec(spec, name, special_tokens, eos_ids, bos_id, **kwargs)
+
+    @classmethod
+    def _from_checked_spec(
+        cls,
+        spec: dict[str, Any],
+        name: str,
+        special_tokens: Mapping[str, int] | None,
+        eos_ids: Iterable[int] | None,
+        bos_id: int | None,
+        **kwargs: Any,
+    ) -> Tokenizer:
         extra = {k: int(v) for k, v in (special_tokens or {}).items()}
-        backend = _HFBackend(spec, extra)
+        try:
+            backend = _HFBackend(spec, extra)
+        except WarpError:
+            raise
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:  # the library's own errors, panics included
+            raise ModelFormatError(f"{name}: not a usable tokenizer: {exc}") from None
         return cls(backend, backend.control, eos_ids=eos_ids, bos_id=bos_id, **kwargs)
 
     @classmethod
@@ -304,14 +331,7 @@ class Tokenizer:
             ValueError: A malformed rank file.
 
         """
-        ranks: dict[bytes, int] = {}
-        for n, line in enumerate(Path(rank_file_path).read_text(encoding="ascii").splitlines(), 1):
-            if not line.strip():
-                continue
-            parts = line.split()
-            if len(parts) != 2:
-                raise ValueError(f"{rank_file_path}:{n}: expected '<base64> <rank>'")
-            ranks[base64.b64decode(parts[0])] = int(parts[1])
+        ranks = _read_ranks(Path(rank_file_path), str(rank_file_path), MAX_TOKEN_ID)
         return cls.from_tiktoken_ranks(
             ranks, pattern, special_tokens, eos_ids=eos_ids, bos_id=bos_id, **kwargs
         )
@@ -330,9 +350,17 @@ class Tokenizer:
         """Build from an in-memory rank table (see `from_tiktoken`)."""
         import tiktoken
 
-        enc = tiktoken.Encoding(
-            name, pat_str=pattern, mergeable_ranks=dict(ranks), special_tokens=dict(special_tokens)
-        )
+        try:
+            enc = tiktoken.Encoding(
+                name,
+                pat_str=pattern,
+                mergeable_ranks=dict(ranks),
+                special_tokens=dict(special_tokens),
+            )
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:  # the library's own errors, panics included
+            raise ModelFormatError(f"tiktoken vocabulary {name!r} is not usable: {exc}") from None
         return cls.from_tiktoken_encoding(enc, eos_ids=eos_ids, bos_id=bos_id, **kwargs)
 
     @classmethod
@@ -348,56 +376,73 @@ class Tokenizer:
         return cls(backend, backend.control, eos_ids=eos_ids, bos_id=bos_id, **kwargs)
 
     @classmethod
-    def from_dir(cls, directory: str | os.PathLike[str], pattern: str | None = None) -> Tokenizer:
+    def from_dir(
+        cls,
+        directory: str | os.PathLike[str],
+        pattern: str | None = None,
+        *,
+        vocab_size: int | None = None,
+    ) -> Tokenizer:
         """Load the tokenizer a model directory carries.
 
         Reads `tokenizer.json`, or `tiktoken.model` plus the special tokens of
         `tokenizer_config.json` (`added_tokens_decoder`). EOS/BOS come from
         `tokenizer_config.json` (`eos_token`, `bos_token`) and
         `generation_config.json` (`eos_token_id`); the chat template from
-        `tokenizer_config.json` or `chat_template.jinja`.
+        `tokenizer_config.json` or `chat_template.jinja`. Every file is checked
+        (JSON shape, sizes, every token id in [0, vocab_size)) before a tokenizer
+        library sees it.
 
         Args:
             directory: The model directory.
             pattern: tiktoken split regex; else `pat_str` of the config.
+            vocab_size: The model's vocabulary (embedding rows); token ids at or
+                above it are refused. None: the engine's bound, 2^24.
 
         Returns:
             The tokenizer.
 
         Raises:
-            FileNotFoundError: Neither vocabulary file exists.
-            ValueError: A tiktoken vocabulary without a split pattern.
+            ModelFormatError: A side file is missing, unreadable or malformed (the
+                detail names it), or a tiktoken vocabulary has no split pattern.
 
         """
         root = Path(directory)
-        config = _read_json(root / "tokenizer_config.json")
+        limit = MAX_TOKEN_ID if vocab_size is None else int(vocab_size)
+        config = _read_side_json(root / "tokenizer_config.json", "tokenizer_config.json")
+        specials = _check_tokenizer_config(config, "tokenizer_config.json", limit)
         template = _chat_template_of(root, config)
-        specials: dict[str, int] = {}
-        for tid, entry in (config.get("added_tokens_decoder") or {}).items():
-            content = entry.get("content") if isinstance(entry, dict) else None
-            if isinstance(content, str):
-                specials[content] = int(tid)
+        gen = _read_side_json(root / "generation_config.json", "generation_config.json")
+        eos = _eos_ids_of(gen, "generation_config.json", limit)
         if (root / "tokenizer.json").is_file():
-            tok = cls.from_tokenizer_json(
-                root / "tokenizer.json", chat_template=template, config=config
+            text = _read_side_text(root / "tokenizer.json", "tokenizer.json")
+            spec = _parse_json(text, "tokenizer.json")
+            _check_hf_spec(spec, "tokenizer.json", limit)
+            tok = cls._from_checked_spec(
+                spec, "tokenizer.json", None, None, None, chat_template=template, config=config
             )
         elif (root / "tiktoken.model").is_file():
             pat = pattern or config.get("pat_str")
             if not isinstance(pat, str) or not pat:
-                raise ValueError(
-                    f"{root}/tiktoken.model needs a split pattern: pass pattern= or set "
-                    f"'pat_str' in tokenizer_config.json"
+                raise ModelFormatError(
+                    f"tokenizer_config.json: tiktoken.model needs a split pattern: pass "
+                    f"pattern= or set 'pat_str' ({root})"
                 )
-            tok = cls.from_tiktoken(
-                root / "tiktoken.model", pat, specials, chat_template=template, config=config
-            )
+            ranks = _read_ranks(root / "tiktoken.model", "tiktoken.model", limit)
+            clash = sorted(set(ranks.values()) & set(specials.values()))
+            if clash:
+                raise ModelFormatError(
+                    f"tokenizer_config.json: added_tokens_decoder id {clash[0]} is also a "
+                    f"rank of tiktoken.model"
+                )
+            try:
+                tok = cls.from_tiktoken_ranks(
+                    ranks, pat, specials, chat_template=template, config=config
+                )
+            except ModelFormatError as exc:
+                raise ModelFormatError(f"tiktoken.model: {exc}") from None
         else:
-            raise FileNotFoundError(f"{root} has neither tokenizer.json nor tiktoken.model")
-        eos: list[int] = []
-        gen = _read_json(root / "generation_config.json").get("eos_token_id")
-        for value in gen if isinstance(gen, list) else [gen]:
-            if isinstance(value, int) and value not in eos:
-                eos.append(value)
+            raise ModelFormatError(f"{root} has neither tokenizer.json nor tiktoken.model")
         for key in ("eos_token", "bos_token"):
             spelling = config.get(key)
             spelling = spelling.get("content") if isinstance(spelling, dict) else spelling
@@ -537,19 +582,255 @@ class IncrementalDecoder:
         return after[len(before) :] if after.startswith(before) else after
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    if not path.is_file():
+# ---------------------------------------------------------------- side files
+# Everything below checks a file before a library sees it: the tokenizers library aborts
+# the process on some out-of-range ids (a vocab id of 2^31 - 1 never returns), so the
+# bounds are ours, and every refusal is a ModelFormatError that names the file.
+
+
+def _read_side_bytes(path: Path, name: str) -> bytes:
+    try:
+        size = path.stat().st_size
+        if size > MAX_SIDE_FILE_BYTES:
+            raise ModelFormatError(f"{name}: {size} bytes, more than {MAX_SIDE_FILE_BYTES}")
+        return path.read_bytes()
+    except OSError as exc:
+        raise ModelFormatError(f"{name}: cannot be read: {exc.strerror or exc}") from None
+
+
+def _read_side_text(path: Path, name: str) -> str:
+    try:
+        return _read_side_bytes(path, name).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ModelFormatError(f"{name}: not UTF-8 ({exc.reason} at byte {exc.start})") from None
+
+
+def _parse_json(text: str, name: str) -> Any:
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ModelFormatError(f"{name}: JSON nested too deeply") from None
+    except ValueError as exc:
+        raise ModelFormatError(f"{name}: not JSON: {exc}") from None
+
+
+def _read_side_json(path: Path, name: str) -> dict[str, Any]:
+    """An optional JSON object file: {} when absent."""
+    if not path.exists():
         return {}
-    value = json.loads(path.read_text(encoding="utf-8"))
-    return value if isinstance(value, dict) else {}
+    value = _parse_json(_read_side_text(path, name), name)
+    if not isinstance(value, dict):
+        raise ModelFormatError(f"{name}: expected a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_id(value: Any, where: str, limit: int) -> int:
+    if not _is_int(value) or not 0 <= value < limit:
+        raise ModelFormatError(f"{where}: {value!r} is not a token id in [0, {limit})")
+    return int(value)
+
+
+def _check_hf_spec(spec: Any, name: str, limit: int) -> None:
+    """The shape of a tokenizers JSON document and every id in it."""
+    if not isinstance(spec, dict):
+        raise ModelFormatError(f"{name}: expected a JSON object")
+    model = spec.get("model")
+    if not isinstance(model, dict):
+        raise ModelFormatError(f"{name}: model: expected an object")
+    kind = model.get("type")
+    if kind not in _HF_MODELS:
+        raise ModelFormatError(f"{name}: model.type {kind!r} is not one of {', '.join(_HF_MODELS)}")
+    vocab = model.get("vocab")
+    if kind == "Unigram":
+        if not isinstance(vocab, list) or len(vocab) > limit:
+            raise ModelFormatError(f"{name}: model.vocab: expected at most {limit} [piece, score]")
+        for i, entry in enumerate(vocab):
+            if (not isinstance(entry, list) or len(entry) != 2 or not isinstance(entry[0], str)
+                    or not isinstance(entry[1], (int, float)) or isinstance(entry[1], bool)):
+                raise ModelFormatError(f"{name}: model.vocab[{i}]: expected [piece, score]")
+        unk = model.get("unk_id")
+        if unk is not None:
+            _check_id(unk, f"{name}: model.unk_id", len(vocab))
+    else:
+        if not isinstance(vocab, dict) or len(vocab) > limit:
+            raise ModelFormatError(f"{name}: model.vocab: expected an object of <= {limit} ids")
+        if not all(type(t) is int and 0 <= t < limit for t in vocab.values()):
+            for piece, tid in vocab.items():  # name the first offender
+                _check_id(tid, f"{name}: model.vocab[{piece[:40]!r}]", limit)
+        for key in ("unk_token", "continuing_subword_prefix", "end_of_word_suffix"):
+            if model.get(key) is not None and not isinstance(model[key], str):
+                raise ModelFormatError(f"{name}: model.{key}: expected a string")
+    merges = model.get("merges")
+    if kind == "BPE":
+        if not isinstance(merges, list):
+            raise ModelFormatError(f"{name}: model.merges: expected a list")
+        for i, m in enumerate(merges):
+            if not (isinstance(m, str) or (isinstance(m, list) and len(m) == 2
+                                           and all(isinstance(x, str) for x in m))):
+                raise ModelFormatError(f"{name}: model.merges[{i}]: expected 'a b' or [a, b]")
+    added = spec.get("added_tokens", [])
+    if not isinstance(added, list):
+        raise ModelFormatError(f"{name}: added_tokens: expected a list")
+    for i, entry in enumerate(added):
+        where = f"{name}: added_tokens[{i}]"
+        if not isinstance(entry, dict) or not isinstance(entry.get("content"), str) \
+                or not entry["content"]:
+            raise ModelFormatError(f"{where}: expected an object with a non-empty content")
+        _check_id(entry.get("id"), f"{where}.id", limit)
+        for flag in ("special", "single_word", "lstrip", "rstrip", "normalized"):
+            if flag in entry and not isinstance(entry[flag], bool):
+                raise ModelFormatError(f"{where}.{flag}: expected true or false")
+    for part in ("normalizer", "pre_tokenizer", "post_processor", "decoder", "truncation",
+                 "padding"):
+        value = spec.get(part)
+        if value is not None and not isinstance(value, dict):
+            raise ModelFormatError(f"{name}: {part}: expected an object or null")
+    _check_nested_ids(spec.get("post_processor"), f"{name}: post_processor", limit)
+    padding = spec.get("padding")
+    if isinstance(padding, dict) and "pad_id" in padding:
+        _check_id(padding["pad_id"], f"{name}: padding.pad_id", limit)
+
+
+def _check_nested_ids(value: Any, where: str, limit: int) -> None:
+    """Every `id` / `ids` under a post-processor (template special tokens)."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if key == "ids" and isinstance(item, list):
+                for k, tid in enumerate(item):
+                    _check_id(tid, f"{where}.ids[{k}]", limit)
+            elif key == "id" and _is_int(item):
+                _check_id(item, f"{where}.id", limit)
+            else:
+                _check_nested_ids(item, f"{where}.{key}", limit)
+    elif isinstance(value, list):
+        for k, item in enumerate(value):
+            _check_nested_ids(item, f"{where}[{k}]", limit)
+
+
+def _check_tokenizer_config(config: dict[str, Any], name: str, limit: int) -> dict[str, int]:
+    """The keys of tokenizer_config.json read here; returns added_tokens_decoder's specials."""
+    specials: dict[str, int] = {}
+    decoder = config.get("added_tokens_decoder")
+    if decoder is not None:
+        if not isinstance(decoder, dict):
+            raise ModelFormatError(f"{name}: added_tokens_decoder: expected an object")
+        for key, entry in decoder.items():
+            where = f"{name}: added_tokens_decoder[{key[:20]!r}]"
+            try:
+                tid = int(key)
+            except ValueError:
+                raise ModelFormatError(f"{where}: the key is not a token id") from None
+            _check_id(tid, where, limit)
+            content = entry.get("content") if isinstance(entry, dict) else None
+            if not isinstance(content, str) or not content:
+                raise ModelFormatError(f"{where}: expected an object with a non-empty content")
+            if content in specials and specials[content] != tid:
+                raise ModelFormatError(f"{where}: {content!r} is also id {specials[content]}")
+            specials[content] = tid
+    for key in ("eos_token", "bos_token", "pad_token", "unk_token"):
+        value = config.get(key)
+        if isinstance(value, dict):
+            value = value.get("content")
+        if value is not None and not isinstance(value, str):
+            raise ModelFormatError(f"{name}: {key}: expected a string or {{\"content\": ...}}")
+    if config.get("pat_str") is not None and not isinstance(config["pat_str"], str):
+        raise ModelFormatError(f"{name}: pat_str: expected a string")
+    return specials
+
+
+def _eos_ids_of(gen: dict[str, Any], name: str, limit: int) -> list[int]:
+    value = gen.get("eos_token_id")
+    if value is None:
+        return []
+    eos: list[int] = []
+    for k, tid in enumerate(value if isinstance(value, list) else [value]):
+        where = f"{name}: eos_token_id" + (f"[{k}]" if isinstance(value, list) else "")
+        tid = _check_id(tid, where, limit)
+        if tid not in eos:
+            eos.append(tid)
+    return eos
+
+
+def _read_ranks(path: Path, name: str, limit: int) -> dict[bytes, int]:
+    """A tiktoken rank file: one `<base64 token> <rank>` per line, ranks unique in [0, limit)."""
+    try:
+        text = _read_side_bytes(path, name).decode("ascii")
+    except UnicodeDecodeError as exc:
+        raise ModelFormatError(f"{name}: not ASCII (byte {exc.start})") from None
+    ranks: dict[bytes, int] = {}
+    seen: set[int] = set()
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        parts = line.split()
+        if len(parts) != 2:
+            raise ModelFormatError(f"{name}:{n}: expected '<base64> <rank>'")
+        try:
+            token = base64.b64decode(parts[0], validate=True)
+            rank = int(parts[1])
+        except (binascii.Error, ValueError):
+            raise ModelFormatError(f"{name}:{n}: expected '<base64> <rank>'") from None
+        if not token or not 0 <= rank < limit:
+            raise ModelFormatError(f"{name}:{n}: rank {rank} is not a token id in [0, {limit})"
+                                   if token else f"{name}:{n}: an empty token")
+        if token in ranks or rank in seen:
+            raise ModelFormatError(f"{name}:{n}: token or rank {rank} appears twice")
+        ranks[token] = rank
+        seen.add(rank)
+    if not ranks:
+        raise ModelFormatError(f"{name}: no ranks")
+    return ranks
+
+
+_JINJA: Any = None  # one parser environment, made on first use
+
+
+def _check_template(template: Any, name: str) -> str | None:
+    """A chat template must be text that jinja2 parses (with the loop controls it may use)."""
+    if template is None or template == "":
+        return None
+    if not isinstance(template, str):
+        raise ModelFormatError(f"{name}: expected a string")
+    import jinja2
+
+    global _JINJA
+    if _JINJA is None:
+        _JINJA = jinja2.Environment(extensions=["jinja2.ext.loopcontrols"])
+    try:
+        _JINJA.parse(template)
+    except jinja2.TemplateError as exc:
+        raise ModelFormatError(f"{name}: the chat template does not parse: {exc}") from None
+    except RecursionError:
+        raise ModelFormatError(f"{name}: the chat template nests too deeply") from None
+    return template
+
+
+def read_chat_template(path: Path, name: str) -> str | None:
+    """A chat template file, checked like the one `Tokenizer.from_dir` reads (None: absent).
+
+    Raises:
+        ModelFormatError: the file is unreadable, not UTF-8 or does not parse (named).
+
+    """
+    if not path.exists():
+        return None
+    return _check_template(_read_side_text(path, name), name)
 
 
 def _chat_template_of(root: Path, config: Mapping[str, Any]) -> str | None:
+    name = "tokenizer_config.json: chat_template"
     template = config.get("chat_template")
     if isinstance(template, list):
-        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        named: dict[Any, Any] = {}
+        for i, t in enumerate(template):
+            if not isinstance(t, dict) or not isinstance(t.get("template"), str):
+                raise ModelFormatError(f"{name}[{i}]: expected {{\"name\", \"template\"}}")
+            named[t.get("name")] = t["template"]
         template = named.get("default") or next(iter(named.values()), None)
-    if isinstance(template, str) and template:
-        return template
-    jinja = root / "chat_template.jinja"
-    return jinja.read_text(encoding="utf-8") if jinja.is_file() else None
+    if template is not None and template != "":
+        return _check_template(template, name)
+    return read_chat_template(root / "chat_template.jinja", "chat_template.jinja")

@@ -12,6 +12,7 @@
 #include <fcntl.h>
 #include <float.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -290,34 +291,104 @@ static wp_status read_manifest(ectx *e, const char *path, char **out, size_t *ou
 
 /* ---- hparams ----------------------------------------------------------------------- */
 
+/* The one table of bounds on the integer hparams every architecture has. parse_hparams
+ * reads each key with them and wpi_hparams_check re-applies them, with the relations
+ * between keys, to a parsed struct (arch checks call it through wpi_check_decoder), so
+ * the two can never disagree. */
+typedef struct hp_bound {
+    const char *key;
+    size_t off; /* of the uint32_t field in wpi_hparams */
+    uint32_t lo, hi;
+} hp_bound;
+
+#define HPB(key, lo, hi) {#key, offsetof(wpi_hparams, key), lo, hi}
+static const hp_bound hp_bounds[] = {
+    HPB(vocab_size, 1, MAX_VOCAB),
+    HPB(hidden_size, 1, MAX_HIDDEN),
+    HPB(n_layers, 1, WPI_MAX_LAYERS),
+    HPB(n_heads, 1, MAX_HEADS),
+    HPB(n_kv_heads, 1, MAX_HEADS),          /* and divides n_heads */
+    HPB(head_dim, 1, MAX_HEAD_DIM),
+    HPB(intermediate_size, 0, MAX_FFN),
+    HPB(moe_intermediate_size, 0, MAX_FFN),
+    HPB(n_experts, 0, MAX_EXPERTS),
+    HPB(top_k, 0, MAX_EXPERTS),             /* and 1..n_experts when there are experts */
+    HPB(shared_expert_intermediate_size, 0, MAX_FFN),
+    HPB(rope_dim, 0, MAX_HEAD_DIM),         /* and even, at most head_dim */
+    HPB(max_position_embeddings, 1, MAX_POSITIONS),
+};
+#undef HPB
+#define N_BOUNDS (sizeof hp_bounds / sizeof hp_bounds[0])
+
+static uint32_t hp_field(const wpi_hparams *hp, const hp_bound *b)
+{
+    uint32_t v;
+    memcpy(&v, (const char *)hp + b->off, sizeof v);
+    return v;
+}
+
+wp_status wpi_hparams_check(const wpi_hparams *hp, char *err, size_t cap)
+{
+#define HP(cond, key, ...) \
+    if (!(cond)) return wpi_fail(err, cap, WP_E_FORMAT, MANIFEST ": hparams." key ": " __VA_ARGS__)
+    for (size_t i = 0; i < N_BOUNDS; i++) {
+        const uint32_t v = hp_field(hp, &hp_bounds[i]);
+        if (v < hp_bounds[i].lo || v > hp_bounds[i].hi)
+            return wpi_fail(err, cap, WP_E_FORMAT,
+                            MANIFEST ": hparams.%s: %u is out of range [%u, %u]",
+                            hp_bounds[i].key, v, hp_bounds[i].lo, hp_bounds[i].hi);
+    }
+    HP(hp->n_kv_heads <= hp->n_heads && hp->n_heads % hp->n_kv_heads == 0, "n_kv_heads",
+       "n_heads %u is not a multiple of n_kv_heads %u", hp->n_heads, hp->n_kv_heads);
+    HP(hp->rope_dim % 2 == 0 && hp->rope_dim <= hp->head_dim, "rope_dim",
+       "%u must be even and at most head_dim %u", hp->rope_dim, hp->head_dim);
+    HP(hp->top_k <= hp->n_experts && (hp->n_experts == 0 || hp->top_k >= 1), "top_k",
+       "%u is out of range [1, n_experts %u]", hp->top_k, hp->n_experts);
+    HP(isfinite(hp->rms_norm_eps) && hp->rms_norm_eps > 0 && hp->rms_norm_eps <= 0.5f,
+       "rms_norm_eps", "%g is out of range (0, 0.5]", hp->rms_norm_eps);
+    HP(isfinite(hp->attn_scale) && hp->attn_scale > 0, "attn_scale", "%g must be > 0",
+       hp->attn_scale);
+    HP(isfinite(hp->rope_theta) && hp->rope_theta > 0, "rope_theta", "%g must be > 0",
+       hp->rope_theta);
+    HP(isfinite(hp->clip_qkv) && hp->clip_qkv >= 0, "clip_qkv", "%g must be >= 0",
+       hp->clip_qkv);
+    HP(hp->qk_norm >= WPI_QK_NONE && hp->qk_norm <= WPI_QK_FULL, "qk_norm", "kind %d",
+       hp->qk_norm);
+    HP(!hp->shared_expert_gate || hp->shared_expert_intermediate_size, "shared_expert_gate",
+       "a gate without a shared expert (shared_expert_intermediate_size is 0)");
+    uint32_t n_moe = 0, n_dense = 0;
+    for (uint32_t l = 0; l < hp->n_layers; l++) {
+        n_moe += hp->layer_is_moe[l] != 0;
+        n_dense += hp->layer_is_moe[l] == 0;
+    }
+    HP(!n_moe || hp->n_experts, "n_experts", "0, but layer_kinds has %u moe layers", n_moe);
+    HP(!n_moe || hp->moe_intermediate_size, "moe_intermediate_size",
+       "0, but layer_kinds has %u moe layers", n_moe);
+    HP(!n_dense || hp->intermediate_size, "intermediate_size",
+       "0, but layer_kinds has %u dense layers", n_dense);
+    HP(hp->bos_token_id >= -1 && hp->bos_token_id < (int64_t)hp->vocab_size, "bos_token_id",
+       "%d is not a token id below vocab_size %u", hp->bos_token_id, hp->vocab_size);
+    HP(hp->n_eos <= WPI_MAX_EOS, "eos_token_ids", "%u entries, at most %d", hp->n_eos,
+       WPI_MAX_EOS);
+    for (uint32_t k = 0; k < hp->n_eos; k++)
+        HP(hp->eos_token_ids[k] >= 0 && hp->eos_token_ids[k] < (int64_t)hp->vocab_size,
+           "eos_token_ids", "[%u] %d is not a token id below vocab_size %u", k,
+           hp->eos_token_ids[k], hp->vocab_size);
+#undef HP
+    return WP_OK;
+}
+
 static wp_status parse_hparams(ectx *e, const wpi_json *h, wpi_hparams *hp)
 {
     const char *w = "hparams";
     wp_status st;
-#define U32(key, field, lo, hi)                                   \
-    if ((st = get_u32(e, h, w, key, lo, hi, &hp->field)) != WP_OK) \
-        return st;
-    U32("vocab_size", vocab_size, 1, MAX_VOCAB);
-    U32("hidden_size", hidden_size, 1, MAX_HIDDEN);
-    U32("n_layers", n_layers, 1, WPI_MAX_LAYERS);
-    U32("n_heads", n_heads, 1, MAX_HEADS);
-    U32("n_kv_heads", n_kv_heads, 1, hp->n_heads);
-    U32("head_dim", head_dim, 1, MAX_HEAD_DIM);
-    U32("intermediate_size", intermediate_size, 0, MAX_FFN);
-    U32("moe_intermediate_size", moe_intermediate_size, 0, MAX_FFN);
-    U32("n_experts", n_experts, 0, MAX_EXPERTS);
-    U32("top_k", top_k, hp->n_experts ? 1 : 0, hp->n_experts);
-    U32("shared_expert_intermediate_size", shared_expert_intermediate_size, 0, MAX_FFN);
-    U32("rope_dim", rope_dim, 0, hp->head_dim);
-    U32("max_position_embeddings", max_position_embeddings, 1, MAX_POSITIONS);
-#undef U32
-    if (hp->n_heads % hp->n_kv_heads)
-        return wpi_fail(e->err, e->cap, WP_E_FORMAT,
-                        MANIFEST ": hparams: n_heads %u is not a multiple of n_kv_heads %u",
-                        hp->n_heads, hp->n_kv_heads);
-    if (hp->rope_dim % 2)
-        return wpi_fail(e->err, e->cap, WP_E_FORMAT, MANIFEST ": hparams.rope_dim: %u is odd",
-                        hp->rope_dim);
+    for (size_t i = 0; i < N_BOUNDS; i++) {
+        uint32_t v;
+        if ((st = get_u32(e, h, w, hp_bounds[i].key, hp_bounds[i].lo, hp_bounds[i].hi, &v)) !=
+            WP_OK)
+            return st;
+        memcpy((char *)hp + hp_bounds[i].off, &v, sizeof v);
+    }
     if ((st = get_bool(e, h, w, "shared_expert_gate", &hp->shared_expert_gate)) != WP_OK ||
         (st = get_bool(e, h, w, "norm_topk_prob", &hp->norm_topk_prob)) != WP_OK ||
         (st = get_bool(e, h, w, "tie_word_embeddings", &hp->tie_word_embeddings)) != WP_OK)
@@ -351,29 +422,17 @@ static wp_status parse_hparams(ectx *e, const wpi_json *h, wpi_hparams *hp)
         return wpi_fail(e->err, e->cap, WP_E_FORMAT,
                         MANIFEST ": hparams.layer_kinds: %zu entries, n_layers is %u", v->len,
                         hp->n_layers);
-    uint32_t n_moe = 0, n_dense = 0;
     for (uint32_t l = 0; l < hp->n_layers; l++) {
         const char *k = wpi_json_str(&v->items[l]);
         if (k && !strcmp(k, "moe")) {
             hp->layer_is_moe[l] = 1;
-            n_moe++;
         } else if (k && !strcmp(k, "dense")) {
             hp->layer_is_moe[l] = 0;
-            n_dense++;
         } else {
             return wpi_fail(e->err, e->cap, WP_E_FORMAT,
                             MANIFEST ": hparams.layer_kinds[%u]: expected \"dense\" or \"moe\"", l);
         }
     }
-    if (n_moe && (!hp->n_experts || !hp->moe_intermediate_size))
-        return wpi_fail(e->err, e->cap, WP_E_FORMAT,
-                        MANIFEST ": hparams: %u moe layers but n_experts %u and "
-                        "moe_intermediate_size %u", n_moe, hp->n_experts,
-                        hp->moe_intermediate_size);
-    if (n_dense && !hp->intermediate_size)
-        return wpi_fail(e->err, e->cap, WP_E_FORMAT,
-                        MANIFEST ": hparams: %u dense layers but intermediate_size is 0", n_dense);
-
     v = wpi_json_get(h, "bos_token_id");
     if (!v)
         return wpi_fail(e->err, e->cap, WP_E_FORMAT,
@@ -400,6 +459,8 @@ static wp_status parse_hparams(ectx *e, const wpi_json *h, wpi_hparams *hp)
             return st;
         hp->eos_token_ids[k] = (int32_t)x;
     }
+    if ((st = wpi_hparams_check(hp, e->err, e->cap)) != WP_OK)
+        return st;
     return wpi_hparams_ext(h, hp, e->err, e->cap);
 }
 

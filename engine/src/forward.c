@@ -60,6 +60,8 @@ static uint64_t layout(const wpi_hparams *hp, uint32_t chunk, wpi_model *m, char
     uint64_t off = 0;
     const uint64_t C = chunk, H = hp->hidden_size, E = hp->n_experts, K = hp->top_k;
     const uint64_t QD = (uint64_t)hp->n_heads * hp->head_dim;
+    /* MLA writes v_head_dim floats per head into att, which may exceed head_dim */
+    const uint64_t AD = (uint64_t)hp->n_heads * umax(hp->head_dim, hp->v_head_dim);
     const uint64_t FF = umax(hp->intermediate_size,
                              umax(hp->moe_intermediate_size,
                                   hp->shared_expert_intermediate_size));
@@ -72,9 +74,7 @@ static uint64_t layout(const wpi_hparams *hp, uint32_t chunk, wpi_model *m, char
     CARVE(x, float, C * H);
     CARVE(xn, float, C * H);
     CARVE(q, float, C * QD);
-    /* att holds each head's output: head_dim wide, or MLA's v_head_dim (which may be wider) */
-    const uint64_t VD = (uint64_t)hp->n_heads * hp->v_head_dim;
-    CARVE(att, float, C * (VD > QD ? VD : QD));
+    CARVE(att, float, C * AD);
     CARVE(rope_cos, float, C * (hp->rope_dim / 2));
     CARVE(rope_sin, float, C * (hp->rope_dim / 2));
     CARVE(ff_g, float, C * FF);
@@ -416,39 +416,6 @@ static wp_status need_f32_matrix(const wpi_container *c, const char *name, uint6
     return WP_OK;
 }
 
-static wp_status check_hparams(const wpi_hparams *hp, char *err, size_t cap)
-{
-#define HP(cond, ...) \
-    if (!(cond)) return wpi_fail(err, cap, WP_E_FORMAT, "hparams: " __VA_ARGS__)
-    HP(hp->vocab_size > 0 && hp->vocab_size <= (1u << 24), "vocab_size %u", hp->vocab_size);
-    HP(hp->hidden_size > 0 && hp->hidden_size <= (1u << 16), "hidden_size %u",
-       hp->hidden_size);
-    HP(hp->n_layers > 0 && hp->n_layers <= WPI_MAX_LAYERS, "n_layers %u", hp->n_layers);
-    HP(hp->n_heads > 0 && hp->n_heads <= 4096, "n_heads %u", hp->n_heads);
-    HP(hp->n_kv_heads > 0 && hp->n_heads % hp->n_kv_heads == 0,
-       "n_heads %u is not a multiple of n_kv_heads %u", hp->n_heads, hp->n_kv_heads);
-    HP(hp->head_dim > 0 && hp->head_dim <= 4096, "head_dim %u", hp->head_dim);
-    HP(hp->rope_dim % 2 == 0 && hp->rope_dim <= hp->head_dim,
-       "rope_dim %u must be even and <= head_dim %u", hp->rope_dim, hp->head_dim);
-    HP(hp->rms_norm_eps >= 0, "rms_norm_eps %g", hp->rms_norm_eps);
-    HP(hp->attn_scale > 0, "attn_scale %g", hp->attn_scale);
-    HP(hp->clip_qkv >= 0, "clip_qkv %g", hp->clip_qkv);
-    HP(hp->qk_norm >= WPI_QK_NONE && hp->qk_norm <= WPI_QK_FULL, "qk_norm %d", hp->qk_norm);
-    HP(hp->intermediate_size <= (1u << 20) && hp->moe_intermediate_size <= (1u << 20) &&
-           hp->shared_expert_intermediate_size <= (1u << 20),
-       "ffn width too large");
-    int any_moe = 0;
-    for (uint32_t l = 0; l < hp->n_layers; l++) any_moe |= hp->layer_is_moe[l];
-    if (any_moe) {
-        HP(hp->n_experts > 0 && hp->n_experts <= 4096, "n_experts %u", hp->n_experts);
-        HP(hp->top_k > 0 && hp->top_k <= hp->n_experts, "top_k %u with %u experts",
-           hp->top_k, hp->n_experts);
-        HP(hp->moe_intermediate_size > 0, "moe_intermediate_size is 0");
-    }
-#undef HP
-    return WP_OK;
-}
-
 wp_status wpi_check_expert_bank(const wpi_container *c, uint32_t l, char *err, size_t cap)
 {
     const wpi_hparams *hp = &c->hp;
@@ -477,7 +444,7 @@ wp_status wpi_check_decoder(const wpi_container *c, char *err, size_t cap)
     const uint64_t QD = (uint64_t)hp->n_heads * hp->head_dim;
     const uint64_t KD = (uint64_t)hp->n_kv_heads * hp->head_dim;
     char n[96];
-    TRY(check_hparams(hp, err, cap));
+    TRY(wpi_hparams_check(hp, err, cap));
     TRY(wpi_need_matrix(c, "token_embd.weight", V, H, err, cap));
     TRY(wpi_need_vector(c, "output_norm.weight", H, err, cap));
     if (!hp->tie_word_embeddings) TRY(wpi_need_matrix(c, "output.weight", V, H, err, cap));

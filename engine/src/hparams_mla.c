@@ -54,6 +54,9 @@ wp_status wpi_hparams_mla(const struct wpi_json *h, wpi_hparams *hp, char *err, 
                             W ".scoring_func: expected \"softmax\", \"sigmoid\" or \"sqrtsoftplus\"");
     }
 
+    if (hp->n_group <= 1 && hp->topk_group > 1)
+        return wpi_fail(err, cap, WP_E_FORMAT, W ".topk_group: %u with n_group %u",
+                        hp->topk_group, hp->n_group);
     if (hp->n_group > 1) {
         if (hp->n_experts % hp->n_group || hp->n_experts / hp->n_group < 2)
             return wpi_fail(err, cap, WP_E_FORMAT,

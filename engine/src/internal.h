@@ -180,6 +180,11 @@ wp_status wpi_container_load_trunk(wpi_container *c, wpi_mem *m, char *err, size
 
 struct wpi_json;
 
+/* container.c: the bounds every architecture's hparams share (one table, also applied
+ * while the manifest is read) and the relations between them: heads vs kv heads, rope_dim
+ * vs head_dim, top_k vs n_experts, layer kinds vs FFN sizes, token ids vs vocab_size.
+ * WP_E_FORMAT with a detail naming the key. */
+wp_status wpi_hparams_check(const wpi_hparams *hp, char *err, size_t cap);
 /* hparams_ext.c: an optional key of the hparams object (absent or null: 0, OK): an
  * integer in [lo, hi], or a number in [lo, hi] (*present, when not NULL, says whether it
  * was given). Anything else is WP_E_FORMAT naming the key. */

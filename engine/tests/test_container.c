@@ -16,6 +16,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <locale.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -940,6 +941,69 @@ static void test_messages(const tspec *sp, const char *base)
     destroy(&b);
 }
 
+/* wpi_hparams_check (the bounds table the manifest reader also uses, and the relations
+ * between keys) refuses a parsed struct with one field out of range, naming the key. */
+static void test_hparams_check(const tspec *sp, const char *base)
+{
+    tbuilt b;
+    build(&b, sp, base);
+    char err[WPI_ERR_CAP];
+    wpi_container *c = NULL;
+    wp_status st = wpi_container_open(b.dir, &c, err, sizeof(err));
+    report(st == WP_OK && wpi_hparams_check(&c->hp, err, sizeof(err)) == WP_OK,
+           "hparams check: the valid container's hparams pass");
+    if (st != WP_OK) {
+        destroy(&b);
+        return;
+    }
+    const wpi_hparams ok = c->hp;
+    struct { const char *key; uint32_t *field; uint32_t bad; } u[] = {
+        {"vocab_size", &c->hp.vocab_size, 0},
+        {"vocab_size", &c->hp.vocab_size, (1u << 24) + 1},
+        {"hidden_size", &c->hp.hidden_size, (1u << 17) + 1},
+        {"n_layers", &c->hp.n_layers, WPI_MAX_LAYERS + 1},
+        {"n_heads", &c->hp.n_heads, 4097},
+        {"n_kv_heads", &c->hp.n_kv_heads, 0},
+        {"n_kv_heads", &c->hp.n_kv_heads, ok.n_heads + 1},
+        {"head_dim", &c->hp.head_dim, 4097},
+        {"intermediate_size", &c->hp.intermediate_size, (1u << 20) + 1},
+        {"moe_intermediate_size", &c->hp.moe_intermediate_size, 0},
+        {"n_experts", &c->hp.n_experts, (1u << 16) + 1},
+        {"top_k", &c->hp.top_k, ok.n_experts + 1},
+        {"top_k", &c->hp.top_k, 0},
+        {"rope_dim", &c->hp.rope_dim, ok.head_dim + 2},
+        {"rope_dim", &c->hp.rope_dim, 3},
+        {"max_position_embeddings", &c->hp.max_position_embeddings, 0},
+        {"n_eos", &c->hp.n_eos, WPI_MAX_EOS + 1},
+    };
+    int refused = 0, n = (int)(sizeof u / sizeof u[0]);
+    for (int i = 0; i < n; i++) {
+        c->hp = ok;
+        *u[i].field = u[i].bad;
+        char want[64];
+        snprintf(want, sizeof want, "hparams.%s", !strcmp(u[i].key, "n_eos") ? "eos_token_ids"
+                                                                              : u[i].key);
+        st = wpi_hparams_check(&c->hp, err, sizeof(err));
+        if (st == WP_E_FORMAT && strstr(err, want))
+            refused++;
+        else
+            printf("  not refused by name: %s = %u (%s)\n", u[i].key, u[i].bad, err);
+    }
+    c->hp = ok;
+    c->hp.eos_token_ids[0] = (int32_t)ok.vocab_size;
+    refused += wpi_hparams_check(&c->hp, err, sizeof(err)) == WP_E_FORMAT &&
+               strstr(err, "hparams.eos_token_ids") != NULL;
+    c->hp = ok;
+    c->hp.rms_norm_eps = NAN;
+    refused += wpi_hparams_check(&c->hp, err, sizeof(err)) == WP_E_FORMAT &&
+               strstr(err, "hparams.rms_norm_eps") != NULL;
+    report(refused == n + 2, "hparams check: %d of %d out-of-range fields refused naming the key",
+           refused, n + 2);
+    c->hp = ok;
+    wpi_container_close(c, NULL);
+    destroy(&b);
+}
+
 int main(void)
 {
     const char *base = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
@@ -955,6 +1019,7 @@ int main(void)
     test_valid(&a, base, "A (dense+moe, q4_0, untied)");
     test_valid(&bsp, base, "B (moe only, q8_0, tied, padded records)");
     test_messages(&a, base);
+    test_hparams_check(&a, base);
     g_direct = 0;
     mstats ms = {0};
     mutate_manifest(&a, base, "A", &ms);

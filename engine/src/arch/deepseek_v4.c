@@ -33,9 +33,7 @@ static wp_status check(const wpi_container *c, char *err, size_t cap)
     const wpi_hparams *hp = &c->hp;
 #define HP(cond, ...) \
     if (!(cond)) return wpi_fail(err, cap, WP_E_FORMAT, "deepseek_v4: " __VA_ARGS__)
-    HP(hp->vocab_size > 0 && hp->vocab_size <= (1u << 24), "vocab_size %u", hp->vocab_size);
-    HP(hp->hidden_size > 0 && hp->hidden_size <= (1u << 16), "hidden_size %u", hp->hidden_size);
-    HP(hp->n_layers > 0 && hp->n_layers <= WPI_MAX_LAYERS, "n_layers %u", hp->n_layers);
+    TRY(wpi_hparams_check(hp, err, cap));
     HP(hp->hc_mult >= 1 && hp->hc_mult <= WPI_HC_MAX && hp->hc_sinkhorn_iters >= 1,
        "hc_mult %u must be in 1..%u and hc_sinkhorn_iters >= 1", hp->hc_mult, WPI_HC_MAX);
     HP(hp->n_heads > 0 && hp->n_heads <= 4096 && hp->n_kv_heads == 1,

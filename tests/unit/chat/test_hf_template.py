@@ -386,3 +386,16 @@ def test_reader_opened_in_reasoning(fmt: HfTemplateFormat, tok: Tokenizer) -> No
 def test_malformed_call_raw_kept(tok: Tokenizer) -> None:
     _, msg = run_parser(parser(tok), reply(tok, "<tool_call>{bad</tool_call>"))
     assert msg.tool_calls[0].raw == "{bad" and msg.tool_calls[0].parsed_arguments() is None
+
+
+def test_arithmetic_errors_in_the_template_are_chat_format_errors() -> None:
+    """A template expression that divides by zero (found by the container fuzz) is a
+    ChatFormatError on the request, not a ZeroDivisionError out of the chat layer."""
+    from chat_helpers import make_hf
+
+    from warp_providers.chat.base import ChatFormatError
+
+    fmt = HfTemplateFormat("<|im_start|>{{ 1 / 0 }}<|im_end|>").bind(
+        make_hf(("<|im_start|>", "<|im_end|>")))
+    with pytest.raises(ChatFormatError, match="ZeroDivisionError"):
+        fmt.render({"messages": [{"role": "user", "content": "hi"}]})

@@ -12,6 +12,7 @@ import pytest
 from chat_helpers import ALL_MARKERS, TIKTOKEN_PATTERN, _ranks, _trained_bpe, make_hf, make_tiktoken
 
 from warp_providers.chat.base import M, T
+from warp_providers.errors import ModelFormatError
 from warp_providers.tokenizer import MAX_CHUNK_CHARS, MAX_RUN_CHARS, Tokenizer, split_long_text
 
 
@@ -211,7 +212,7 @@ def test_from_dir_tiktoken(tmp_path: Path) -> None:
 
 
 def test_from_dir_missing(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(ModelFormatError, match="neither tokenizer.json nor tiktoken.model"):
         Tokenizer.from_dir(tmp_path)
     with pytest.raises(ValueError, match="not JSON"):
         Tokenizer.from_tokenizer_json("{broken")

@@ -343,7 +343,8 @@ class HfTemplateFormat(ChatFormat):
             raise ChatFormatError(
                 f"the model's chat template failed: {exc}", param="messages"
             ) from None
-        except (TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
+        except (TypeError, ValueError, LookupError, AttributeError, ArithmeticError,
+                RecursionError) as exc:  # what template expressions can raise on a request
             raise ChatFormatError(
                 f"the model's chat template failed: {exc!r}", param="messages"
             ) from None
