@@ -136,24 +136,41 @@ class ScriptedEngine:
         out: list[int] = []
         finish = "length"
         text = ""
-        for i, tok in enumerate(reply):
-            if i >= max_tokens:
-                break
-            if should_stop is not None and should_stop():
-                finish = "cancelled"
-                break
-            if tok in stop_ids:
-                finish = "stop"
-                break
-            out.append(tok)
-            piece = dec.feed(tok)
-            text += piece
-            yield TokenEvent(i, tok, piece, -0.5)
-        self.last_result = GenerationResult(
-            text=text, token_ids=out, finish_reason=finish, prompt_tokens=len(ids),
-            stats={"expert_hits": 3, "expert_misses": 1, "expert_lookups": 4,
-                   "bytes_read": 4096, "decode_tok_s": 100.0, "hit_rate": 0.75},
-        )
+        ended = False
+        try:
+            for i, tok in enumerate(reply):
+                if i >= max_tokens:
+                    break
+                if should_stop is not None and should_stop():
+                    finish = "cancelled"
+                    break
+                if tok in stop_ids:
+                    finish = "stop"
+                    break
+                out.append(tok)
+                piece = dec.feed(tok)
+                text += piece
+                yield TokenEvent(i, tok, piece, -0.5)
+            ended = True
+        finally:
+            # Like `Engine`: recorded however the generation ends (a consumer's close too).
+            # The counters depend on this generation (bytes per token generated, prefill
+            # speed from the prompt length), so a reply carrying another's stats shows it.
+            self.last_result = GenerationResult(
+                text=text, token_ids=out, finish_reason=finish if ended else "cancelled",
+                prompt_tokens=len(ids),
+                stats={"expert_hits": 3, "expert_misses": 1, "expert_lookups": 4,
+                       "bytes_read": BYTES_PER_TOKEN * len(out), "decode_tok_s": 100.0,
+                       "hit_rate": 0.75, "prompt_tokens_evaluated": len(ids),
+                       "prefill_seconds": len(ids) / PREFILL_TOK_S,
+                       "prefill_tok_s": PREFILL_TOK_S},
+            )
+
+
+BYTES_PER_TOKEN = 4096
+"""`bytes_read` the scripted engine reports per generated token."""
+PREFILL_TOK_S = 250.0
+"""The prefill speed the scripted engine reports."""
 
 
 def tool_call_text(name: str, arguments: dict[str, Any]) -> str:

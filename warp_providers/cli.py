@@ -46,6 +46,16 @@ def _port(text: str) -> int:
     return port
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < 1e6:
+        raise argparse.ArgumentTypeError(f"not a positive number of seconds: {text!r}")
+    return value
+
+
 def _first_line(e: BaseException) -> str:
     return str(e).splitlines()[0] if str(e) else type(e).__name__
 
@@ -350,8 +360,8 @@ def cmd_serve(a: argparse.Namespace) -> int:
     try:
         from warp_openai.server import serve
     except ImportError:
-        raise _UserError("warp serve needs the openai extra: pip install "
-                         "'warp-providers[openai]'") from None
+        raise _UserError("warp serve needs the openai and serve extras: pip install "
+                         "'warp-providers[openai,serve]'") from None
     if not (Path(a.model) / "manifest.json").is_file():
         raise _UserError(f"{a.model} is not a warp container")
     # The server says where it listens (the bound port, when --port 0 picked one).
@@ -361,7 +371,9 @@ def cmd_serve(a: argparse.Namespace) -> int:
     server_log.addHandler(handler)
     server_log.setLevel(logging.INFO)
     opts: dict[str, Any] = {"budget": a.budget, "threads": a.threads, "ctx": a.ctx}
-    serve(a.model, a.host, a.port, api_key=a.api_key,
+    serve(a.model, a.host, a.port, api_key=a.api_key, cors_origins=a.cors_origin or (),
+          ping_interval=a.ping_interval, body_timeout=a.body_timeout,
+          keep_alive_timeout=a.keep_alive_timeout, shutdown_timeout=a.shutdown_timeout,
           **{k: v for k, v in opts.items() if v is not None})
     return 0
 
@@ -451,6 +463,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=_port, default=8000, help="TCP port (default 8000; 0: any free one)")
     p.add_argument("--api-key", help="bearer key clients must send (default: $WARP_API_KEY)")
+    p.add_argument("--cors-origin", action="append", metavar="ORIGIN",
+                   help="an origin browsers may call from (repeatable; '*' for any; "
+                        "default: CORS off)")
+    p.add_argument("--ping-interval", type=_seconds, default=5.0, metavar="S",
+                   help="seconds between SSE ': ping' comments before a stream's first token "
+                        "(default 5)")
+    p.add_argument("--body-timeout", type=_seconds, default=30.0, metavar="S",
+                   help="seconds a request body may take to arrive (default 30)")
+    p.add_argument("--keep-alive-timeout", type=_seconds, default=5.0, metavar="S",
+                   help="seconds an idle keep-alive connection stays open (default 5)")
+    p.add_argument("--shutdown-timeout", type=_seconds, default=30.0, metavar="S",
+                   help="seconds in-flight requests get to finish on SIGTERM (default 30)")
     p.add_argument("--budget")
     p.add_argument("--threads", type=int)
     p.add_argument("--ctx", type=int)

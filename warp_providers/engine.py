@@ -490,49 +490,64 @@ class Engine:
         text, emitted = "", 0
         finish = "length"
         cut_by_string = False
+        ended = False
         hold = max((len(s) for s in stop), default=0)
         room = self._info["ctx_tokens"] - len(ids)
         t1 = time.perf_counter()
-        for index in range(min(max_tokens, room)):
-            if should_stop is not None and should_stop():
+        try:
+            for index in range(min(max_tokens, room)):
+                if should_stop is not None and should_stop():
+                    finish = "cancelled"
+                    break
+                tok, logprob = sampler.sample(logits, generated)
+                if tok in stops:
+                    finish = "stop"
+                    break
+                generated.append(tok)
+                text += decoder.feed(tok)
+                cut = _find_stop(text, stop, emitted)
+                if cut is not None:
+                    text = text[:cut]
+                    finish = "stop"
+                    cut_by_string = True
+                    if cut > emitted:
+                        yield TokenEvent(index, tok, text[emitted:cut], logprob)
+                        emitted = cut
+                    break
+                safe = len(text) - _held_prefix(text, stop, hold)
+                piece = text[emitted:safe] if safe > emitted else ""
+                emitted = max(emitted, safe)
+                yield TokenEvent(index, tok, piece, logprob)
+                if index + 1 < min(max_tokens, room):
+                    logits = self.eval([tok])
+            if not cut_by_string:
+                text += decoder.flush()
+                if len(text) > emitted and generated:
+                    yield TokenEvent(len(generated) - 1, generated[-1], text[emitted:], 0.0)
+            ended = True
+        finally:
+            # Recorded however the generation ends, a consumer that closed this generator
+            # early (a stop string it matched itself, a disconnect) included: whoever reads
+            # `last_result` next reads this generation, never the one before it.
+            if not ended and finish == "length":
                 finish = "cancelled"
-                break
-            tok, logprob = sampler.sample(logits, generated)
-            if tok in stops:
-                finish = "stop"
-                break
-            generated.append(tok)
-            text += decoder.feed(tok)
-            cut = _find_stop(text, stop, emitted)
-            if cut is not None:
-                text = text[:cut]
-                finish = "stop"
-                cut_by_string = True
-                if cut > emitted:
-                    yield TokenEvent(index, tok, text[emitted:cut], logprob)
-                    emitted = cut
-                break
-            safe = len(text) - _held_prefix(text, stop, hold)
-            piece = text[emitted:safe] if safe > emitted else ""
-            emitted = max(emitted, safe)
-            yield TokenEvent(index, tok, piece, logprob)
-            if index + 1 < min(max_tokens, room):
-                logits = self.eval([tok])
-        if not cut_by_string:
-            text += decoder.flush()
-            if len(text) > emitted and generated:
-                yield TokenEvent(len(generated) - 1, generated[-1], text[emitted:], 0.0)
-        t_decode = time.perf_counter() - t1
+            self._record(ids, cached, generated, text, finish, before, t_prefill,
+                         time.perf_counter() - t1)
+
+    def _record(self, ids: list[int], cached: int, generated: list[int], text: str,
+                finish: str, before: dict[str, Any], t_prefill: float, t_decode: float) -> None:
         after = self.stats()
         stats = {k: after[k] - before[k] for k in _COUNTERS}
+        evaluated = len(ids) - cached
         stats.update(
             direct_io=after["direct_io"],
             cache_bytes=after["cache_bytes"],
             peak_bytes=after["peak_bytes"],
             prefill_seconds=t_prefill,
             decode_seconds=t_decode,
-            prompt_tokens_evaluated=len(ids) - cached,
-            prefill_tok_s=(len(ids) - cached) / t_prefill if t_prefill > 0 else 0.0,
+            prompt_tokens_evaluated=evaluated,
+            cached_tokens=cached,
+            prefill_tok_s=evaluated / t_prefill if t_prefill > 0 else 0.0,
             decode_tok_s=(len(generated) / t_decode) if t_decode > 0 and generated else 0.0,
         )
         lookups = stats["expert_lookups"]

@@ -236,6 +236,13 @@ class ChatSession:
                 yield ChatChunk(delta, ev.token_id, ev.logprob)
             if stopped:
                 break
+        if stopped:
+            # The generation this loop left is finished (and its result recorded) only when
+            # its generator is closed; reading `last_result` before would read the previous
+            # request's.
+            close = getattr(events, "close", None)
+            if close is not None:
+                close()
         gen = getattr(self.engine, "last_result", None)
         tail = parser.flush() if not stopped else Delta()
         tail, _ = stopper.apply(tail, final=True)

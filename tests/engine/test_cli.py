@@ -185,6 +185,8 @@ def test_convert_unsupported_checkpoint_is_one_line(tmp_path):
     (["run", "MODEL", "hi", "-n", "many"], "invalid int value"),
     (["serve", "MODEL", "--port", "99999"], "not a TCP port"),
     (["serve", "MODEL", "--port", "http"], "not a TCP port"),
+    (["serve", "MODEL", "--ping-interval", "0"], "not a positive number of seconds"),
+    (["serve", "MODEL", "--body-timeout", "soon"], "not a positive number of seconds"),
     (["eval", "MODEL"], "required: --ids"),
 ])
 def test_usage_errors_are_one_line(args, says, model):

@@ -224,3 +224,26 @@ def test_text_held_for_a_possible_stop_is_released_when_it_fails(model):
         pieces, result = _stream(eng, "xEN", ["END"])
         assert pieces == ["x", "", "", "EN"] and result.text == "xEN"
         assert result.finish_reason == "length"
+
+
+def test_a_generation_closed_by_its_consumer_records_its_own_result(model):
+    """A consumer that stops reading (a stop string it matched, a disconnect) and closes
+    the stream leaves `last_result` describing this generation, never the previous one."""
+    with Engine.open(model, threads=1) as eng:
+        force, _ = _scripted(eng, "abcdefgh")
+        eng.generate(PROMPT, max_tokens=6, stop_ids=[], processors=[force])
+        before = eng.last_result
+        assert len(before.token_ids) == 6
+        force, _ = _scripted(eng, "abcdefgh")
+        longer = PROMPT + [5, 6, 7]
+        events = eng.stream(longer, max_tokens=8, stop_ids=[], processors=[force])
+        for i, _ in enumerate(events):
+            if i == 2:
+                break
+        events.close()
+        result = eng.last_result
+    assert result is not before
+    assert result.finish_reason == "cancelled" and len(result.token_ids) == 3
+    assert result.prompt_tokens == len(longer)
+    assert result.stats["prompt_tokens_evaluated"] + result.stats["cached_tokens"] == \
+        result.prompt_tokens

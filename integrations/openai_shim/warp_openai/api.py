@@ -7,14 +7,16 @@ texts of PROTOCOLS.md §7, generation options, blocking and streamed response sh
 object, and cancellation (closing a `ChunkStream` stops generation within a token).
 Refuses: everything §7 refuses, OpenAI-shaped (`{"error": {message, type, param, code}}`);
 `n` > 1 and `top_logprobs` > 0 (one sampled completion per request).
-Knows nothing of HTTP libraries: `transport.py` (httpx/httpx2) and `server.py` (stdlib)
-frame what this returns.
+Also owns the body rules every POST route shares (size, nesting depth, lone surrogates,
+field sizes: a 4xx naming the field). Knows nothing of HTTP libraries: `transport.py`
+(httpx/httpx2) and `server.py` (Starlette) frame what this returns.
 """
 
 from __future__ import annotations
 
 import hmac
 import json
+import logging
 import secrets
 import threading
 import time
@@ -26,12 +28,31 @@ from warp_providers.chat import ChatFormatError
 from warp_providers.chat.base import ToolCallArguments, ToolCallStart
 from warp_providers.session import ChatResult, ChatSession
 
-__all__ = ["MAX_BODY_BYTES", "APIError", "ChunkStream", "WarpAPI", "bearer_matches", "error_body"]
+__all__ = [
+    "MAX_BODY_BYTES",
+    "MAX_DEPTH",
+    "APIError",
+    "ChunkStream",
+    "WarpAPI",
+    "bearer_matches",
+    "encode_json",
+    "error_body",
+]
+
+log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
 """Request bodies above this are refused on their declared length (§7.3)."""
 DEFAULT_MAX_TOKENS = 4096
 """Completion limit when a request sets none (§7.17)."""
+MAX_DEPTH = 64
+"""Deepest nesting of arrays and objects a body may have (tool schemas included)."""
+MAX_STRING_CHARS = 8 * 1024 * 1024
+"""Longest string anywhere in a body (a prompt this long is already past any context)."""
+MAX_ARRAY_ITEMS = 100_000
+"""Most items of any array in a body."""
+MAX_STOP = 16
+"""Most stop strings a request may give."""
 _ROLES = ["assistant", "developer", "system", "tool", "user"]
 _TYPES = {401: "authentication_error", 404: "not_found_error", 500: "engine_error"}
 
@@ -54,6 +75,15 @@ class APIError(Exception):
     def body(self) -> dict[str, Any]:
         """The OpenAI error body."""
         return error_body(self.message, self.type, self.param, self.code)
+
+
+def encode_json(body: Any) -> bytes:
+    """A response body as UTF-8 JSON; never raises on text the body carries.
+
+    A lone surrogate (which no request can bring in: `_parse` refuses them) would be
+    written as its JSON escape, `\\udXXX`, instead of failing the whole response.
+    """
+    return json.dumps(body, ensure_ascii=False).encode("utf-8", "backslashreplace")
 
 
 def error_body(message: str, type: str = "invalid_request_error", param: str | None = None,
@@ -135,6 +165,7 @@ class WarpAPI:
         api_key: str | None = None,
         default_max_tokens: int = DEFAULT_MAX_TOKENS,
         on_close: Callable[[], Any] | None = None,
+        max_body: int = MAX_BODY_BYTES,
     ) -> None:
         """Serve a session (or an engine: its chat format is resolved here).
 
@@ -146,6 +177,7 @@ class WarpAPI:
             api_key: require `Authorization: Bearer <key>` (None: no auth).
             default_max_tokens: completion limit when a request sets none.
             on_close: called once by `close()` (gives back a shared engine's reference).
+            max_body: largest raw request body in bytes (a 413 above it).
 
         """
         self._on_close = on_close
@@ -164,6 +196,7 @@ class WarpAPI:
         self.model_id = model_id or default_id
         self.api_key = api_key
         self.default_max_tokens = default_max_tokens
+        self.max_body = max_body
         self.created = int(time.time())
         self._started = time.monotonic()
 
@@ -196,6 +229,7 @@ class WarpAPI:
         Returns:
             (status, body dict) or (200, ChunkStream) for a streamed chat completion.
             Errors are returned, never raised; an engine failure is a 500 `engine_error`.
+            /v1/completions streams too (`"stream": true`).
 
         """
         try:
@@ -207,8 +241,14 @@ class WarpAPI:
         except ContextOverflowError as exc:
             return 400, error_body(str(exc), "invalid_request_error", "messages",
                                    "context_length_exceeded")
+        except RecursionError:  # a structure deeper than a check above let through
+            return 400, error_body(f"request body nests deeper than {MAX_DEPTH} levels")
         except (WarpError, ValueError, RuntimeError, OSError) as exc:
             return 500, error_body(str(exc) or type(exc).__name__, "engine_error")
+        except Exception as exc:  # a bug here: logged with its traceback, still an answer
+            log.exception("unexpected error answering %s %s", method, path)
+            return 500, error_body(f"internal error: {type(exc).__name__}: {exc}",
+                                   "engine_error")
 
     def _route(
         self, method: str, path: str, body: Any, headers: Mapping[str, str],
@@ -220,9 +260,9 @@ class WarpAPI:
         if method == "POST":
             self._auth(headers)
             if path == "/v1/chat/completions":
-                return self.chat_completions(_parse(body), should_stop=should_stop)
+                return self.chat_completions(_parse(body, self.max_body), should_stop=should_stop)
             if path == "/v1/completions":
-                return self.completions(_parse(body), should_stop=should_stop)
+                return self.completions(_parse(body, self.max_body), should_stop=should_stop)
             raise APIError(404, f"no route for POST {path}")
         if method == "GET":
             self._auth(headers)
@@ -371,7 +411,7 @@ class WarpAPI:
                                              "function": {"name": call.name, "arguments": ""}}]})
                 yield chunk({"tool_calls": [{"index": call.index,
                                              "function": {"arguments": call.arguments}}]})
-        stats = _stats(result, time.perf_counter() - t0)
+        stats = _stats(result.stats, result.usage.completion_tokens, time.perf_counter() - t0)
         final = chunk({}, result.message.finish_reason or "stop")
         final["warp"] = stats
         yield final
@@ -396,14 +436,17 @@ class WarpAPI:
                          "logprobs": {"content": logprobs} if logprobs is not None else None,
                          "finish_reason": msg.finish_reason or "stop"}],
             "usage": result.usage.model_dump(),
-            "warp": _stats(result, seconds),
+            "warp": _stats(result.stats, result.usage.completion_tokens, seconds),
         }
 
     # ------------------------------------------------------------------ raw completions
     def completions(
         self, req: dict[str, Any], *, should_stop: Callable[[], bool] | None = None
-    ) -> tuple[int, dict[str, Any]]:
+    ) -> tuple[int, dict[str, Any] | ChunkStream]:
         """POST /v1/completions (§7.15): plain-text continuation, no chat template."""
+        stream = req.get("stream", False)
+        if stream is not None and not isinstance(stream, bool):
+            raise APIError(400, "'stream' must be a boolean", param="stream")
         prompt = req.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1:
             prompt = prompt[0]
@@ -424,33 +467,86 @@ class WarpAPI:
             limit = min(limit, max(1, ctx - len(ids)))
         sampling = _sampling(req)
         stop = _stop(req)
-        text = ""
-        n = 0
-        hit_stop = False
-        events = self.engine.stream(ids, max_tokens=limit, sampling=sampling, stop=stop,
-                                    should_stop=should_stop)
-        for ev in events:
-            n += 1
-            text += ev.text
-            cut = [text.find(s) for s in stop if s and s in text]
-            if cut:
-                text = text[: min(cut)]
-                hit_stop = True
-                break
-        getattr(events, "close", lambda: None)()
-        gen = getattr(self.engine, "last_result", None)
-        if gen is not None and not hit_stop:
-            n = len(gen.token_ids)
-            finish = "length" if gen.finish_reason == "length" else "stop"
-        else:
+        include_usage = _stream_options(req)
+        ident, created = _new_id("cmpl-"), int(time.time())
+        base = {"id": ident, "object": "text_completion", "created": created,
+                "model": self.model_id}
+
+        def run(stop_now: Callable[[], bool] | None) -> Iterator[tuple[str, Any]]:
+            """("text", piece) for each piece, then ("end", (finish, n, stats, seconds))."""
+            t0 = time.perf_counter()
+            text, emitted, n, hit_stop = "", 0, 0, False
+            hold = max((len(s) for s in stop), default=1) - 1
+            events = self.engine.stream(ids, max_tokens=limit, sampling=sampling, stop=stop,
+                                        should_stop=stop_now)
+            try:
+                for ev in events:
+                    n += 1
+                    text += ev.text
+                    cut = [text.find(s) for s in stop if s and s in text]
+                    if cut:
+                        text = text[: min(cut)]
+                        hit_stop = True
+                        break
+                    # hold back a tail that may be the start of a stop string
+                    safe = len(text)
+                    for k in range(min(hold, len(text)), 0, -1):
+                        if any(s.startswith(text[-k:]) for s in stop):
+                            safe = len(text) - k
+                            break
+                    if safe > emitted:
+                        yield "text", text[emitted:safe]
+                        emitted = safe
+            finally:
+                # closing records the generation's result, however it ended
+                getattr(events, "close", lambda: None)()
+            if len(text) > emitted:
+                yield "text", text[emitted:]
+            gen = getattr(self.engine, "last_result", None)
             finish = "stop"
-        return 200, {
-            "id": _new_id("cmpl-"), "object": "text_completion", "created": int(time.time()),
-            "model": self.model_id,
-            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
-            "usage": {"prompt_tokens": len(ids), "completion_tokens": n,
-                      "total_tokens": len(ids) + n},
-        }
+            if gen is not None and not hit_stop:
+                n = len(gen.token_ids)
+                finish = "length" if gen.finish_reason == "length" else "stop"
+            stats = dict(gen.stats) if gen is not None else {}
+            yield "end", (finish, n, stats, time.perf_counter() - t0)
+
+        def usage(n: int) -> dict[str, int]:
+            return {"prompt_tokens": len(ids), "completion_tokens": n,
+                    "total_tokens": len(ids) + n}
+
+        if not stream:
+            text = ""
+            for kind, value in run(should_stop):
+                if kind == "text":
+                    text += value
+                else:
+                    finish, n, stats, seconds = value
+            return 200, {
+                **base,
+                "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
+                "usage": usage(n),
+                "warp": _stats(stats, n, seconds),
+            }
+
+        outer = should_stop
+
+        def make(cancelled: Callable[[], bool]) -> Iterator[dict[str, Any]]:
+            def stop_now() -> bool:
+                return cancelled() or bool(outer is not None and outer())
+
+            for kind, value in run(stop_now):
+                if kind == "text":
+                    yield {**base, "choices": [{"index": 0, "text": value, "logprobs": None,
+                                                "finish_reason": None}]}
+                    continue
+                finish, n, stats, seconds = value
+                warp = _stats(stats, n, seconds)
+                yield {**base, "choices": [{"index": 0, "text": "", "logprobs": None,
+                                            "finish_reason": finish}], "warp": warp}
+                if include_usage:
+                    yield {**base, "choices": [], "usage": usage(n), "warp": warp}
+
+        return 200, ChunkStream(make)
 
 
 # ---------------------------------------------------------------------- helpers
@@ -460,19 +556,80 @@ def _clean(path: str) -> str:
     return path or "/"
 
 
-def _parse(body: Any) -> dict[str, Any]:
+def _parse(body: Any, max_body: int = MAX_BODY_BYTES) -> dict[str, Any]:
     if isinstance(body, Mapping):
-        return dict(body)
-    if body is None or body == b"" or body == "":
-        raise APIError(400, "request body is empty")
-    try:
-        text = body.decode("utf-8") if isinstance(body, (bytes, bytearray)) else str(body)
-        value = json.loads(text)
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise APIError(400, f"request body is not valid JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise APIError(400, "request body must be a JSON object")
+        value: Any = dict(body)
+    else:
+        if body is None or body == b"" or body == "":
+            raise APIError(400, "request body is empty")
+        size = len(body.encode("utf-8", "surrogatepass")) if isinstance(body, str) else len(body)
+        if size > max_body:
+            raise APIError(413, f"request body may not exceed {max_body} bytes")
+        try:
+            text = body.decode("utf-8") if isinstance(body, (bytes, bytearray)) else str(body)
+            value = json.loads(text, parse_constant=_no_constant)
+        except RecursionError:
+            raise APIError(400, f"request body nests deeper than {MAX_DEPTH} levels") from None
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise APIError(400, f"request body is not valid JSON: {exc}") from None
+        if not isinstance(value, dict):
+            raise APIError(400, "request body must be a JSON object")
+    _check_tree(value)
     return value
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def _check_tree(root: dict[str, Any]) -> None:
+    """Refuses what no field may hold, naming the field: nesting beyond `MAX_DEPTH`, lone
+    UTF-16 surrogates (valid JSON escapes that are not Unicode text, which no tokenizer
+    can encode), strings over `MAX_STRING_CHARS` and arrays over `MAX_ARRAY_ITEMS` items.
+
+    Iterative, so a deep body costs no Python stack.
+    """
+    todo: list[tuple[Any, str, int]] = [(root, "", 0)]
+    while todo:
+        value, at, depth = todo.pop()
+        if isinstance(value, str):
+            _check_text(value, at or "body")
+            continue
+        if isinstance(value, dict):
+            items = []
+            for key, item in value.items():
+                name = key if key.isascii() else key.encode("utf-8", "backslashreplace").decode()
+                path = f"{at}.{name}" if at else name
+                _check_text(key, path)
+                items.append((item, path))
+        elif isinstance(value, list):
+            if len(value) > MAX_ARRAY_ITEMS:
+                raise APIError(400, f"{at} has {len(value)} items, more than the "
+                               f"{MAX_ARRAY_ITEMS} allowed", param=at,
+                               code="array_above_max_length")
+            items = [(item, f"{at}[{i}]") for i, item in enumerate(value)]
+        else:
+            continue
+        if depth >= MAX_DEPTH and items:
+            raise APIError(400, f"{at or 'the body'} nests deeper than {MAX_DEPTH} levels",
+                           param=at or None)
+        todo.extend((item, path, depth + 1) for item, path in items)
+
+
+def _check_text(text: str, at: str) -> None:
+    if len(text) > MAX_STRING_CHARS:
+        raise APIError(400, f"{at} is {len(text)} characters long, more than the "
+                       f"{MAX_STRING_CHARS} allowed", param=at, code="string_above_max_length")
+    if text.isascii():
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = ord(text[exc.start])
+        raise APIError(400, f"{at} holds a lone UTF-16 surrogate (U+{bad:04X}) at character "
+                       f"{exc.start}: it is not a Unicode character; send the text as valid "
+                       "UTF-8 (a pair of surrogates escapes one astral character)",
+                       param=at, code="invalid_unicode") from None
 
 
 def _refuse_images(req: Mapping[str, Any]) -> None:
@@ -636,6 +793,8 @@ def _stop(req: Mapping[str, Any]) -> list[str]:
         stop = [stop]
     if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
         raise APIError(400, "'stop' must be a string or an array of strings", param="stop")
+    if len(stop) > MAX_STOP:
+        raise APIError(400, f"'stop' may hold at most {MAX_STOP} strings", param="stop")
     return [s for s in stop if s]
 
 
@@ -668,11 +827,16 @@ def _logprob_entry(text: str, logprob: float) -> dict[str, Any]:
             "top_logprobs": []}
 
 
-def _stats(result: ChatResult, seconds: float) -> dict[str, Any]:
-    s = result.stats
+def _stats(s: Mapping[str, Any], n: int, seconds: float) -> dict[str, Any]:
+    """The `warp` object of a reply from the generation's engine stats.
+
+    `prefill_tok_s` is the engine's own figure on every route and in both modes: prompt
+    tokens evaluated over the seconds their evaluation took. `prefill_tokens` and
+    `cached_tokens` say how many were evaluated and how many a previous request's context
+    already held; after a cache hit few are evaluated, and their speed is near decode speed.
+    """
     hits = int(s.get("expert_hits", 0) or 0)
     misses = int(s.get("expert_misses", 0) or 0)
-    n = result.usage.completion_tokens
     tok_s = s.get("decode_tok_s")
     if tok_s is None:
         tok_s = n / seconds if seconds > 0 else 0.0
@@ -686,4 +850,7 @@ def _stats(result: ChatResult, seconds: float) -> dict[str, Any]:
         "ms": round(seconds * 1000.0, 1),
         "tok_s": round(float(tok_s), 2),
         "prefill_tok_s": round(float(s.get("prefill_tok_s", 0.0) or 0.0), 2),
+        "prefill_ms": round(float(s.get("prefill_seconds", 0.0) or 0.0) * 1000.0, 3),
+        "prefill_tokens": int(s.get("prompt_tokens_evaluated", 0) or 0),
+        "cached_tokens": int(s.get("cached_tokens", 0) or 0),
     }

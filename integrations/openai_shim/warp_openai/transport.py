@@ -9,8 +9,8 @@ constructors `warp_transport` / `async_warp_transport` (an http client for the i
 openai major: httpx2 for openai 3.x, httpx for 2.x) and `warp_openai_client` /
 `warp_async_openai_client`.
 Refuses: nothing itself; request meaning lives in `api.py`.
-Async requests run on one worker thread each (the engine's lock is per thread) that stays
-at most one chunk ahead of the reader, so the event loop never blocks.
+Async requests run on one worker thread each (`bridge.Pump`; the engine's lock is per
+thread) that stays at most one chunk ahead of the reader, so the event loop never blocks.
 """
 
 from __future__ import annotations
@@ -19,14 +19,12 @@ import asyncio
 import functools
 import importlib
 import importlib.util
-import json
 import os
-import threading
-import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-from warp_openai.api import ChunkStream, WarpAPI, error_body
+from warp_openai.api import ChunkStream, WarpAPI, encode_json
+from warp_openai.bridge import Deadline, Pump, events_after, first_event
 
 __all__ = [
     "AsyncWarpTransport",
@@ -43,12 +41,7 @@ BASE_URL = "http://warp.invalid/v1"
 _HTTP_BASE = "http://warp.invalid"
 PLACEHOLDER_KEY = "warp-local"
 """The SDK refuses to construct without an API key; in-process nothing checks it."""
-_DONE = b"data: [DONE]\n\n"
 _SSE_HEADERS = [("content-type", "text/event-stream"), ("cache-control", "no-cache")]
-
-
-def _sse(chunk: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(chunk, ensure_ascii=False).encode("utf-8") + b"\n\n"
 
 
 def _json_headers(status: int, data: bytes) -> list[tuple[str, str]]:
@@ -58,24 +51,6 @@ def _json_headers(status: int, data: bytes) -> list[tuple[str, str]]:
     return headers
 
 
-class _Deadline:
-    """A read timeout: expires when no progress was made for `seconds`."""
-
-    def __init__(self, seconds: float | None) -> None:
-        self.seconds = seconds
-        self._at: float | None = None
-        self.hit = False
-        self.arm()
-
-    def arm(self) -> None:
-        self._at = None if self.seconds is None else time.monotonic() + self.seconds
-
-    def expired(self) -> bool:
-        if self._at is not None and time.monotonic() > self._at:
-            self.hit = True
-        return self.hit
-
-
 def _read_timeout(request: Any) -> float | None:
     timeout = request.extensions.get("timeout") or {}
     if isinstance(timeout, dict):
@@ -83,36 +58,6 @@ def _read_timeout(request: Any) -> float | None:
     else:
         value = getattr(timeout, "read", None)
     return None if value is None else float(value)
-
-
-def _head(stream: ChunkStream) -> tuple[bytes | None, dict[str, Any] | None]:
-    """The first SSE event, or the 500 body when generation fails before it."""
-    try:
-        first = next(stream)
-    except StopIteration:
-        return b"", None
-    except Exception as exc:  # an engine failure before any byte: a plain 500
-        stream.close()
-        return None, error_body(str(exc) or type(exc).__name__, "engine_error")
-    return _sse(first), None
-
-
-def _frames(stream: ChunkStream, first: bytes, deadline: _Deadline) -> Iterator[bytes]:
-    """SSE events after the first one; an engine failure mid-stream becomes an error event."""
-    if first:
-        yield first
-    while True:
-        deadline.arm()
-        try:
-            chunk = next(stream)
-        except StopIteration:
-            break
-        except Exception as exc:
-            yield _sse(error_body(str(exc) or type(exc).__name__, "engine_error"))
-            return
-        yield _sse(chunk)
-    if not stream.cancelled:
-        yield _DONE
 
 
 @functools.lru_cache(maxsize=None)
@@ -132,10 +77,10 @@ def transport_classes(flavor: str = "httpx") -> tuple[type, type]:
     class SSEStream(hx.SyncByteStream):
         """A generator-backed response body; `close()` stops generation."""
 
-        def __init__(self, stream: ChunkStream, first: bytes, deadline: _Deadline,
+        def __init__(self, stream: ChunkStream, first: bytes, deadline: Deadline,
                      request: Any) -> None:
             self._stream = stream
-            self._frames = _frames(stream, first, deadline)
+            self._frames = events_after(stream, first, deadline)
             self._deadline = deadline
             self._request = request
 
@@ -159,12 +104,12 @@ def transport_classes(flavor: str = "httpx") -> tuple[type, type]:
         def handle_request(self, request: Any) -> Any:
             """Httpx entry point."""
             body = request.read()
-            deadline = _Deadline(_read_timeout(request))
+            deadline = Deadline(_read_timeout(request))
             status, out = self.api.handle(request.method, request.url.path, body,
                                           headers=dict(request.headers),
                                           should_stop=deadline.expired)
             if isinstance(out, ChunkStream):
-                first, failure = _head(out)
+                first, failure = first_event(out)
                 if failure is not None:
                     return _respond(500, failure)
                 if deadline.hit:
@@ -182,13 +127,13 @@ def transport_classes(flavor: str = "httpx") -> tuple[type, type]:
             self.api.close()
 
     def _respond(status: int, body: dict[str, Any]) -> Any:
-        data = json.dumps(body, ensure_ascii=False).encode("utf-8")
+        data = encode_json(body)
         return hx.Response(status, headers=_json_headers(status, data), content=data)
 
     class AsyncSSEStream(hx.AsyncByteStream):
         """Async body fed by the request's worker thread; `aclose()` stops generation."""
 
-        def __init__(self, pump: _Pump, request: Any) -> None:
+        def __init__(self, pump: Pump, request: Any) -> None:
             self._pump = pump
             self._request = request
 
@@ -214,8 +159,8 @@ def transport_classes(flavor: str = "httpx") -> tuple[type, type]:
         async def handle_async_request(self, request: Any) -> Any:
             """Httpx entry point."""
             body = await request.aread()
-            deadline = _Deadline(_read_timeout(request))
-            pump = _Pump(self.api, request.method, request.url.path, body,
+            deadline = Deadline(_read_timeout(request))
+            pump = Pump(self.api, request.method, request.url.path, body,
                          dict(request.headers), deadline)
             try:
                 status, out = await pump.head()
@@ -238,85 +183,6 @@ def transport_classes(flavor: str = "httpx") -> tuple[type, type]:
     AsyncWarpTransport.__qualname__ = AsyncWarpTransport.__name__ = "AsyncWarpTransport"
     WarpTransport.__module__ = AsyncWarpTransport.__module__ = __name__
     return WarpTransport, AsyncWarpTransport
-
-
-class _Pump:
-    """Runs one request on its own thread; hands SSE frames to the event loop one by one."""
-
-    def __init__(self, api: WarpAPI, method: str, path: str, body: bytes,
-                 headers: dict[str, str], deadline: _Deadline) -> None:
-        self.deadline = deadline
-        self._loop = asyncio.get_running_loop()
-        self._queue: asyncio.Queue[Any] = asyncio.Queue()
-        self._credit = threading.Semaphore(0)
-        self._cancel = threading.Event()
-        self._stream: ChunkStream | None = None
-        self._done = False
-        args = (api, method, path, body, headers)
-        threading.Thread(target=self._work, args=args, name="warp-openai", daemon=True).start()
-
-    def _put(self, item: Any) -> None:
-        try:
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
-        except RuntimeError:  # loop closed: nobody reads any more
-            self._cancel.set()
-
-    def _stopped(self) -> bool:
-        return self._cancel.is_set() or self.deadline.expired()
-
-    def _work(self, api: WarpAPI, method: str, path: str, body: bytes,
-              headers: dict[str, str]) -> None:
-        try:
-            status, out = api.handle(method, path, body, headers=headers,
-                                     should_stop=self._stopped)
-            if not isinstance(out, ChunkStream):
-                self._put(("head", status, out))
-                return
-            self._stream = out
-            first, failure = _head(out)
-            if failure is not None:
-                self._put(("head", 500, failure))
-                return
-            self._put(("head", 200, None))
-            for frame in _frames(out, first or b"", self.deadline):
-                self._put(("frame", frame))
-                self._credit.acquire()
-                if self._cancel.is_set():
-                    break
-            out.close()
-            self._put(("end",))
-        except BaseException as exc:  # handed to the reader, never swallowed
-            if self._stream is not None:
-                self._stream.close()
-            self._put(("error", exc))
-
-    async def head(self) -> tuple[int, dict[str, Any] | None]:
-        item = await self._queue.get()
-        if item[0] == "error":
-            raise item[1]
-        return item[1], item[2]
-
-    async def next_frame(self) -> bytes | None:
-        if self._done:
-            return None
-        try:
-            item = await self._queue.get()
-        except asyncio.CancelledError:
-            self.cancel()
-            raise
-        if item[0] == "frame":
-            self._credit.release()
-            return item[1]
-        self._done = True
-        if item[0] == "error":
-            raise item[1]
-        return None
-
-    def cancel(self) -> None:
-        self._cancel.set()
-        if self._stream is not None:
-            self._stream.cancel()
-        self._credit.release()
 
 
 WarpTransport, AsyncWarpTransport = transport_classes(

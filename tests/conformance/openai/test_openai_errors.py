@@ -500,3 +500,58 @@ def test_fuzz_never_5xx():
                 assert set(out["error"]) == {"message", "type", "param", "code"}
 
     check()
+
+
+# --------------------------------------------------------------------------- hostile bodies
+HOSTILE = [
+    # (route, raw body, status, param, code, message start)
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "a\\ud800"}]}', 400,
+     "messages[0].content", "invalid_unicode", "messages[0].content holds a lone UTF-16"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi", "\\udfff": 1}]}',
+     400, "messages[0].\\udfff", "invalid_unicode", "messages[0].\\udfff holds a lone"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}], "tools": '
+     b'[{"type": "function", "function": {"name": "f\\udbff"}}]}', 400,
+     "tools[0].function.name", "invalid_unicode", "tools[0].function.name holds"),
+    ("/v1/completions", b'{"prompt": "\\udc00x"}', 400, "prompt", "invalid_unicode",
+     "prompt holds a lone UTF-16 surrogate (U+DC00) at character 0"),
+    ("/v1/completions", b'{"prompt": ["\\ud83d\\ude00 ok"], "max_tokens": 2}', 200, None, None,
+     None),  # a surrogate pair is one character: accepted
+    ("/v1/chat/completions", b'{"messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", 400,
+     None, None, "request body nests deeper than 64 levels"),
+    ("/v1/completions", b'{"prompt": "x", "a": ' + b'{"a":' * 70 + b"1" + b"}" * 70 + b"}", 400,
+     "a" + ".a" * 63, None, "a" + ".a" * 63 + " nests deeper than 64 levels"),
+    ("/v1/completions", b'{"prompt": "x", "temperature": NaN}', 400, None, None,
+     "request body is not valid JSON: NaN is not a JSON value"),
+    ("/v1/completions", b'{"prompt": "x", "seed": ' + b"9" * 5000 + b"}", 400, None, None,
+     "request body is not valid JSON"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}], "stop": '
+     + json.dumps([str(i) for i in range(17)]).encode() + b"}", 400, "stop", None,
+     "'stop' may hold at most 16 strings"),
+]
+
+
+@pytest.mark.parametrize("route,raw,status,param,code,message", HOSTILE)
+def test_hostile_bodies_are_named_4xx(http, route, raw, status, param, code, message):
+    r = post(http, raw, path=route)
+    if status == 200:
+        assert r.status_code == 200 and r.json()["choices"][0]["text"] == "ok"
+        return
+    err = assert_error(r, status, message, param, code)
+    assert err["type"] == "invalid_request_error"
+
+
+def test_oversized_fields_are_named():
+    from warp_openai import WarpAPI
+    from warp_openai.api import MAX_ARRAY_ITEMS, MAX_STRING_CHARS
+
+    api = WarpAPI(engine=ScriptedEngine(["ok"]))
+    long = {"messages": [{"role": "user", "content": "x" * (MAX_STRING_CHARS + 1)}]}
+    status, body = api.handle("POST", "/v1/chat/completions", long)
+    assert status == 400 and body["error"]["param"] == "messages[0].content"
+    assert body["error"]["code"] == "string_above_max_length"
+    many = {"prompt": "x", "logit_bias": [0] * (MAX_ARRAY_ITEMS + 1)}
+    status, body = api.handle("POST", "/v1/completions", many)
+    assert status == 400 and body["error"]["param"] == "logit_bias"
+    assert body["error"]["code"] == "array_above_max_length"
+    status, body = api.handle("POST", "/v1/completions", b"x" * (api.max_body + 1))
+    assert status == 413 and body["error"]["message"].startswith("request body may not exceed")

@@ -88,7 +88,7 @@ def test_health_metrics_and_auth(serve):
         == 200
     )
     metrics = httpx.get(url + "/metrics", headers=h).text
-    assert 'warp_requests_total{path="/v1/chat/completions",status="200"} 1' in metrics
+    assert 'warp_requests_total{route="/v1/chat/completions",status="200"} 1' in metrics
     assert "warp_tokens_generated_total 3" in metrics and "warp_expert_hit_rate" in metrics
 
 
@@ -109,7 +109,7 @@ def test_metrics_sum_what_the_replies_reported(serve):
         elif line:
             name, value = line.rsplit(" ", 1)
             values[name] = float(value)
-    assert values['warp_requests_total{path="/v1/chat/completions",status="200"}'] == 2
+    assert values['warp_requests_total{route="/v1/chat/completions",status="200"}'] == 2
     assert values["warp_tokens_generated_total"] == sum(w["tokens_generated"] for w in stats)
     assert values["warp_bytes_read_total"] == sum(w["bytes_read"] for w in stats)
     hits = sum(w["experts_hit"] for w in stats)
@@ -135,7 +135,8 @@ def test_open_binding_without_a_key_warns(caplog, host, key, warns):
     assert bool(warned) is warns
 
 
-@pytest.mark.parametrize("auth", [None, "Bearer wrong", "bearer k", "Basic k", "Bearer k "])
+# (HTTP drops whitespace around a header value, so "Bearer k " reaches the check as "Bearer k")
+@pytest.mark.parametrize("auth", [None, "Bearer wrong", "bearer k", "Basic k", "Bearer  k"])
 def test_missing_or_wrong_key_is_401_before_the_body_is_read(serve, auth):
     """The body is never sent: a server that read it before checking the key would hang."""
     url = serve(ScriptedEngine(["ok"]), api_key="k")
@@ -171,21 +172,37 @@ def test_key_checks_with_the_sdk(serve):
 
 def test_body_rules(serve):
     url = serve(ScriptedEngine(["ok"]), max_body=1000)
-    # Declared too large: refused before reading, connection closed (the body is never sent).
-    out = raw(url, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 5000\r\n\r\n")
+    host, port = url.removeprefix("http://").split(":")
+    # Over the cap but sent: a 413, the body is read and dropped, the connection stays usable.
+    body = json.dumps({"messages": USER, "pad": "x" * 5000}).encode()
+    ok = json.dumps({"messages": USER}).encode()
+    with socket.create_connection((host, int(port)), timeout=5) as s:
+        for data in (body, ok):
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: "
+                      + str(len(data)).encode() + b"\r\n\r\n" + data)
+        out = b""
+        while out.count(b"HTTP/1.1 ") < 2 or not out.rstrip().endswith(b"}"):
+            out += s.recv(65536)
+    first, second = out.split(b"HTTP/1.1 ")[1:3]
+    assert first.startswith(b"413") and b"may not exceed 1000 bytes" in first
+    assert second.startswith(b"200") and b'"content":"ok"' in second.replace(b" ", b"")
+    # Declared far over the cap: refused before reading, connection closed (never sent).
+    out = raw(url, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: "
+              + str(1000 + (2 << 20)).encode() + b"\r\n\r\n")
     assert out.startswith(b"HTTP/1.1 413") and b"may not exceed 1000 bytes" in out
     out = raw(url, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
     assert out.startswith(b"HTTP/1.1 411")
-    # The default cap (64 MiB), declared one byte over: refused, nothing read.
+    # The default cap (64 MiB): a declared length far over it is refused, nothing read.
     url = serve(ScriptedEngine(["ok"]))
-    over = str(64 * 1024 * 1024 + 1).encode()
+    over = str(64 * 1024 * 1024 + (2 << 20)).encode()
     out = raw(
         url,
         b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " + over + b"\r\n\r\n",
     )
     assert out.startswith(b"HTTP/1.1 413") and b"67108864 bytes" in out
+    # A malformed length is an HTTP framing error: 400 and the connection closed.
     out = raw(url, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: ab\r\n\r\n")
-    assert out.startswith(b"HTTP/1.1 400") and b"not a number" in out
+    assert out.startswith(b"HTTP/1.1 400")
 
 
 def test_sse_framing(serve):
@@ -216,7 +233,10 @@ def test_disconnect_stops_generation(serve):
         b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
         b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
     )
-    assert s.recv(100).startswith(b"HTTP/1.1 200")
+    out = s.recv(100)
+    assert out.startswith(b"HTTP/1.1 200")
+    while b"data: " not in out:  # the generation has begun (the engine waits at the gate)
+        out += s.recv(1000)
     s.close()
     gate.set()
     # Stopped by the end-of-stream poll before a token, or by a failed write: either way
