@@ -326,6 +326,20 @@ class Engine:
             self._ids.extend(int(i) for i in arr)
         return out.reshape(n, self.vocab_size) if all_logits else out
 
+    def prompt_logits(self, ids: Sequence[int]) -> np.ndarray:
+        """Empties the context, evaluates ids and returns the logits of every position.
+
+        Row i is the distribution of the token after `ids[i]` (scoring a prompt, as
+        `/v1/completions` does with `echo` and `logprobs`). The next `stream` of a prompt
+        that starts with `ids` reuses this context.
+
+        Returns:
+            float32 [len(ids), vocab].
+        """
+        with self._lock:
+            self.reset()
+            return self.eval(ids, all_logits=True)
+
     @property
     def position(self) -> int:
         """Tokens held in the context."""

@@ -46,7 +46,8 @@ class ChatResult:
 
     Attributes:
         message: content, reasoning, tool calls and finish reason.
-        usage: prompt and completion token counts.
+        usage: prompt and completion token counts, with the reused prompt prefix and
+            the reasoning tokens.
         stats: engine counters and timings of this reply (expert hits, bytes, tok/s).
         model: the model name reported to clients.
 
@@ -224,12 +225,15 @@ class ChatSession:
         stopper = _StopStrings(list(stop))
         acc = DeltaAccumulator()
         n_tokens = 0
+        n_reasoning = 0
         stopped = False
         for ev in events:
             n_tokens += 1
             control = tokenizer.is_control(ev.token_id)
             piece = tokenizer.id_to_piece(ev.token_id) if control else ev.text
             delta = parser.feed(ev.token_id, piece)
+            if delta.reasoning:
+                n_reasoning += 1
             delta, stopped = stopper.apply(delta)
             if not delta.empty:
                 acc.add(delta)
@@ -261,7 +265,10 @@ class ChatSession:
                                        finish_reason="tool_calls" if final.tool_calls else "stop")
         n_prompt = len(prep.ids)
         usage = Usage(prompt_tokens=n_prompt, completion_tokens=n_tokens,
-                      total_tokens=n_prompt + n_tokens)
+                      total_tokens=n_prompt + n_tokens,
+                      cached_tokens=(min(n_prompt, gen.cached_tokens)
+                                     if gen is not None else 0),
+                      reasoning_tokens=min(n_reasoning, n_tokens))
         stats = dict(gen.stats) if gen is not None else {}
         yield ChatChunk(Delta(), result=ChatResult(message, usage, stats, self.model_name))
 

@@ -338,6 +338,12 @@ class Usage(BaseModel):
         ge=0, description="Tokens the engine generated (markers included)."
     )
     total_tokens: int = Field(ge=0, description="prompt_tokens + completion_tokens.")
+    cached_tokens: int = Field(
+        0, ge=0, description="Prompt tokens reused from the engine's context (not recomputed)."
+    )
+    reasoning_tokens: int = Field(
+        0, ge=0, description="Completion tokens that went into the reasoning channel."
+    )
 
     @model_validator(mode="after")
     def _total(self) -> Usage:

@@ -1,7 +1,8 @@
 """The OpenAI-compatible request core: (method, path, JSON body) -> (status, body or chunks).
 
 Owns: routing (GET /health, /v1/models, /v1/models/{id}; POST /v1/chat/completions,
-/v1/completions), optional bearer auth, body parsing, the validation order and error
+/v1/completions, whose meaning is in completions.py; /v1/responses, in responses.py),
+optional bearer auth, body parsing, the validation order and error
 texts of PROTOCOLS.md §7, generation options, blocking and streamed response shapes
 (chunk dicts; the transport or server frames them as SSE), usage and the `warp` stats
 object, and cancellation (closing a `ChunkStream` stops generation within a token).
@@ -27,6 +28,7 @@ from warp_providers import ContextOverflowError, SamplingParams, WarpError
 from warp_providers.chat import ChatFormatError
 from warp_providers.chat.base import ToolCallArguments, ToolCallStart
 from warp_providers.session import ChatResult, ChatSession
+from warp_providers.types import Usage
 
 __all__ = [
     "MAX_BODY_BYTES",
@@ -199,6 +201,10 @@ class WarpAPI:
         self.max_body = max_body
         self.created = int(time.time())
         self._started = time.monotonic()
+        from warp_openai.responses import Responses
+
+        self.responses = Responses(self)
+        """The /v1/responses routes and their store of finished responses."""
 
     def close(self) -> None:
         """Ends this surface's use of its engine (idempotent; see `on_close`)."""
@@ -257,6 +263,9 @@ class WarpAPI:
         if method == "GET" and path == "/health":
             return 200, {"status": "ok", "model": self.model_id, "engine": self._engine_build(),
                          "uptime_s": int(time.monotonic() - self._started)}
+        if path == "/v1/responses" or path.startswith("/v1/responses/"):
+            self._auth(headers)
+            return self.responses.route(method, path, body, should_stop)
         if method == "POST":
             self._auth(headers)
             if path == "/v1/chat/completions":
@@ -335,13 +344,14 @@ class WarpAPI:
         stop = _stop(req)
         logprobs = _logprobs(req)
         opts = _stream_options(req)
+        procs = _logit_bias(req, self.engine)
         ident, created = _new_id("chatcmpl-"), int(time.time())
         if not stream:
             t0 = time.perf_counter()
             result = None
             entries: list[dict[str, Any]] | None = [] if logprobs else None
             for chunk in self.session.stream(prep, sampling=sampling, stop=stop,
-                                             should_stop=should_stop):
+                                             processors=procs, should_stop=should_stop):
                 result = chunk.result or result
                 if entries is not None and chunk.delta.content and chunk.logprob is not None:
                     entries.append(_logprob_entry(chunk.delta.content, chunk.logprob))
@@ -355,13 +365,15 @@ class WarpAPI:
             def stop_now() -> bool:
                 return cancelled() or bool(outer is not None and outer())
 
-            return self._chunks(ident, created, prep, sampling, stop, stop_now, opts, logprobs)
+            return self._chunks(ident, created, prep, sampling, stop, stop_now, opts, logprobs,
+                                procs)
 
         return 200, ChunkStream(make)
 
     def _chunks(
         self, ident: str, created: int, prep: Any, sampling: SamplingParams, stop: list[str],
         should_stop: Callable[[], bool], include_usage: bool, logprobs: bool,
+        procs: list[Any],
     ) -> Iterator[dict[str, Any]]:
         assert self.session is not None
         base = {"id": ident, "object": "chat.completion.chunk", "created": created,
@@ -377,7 +389,8 @@ class WarpAPI:
         role_sent = False
         announced: set[int] = set()
         result: ChatResult | None = None
-        items = self.session.stream(prep, sampling=sampling, stop=stop, should_stop=should_stop)
+        items = self.session.stream(prep, sampling=sampling, stop=stop, processors=procs,
+                                    should_stop=should_stop)
         for item in items:
             if item.result is not None:
                 result = item.result
@@ -416,7 +429,7 @@ class WarpAPI:
         final["warp"] = stats
         yield final
         if include_usage:
-            yield {**base, "choices": [], "usage": result.usage.model_dump(), "warp": stats}
+            yield {**base, "choices": [], "usage": usage_body(result.usage), "warp": stats}
 
     def _completion_body(self, ident: str, created: int, result: ChatResult, seconds: float,
                          logprobs: list[dict[str, Any]] | None) -> dict[str, Any]:
@@ -435,7 +448,7 @@ class WarpAPI:
             "choices": [{"index": 0, "message": message,
                          "logprobs": {"content": logprobs} if logprobs is not None else None,
                          "finish_reason": msg.finish_reason or "stop"}],
-            "usage": result.usage.model_dump(),
+            "usage": usage_body(result.usage),
             "warp": _stats(result.stats, result.usage.completion_tokens, seconds),
         }
 
@@ -443,110 +456,10 @@ class WarpAPI:
     def completions(
         self, req: dict[str, Any], *, should_stop: Callable[[], bool] | None = None
     ) -> tuple[int, dict[str, Any] | ChunkStream]:
-        """POST /v1/completions (§7.15): plain-text continuation, no chat template."""
-        stream = req.get("stream", False)
-        if stream is not None and not isinstance(stream, bool):
-            raise APIError(400, "'stream' must be a boolean", param="stream")
-        prompt = req.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1:
-            prompt = prompt[0]
-        if not isinstance(prompt, str):
-            raise APIError(400, "'prompt' must be a string", param="prompt")
-        if not prompt:
-            raise APIError(400, "'prompt' must be a non-empty string", param="prompt")
-        tokenizer = self.engine.tokenizer
-        ids = tokenizer.encode_content(prompt)
-        if not ids:
-            raise APIError(400, "'prompt' encoded to no tokens", param="prompt")
-        ctx = int(self.engine.info().get("ctx_tokens", 0) or 0)
-        if ctx and len(ids) >= ctx:
-            raise APIError(400, f"prompt is {len(ids)} tokens, and this model's context is {ctx}",
-                           param="prompt", code="context_length_exceeded")
-        limit = _max_tokens(req, self.default_max_tokens)
-        if ctx:
-            limit = min(limit, max(1, ctx - len(ids)))
-        sampling = _sampling(req)
-        stop = _stop(req)
-        include_usage = _stream_options(req)
-        ident, created = _new_id("cmpl-"), int(time.time())
-        base = {"id": ident, "object": "text_completion", "created": created,
-                "model": self.model_id}
+        """POST /v1/completions (§7.15, with streaming, echo and logprobs: completions.py)."""
+        from warp_openai.completions import completions
 
-        def run(stop_now: Callable[[], bool] | None) -> Iterator[tuple[str, Any]]:
-            """("text", piece) for each piece, then ("end", (finish, n, stats, seconds))."""
-            t0 = time.perf_counter()
-            text, emitted, n, hit_stop = "", 0, 0, False
-            hold = max((len(s) for s in stop), default=1) - 1
-            events = self.engine.stream(ids, max_tokens=limit, sampling=sampling, stop=stop,
-                                        should_stop=stop_now)
-            try:
-                for ev in events:
-                    n += 1
-                    text += ev.text
-                    cut = [text.find(s) for s in stop if s and s in text]
-                    if cut:
-                        text = text[: min(cut)]
-                        hit_stop = True
-                        break
-                    # hold back a tail that may be the start of a stop string
-                    safe = len(text)
-                    for k in range(min(hold, len(text)), 0, -1):
-                        if any(s.startswith(text[-k:]) for s in stop):
-                            safe = len(text) - k
-                            break
-                    if safe > emitted:
-                        yield "text", text[emitted:safe]
-                        emitted = safe
-            finally:
-                # closing records the generation's result, however it ended
-                getattr(events, "close", lambda: None)()
-            if len(text) > emitted:
-                yield "text", text[emitted:]
-            gen = getattr(self.engine, "last_result", None)
-            finish = "stop"
-            if gen is not None and not hit_stop:
-                n = len(gen.token_ids)
-                finish = "length" if gen.finish_reason == "length" else "stop"
-            stats = dict(gen.stats) if gen is not None else {}
-            yield "end", (finish, n, stats, time.perf_counter() - t0)
-
-        def usage(n: int) -> dict[str, int]:
-            return {"prompt_tokens": len(ids), "completion_tokens": n,
-                    "total_tokens": len(ids) + n}
-
-        if not stream:
-            text = ""
-            for kind, value in run(should_stop):
-                if kind == "text":
-                    text += value
-                else:
-                    finish, n, stats, seconds = value
-            return 200, {
-                **base,
-                "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
-                "usage": usage(n),
-                "warp": _stats(stats, n, seconds),
-            }
-
-        outer = should_stop
-
-        def make(cancelled: Callable[[], bool]) -> Iterator[dict[str, Any]]:
-            def stop_now() -> bool:
-                return cancelled() or bool(outer is not None and outer())
-
-            for kind, value in run(stop_now):
-                if kind == "text":
-                    yield {**base, "choices": [{"index": 0, "text": value, "logprobs": None,
-                                                "finish_reason": None}]}
-                    continue
-                finish, n, stats, seconds = value
-                warp = _stats(stats, n, seconds)
-                yield {**base, "choices": [{"index": 0, "text": "", "logprobs": None,
-                                            "finish_reason": finish}], "warp": warp}
-                if include_usage:
-                    yield {**base, "choices": [], "usage": usage(n), "warp": warp}
-
-        return 200, ChunkStream(make)
+        return completions(self, req, should_stop=should_stop)
 
 
 # ---------------------------------------------------------------------- helpers
@@ -825,6 +738,22 @@ def _stream_options(req: Mapping[str, Any]) -> bool:
 def _logprob_entry(text: str, logprob: float) -> dict[str, Any]:
     return {"token": text, "logprob": float(logprob), "bytes": list(text.encode("utf-8")),
             "top_logprobs": []}
+
+
+def usage_body(usage: Usage) -> dict[str, Any]:
+    """Chat and completions `usage`: counts plus the cached prompt and reasoning tokens."""
+    return {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
+            "total_tokens": usage.total_tokens,
+            "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+            "completion_tokens_details": {"reasoning_tokens": usage.reasoning_tokens}}
+
+
+def _logit_bias(req: Mapping[str, Any], engine: Any) -> list[Any]:
+    from warp_openai.bias import logit_bias
+
+    vocab = int(engine.info().get("vocab_size") or engine.tokenizer.vocab_size)
+    bias = logit_bias(req, vocab)
+    return [bias] if bias is not None else []
 
 
 def _stats(s: Mapping[str, Any], n: int, seconds: float) -> dict[str, Any]:

@@ -278,9 +278,11 @@ def _frame_stats(frame: bytes) -> dict[str, Any] | None:
     if b'"warp"' not in frame or not frame.startswith(b"data: {"):
         return None
     try:
-        return json.loads(frame[6:]).get("warp")
+        event = json.loads(frame[6:])
     except ValueError:
         return None
+    # A chat or completions chunk carries it at the top; a Responses event in its response.
+    return event.get("warp") or (event.get("response") or {}).get("warp")
 
 
 async def _disconnected(receive: Receive) -> None:
@@ -310,8 +312,12 @@ _ROUTES = [
     ("/v1/models/{model:path}", ["GET"]),
     ("/v1/chat/completions", ["POST"]),
     ("/v1/completions", ["POST"]),
+    ("/v1/responses", ["POST"]),
+    ("/v1/responses/{response_id}", ["GET", "DELETE"]),
+    ("/v1/responses/{response_id}/input_items", ["GET"]),
 ]
-"""The route templates; a new POST route is one line here and one in `api.py`."""
+"""The route templates; a new route is one line here and one in `api.py` (a POST body is
+read and generated from here; any other method's request goes to `api.handle` bodiless)."""
 _ANY = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 
 
@@ -349,7 +355,7 @@ def make_app(
     middleware = [Middleware(_StripSlashes)]
     if cors_origins:
         middleware.insert(0, Middleware(
-            CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["GET", "POST"],
+            CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["GET", "POST", "DELETE"],
             allow_headers=["authorization", "content-type", "openai-organization",
                            "openai-project", "x-stainless-*"],
             max_age=600,

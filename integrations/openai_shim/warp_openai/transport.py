@@ -4,7 +4,8 @@ Owns: `WarpTransport` / `AsyncWarpTransport` (the transports, for `httpx` and, t
 `transport_classes("httpx2")`, for `httpx2`), SSE framing of `api.ChunkStream`s as
 generator-backed response streams (the first event reaches the client before generation
 ends; closing the response stops generation), the per-call read timeout from
-`request.extensions["timeout"]`, `x-should-retry: false` on every error, and the
+`request.extensions["timeout"]`, `x-should-retry: false` on every error, handing
+requests that are not this model's (another host or path) to a `fallback` transport, and the
 constructors `warp_transport` / `async_warp_transport` (an http client for the installed
 openai major: httpx2 for openai 3.x, httpx for 2.x) and `warp_openai_client` /
 `warp_async_openai_client`.
@@ -60,6 +61,20 @@ def _read_timeout(request: Any) -> float | None:
     return None if value is None else float(value)
 
 
+LOCAL_HOSTS = ("warp.invalid",)
+"""Hosts a transport with a fallback answers itself (its own routes only)."""
+_LOCAL_ROUTES = ("/health", "/v1/models", "/v1/chat/completions", "/v1/completions",
+                 "/v1/responses")
+
+
+def _ours(request: Any, hosts: tuple[str, ...]) -> bool:
+    """Whether a request is for this transport's model: one of its hosts and routes."""
+    if request.url.host not in hosts:
+        return False
+    path = request.url.path.rstrip("/") or "/"
+    return any(path == r or path.startswith(r + "/") for r in _LOCAL_ROUTES)
+
+
 @functools.lru_cache(maxsize=None)
 def transport_classes(flavor: str = "httpx") -> tuple[type, type]:
     """The (sync, async) transport classes for `httpx` or `httpx2`.
@@ -97,12 +112,17 @@ def transport_classes(flavor: str = "httpx") -> tuple[type, type]:
     class WarpTransport(hx.BaseTransport):  # type: ignore[name-defined,misc]
         """Answers OpenAI requests in-process (see the module docstring)."""
 
-        def __init__(self, api: WarpAPI) -> None:
-            """Serve `api` (a `WarpAPI`)."""
+        def __init__(self, api: WarpAPI, fallback: Any = None,
+                     local_hosts: tuple[str, ...] = LOCAL_HOSTS) -> None:
+            """Serve `api` (a `WarpAPI`); with `fallback`, only its routes on `local_hosts`."""
             self.api = api
+            self.fallback = fallback
+            self.local_hosts = local_hosts
 
         def handle_request(self, request: Any) -> Any:
             """Httpx entry point."""
+            if self.fallback is not None and not _ours(request, self.local_hosts):
+                return self.fallback.handle_request(request)
             body = request.read()
             deadline = Deadline(_read_timeout(request))
             status, out = self.api.handle(request.method, request.url.path, body,
@@ -125,6 +145,8 @@ def transport_classes(flavor: str = "httpx") -> tuple[type, type]:
         def close(self) -> None:
             """Called by `Client.close()`: gives back the shared engine's reference."""
             self.api.close()
+            if self.fallback is not None:
+                self.fallback.close()
 
     def _respond(status: int, body: dict[str, Any]) -> Any:
         data = encode_json(body)
@@ -152,12 +174,17 @@ def transport_classes(flavor: str = "httpx") -> tuple[type, type]:
     class AsyncWarpTransport(hx.AsyncBaseTransport):  # type: ignore[name-defined,misc]
         """The asyncio twin of `WarpTransport`; the event loop never blocks on the engine."""
 
-        def __init__(self, api: WarpAPI) -> None:
-            """Serve `api` (a `WarpAPI`)."""
+        def __init__(self, api: WarpAPI, fallback: Any = None,
+                     local_hosts: tuple[str, ...] = LOCAL_HOSTS) -> None:
+            """Serve `api` (a `WarpAPI`); with `fallback`, only its routes on `local_hosts`."""
             self.api = api
+            self.fallback = fallback
+            self.local_hosts = local_hosts
 
         async def handle_async_request(self, request: Any) -> Any:
             """Httpx entry point."""
+            if self.fallback is not None and not _ours(request, self.local_hosts):
+                return await self.fallback.handle_async_request(request)
             body = await request.aread()
             deadline = Deadline(_read_timeout(request))
             pump = Pump(self.api, request.method, request.url.path, body,
@@ -178,6 +205,8 @@ def transport_classes(flavor: str = "httpx") -> tuple[type, type]:
         async def aclose(self) -> None:
             """Called by `AsyncClient.aclose()`: gives back the shared engine's reference."""
             await asyncio.to_thread(self.api.close)  # closing waits for a generation
+            if self.fallback is not None:
+                await self.fallback.aclose()
 
     WarpTransport.__qualname__ = WarpTransport.__name__ = "WarpTransport"
     AsyncWarpTransport.__qualname__ = AsyncWarpTransport.__name__ = "AsyncWarpTransport"
@@ -241,6 +270,8 @@ def warp_transport(
     model: str | None = None,
     http: str | None = None,
     timeout: float | None = 600.0,
+    fallback: Any = None,
+    local_hosts: tuple[str, ...] = LOCAL_HOSTS,
     **engine_options: Any,
 ) -> Any:
     """An http client whose requests a local model answers in-process.
@@ -257,17 +288,28 @@ def warp_transport(
         model: the model id reported in responses (default: the container name).
         http: "httpx2" or "httpx" (default: what the installed openai major uses).
         timeout: the client's default timeout in seconds.
+        fallback: a transport of the same http library (e.g. `httpx.HTTPTransport()`)
+            for every request that is not one of this model's routes on `local_hosts`:
+            one client then reaches the local model and a remote API alike. None
+            answers every request in-process.
+        local_hosts: the hosts this model answers when a fallback is set.
         **engine_options: passed to `Engine.open` (budget, threads, ctx, ...).
 
     Returns:
         An `httpx2.Client` or `httpx.Client`.
+
+    Example:
+        >>> http = warp_transport("m.warp", fallback=httpx.HTTPTransport())  # doctest: +SKIP
+        >>> local = openai.OpenAI(base_url=BASE_URL, http_client=http)     # doctest: +SKIP
+        >>> remote = local.with_options(base_url="https://api.openai.com/v1")  # doctest: +SKIP
 
     """
     flavor = _flavor(http)
     hx = importlib.import_module(flavor)
     sync, _ = transport_classes(flavor)
     api = _api(model_path, engine, session, model, None, engine_options)
-    return hx.Client(transport=sync(api), base_url=_HTTP_BASE, timeout=timeout)
+    return hx.Client(transport=sync(api, fallback, tuple(local_hosts)), base_url=_HTTP_BASE,
+                     timeout=timeout)
 
 
 def async_warp_transport(
@@ -278,14 +320,20 @@ def async_warp_transport(
     model: str | None = None,
     http: str | None = None,
     timeout: float | None = 600.0,
+    fallback: Any = None,
+    local_hosts: tuple[str, ...] = LOCAL_HOSTS,
     **engine_options: Any,
 ) -> Any:
-    """The async twin of `warp_transport`: pass it as `openai.AsyncOpenAI(http_client=...)`."""
+    """The async twin of `warp_transport`: pass it as `openai.AsyncOpenAI(http_client=...)`.
+
+    `fallback` is an async transport (e.g. `httpx.AsyncHTTPTransport()`).
+    """
     flavor = _flavor(http)
     hx = importlib.import_module(flavor)
     _, asyn = transport_classes(flavor)
     api = _api(model_path, engine, session, model, None, engine_options)
-    return hx.AsyncClient(transport=asyn(api), base_url=_HTTP_BASE, timeout=timeout)
+    return hx.AsyncClient(transport=asyn(api, fallback, tuple(local_hosts)),
+                          base_url=_HTTP_BASE, timeout=timeout)
 
 
 def warp_openai_client(model_path: str | os.PathLike[str] | None = None, **kwargs: Any) -> Any:

@@ -14,6 +14,21 @@ for p in (ROOT / "integrations" / "openai_shim", ROOT / "tests"):
         sys.path.insert(0, str(p))
 
 
+@pytest.fixture(autouse=True)
+def no_remote(request: pytest.FixtureRequest):
+    """Every test here runs under respx routers with no routes (tests/no_remote.py): an
+    HTTP request that would leave the process fails the test, even if something swallowed
+    the error. Tests over `warp serve` (marked enable_socket) may reach 127.0.0.1."""
+    from no_remote import guard
+
+    routers = guard(allow_loopback=request.node.get_closest_marker("enable_socket") is not None)
+    try:
+        yield routers
+    finally:
+        routers.stop()
+    assert not routers.escaped, f"requests left the process: {routers.escaped}"
+
+
 @pytest.fixture
 def make_client():
     """make_client(engine, **kw) -> openai.OpenAI over the in-process transport."""

@@ -1,9 +1,10 @@
 """Hostile request bodies on every POST route, in-process and over HTTP (>= 5,000 per run).
 
-Table-driven: `ROUTES` maps each POST route to a builder of a valid body; `CLASSES` maps
-each kind of hostility to a mutator of a valid body (structural mutations, lone UTF-16
-surrogates, nesting past `MAX_DEPTH`, oversized bodies and fields, broken JSON). A new
-route (responses, files, batches) joins by adding its row to `ROUTES`.
+Table-driven: `ROUTES` maps each POST route to a builder of a valid body and the member
+its blocking reply must have; `CLASSES` maps each kind of hostility to a mutator of a valid
+body (structural mutations, lone UTF-16 surrogates, nesting past `MAX_DEPTH`, oversized
+bodies and fields, broken JSON). A new route (files, batches) joins by adding its row to
+`ROUTES`.
 
 Asserted for every body: no 5xx, no exception out of the transport, no dropped
 connection, every 4xx an OpenAI error body, every 200 a complete reply (a stream ends
@@ -75,11 +76,35 @@ def _completion(rng: random.Random) -> Body:
     return body
 
 
-ROUTES: dict[str, Callable[[random.Random], Body]] = {
-    "/v1/chat/completions": _chat,
-    "/v1/completions": _completion,
+def _response(rng: random.Random) -> Body:
+    body: Body = {"model": "m", "input": _text(rng) or "hi"}
+    if rng.random() < 0.4:
+        body["input"] = [{"role": "user", "content": [{"type": "input_text",
+                                                       "text": _text(rng) or "hi"}]}]
+        if rng.random() < 0.3:
+            body["input"].insert(0, {"role": "assistant", "content": _text(rng)})
+    if rng.random() < 0.3:
+        body["instructions"] = _text(rng)
+    if rng.random() < 0.3:
+        fn = WEATHER["function"]
+        body["tools"] = [{"type": "function", "name": fn["name"],
+                          "description": fn["description"],
+                          "parameters": copy.deepcopy(fn["parameters"])}]
+    for key, values in (("stream", [True, False]), ("max_output_tokens", [1, 4, 64]),
+                        ("temperature", [0, 0.7]), ("store", [True, False]),
+                        ("text", [{"format": {"type": "text"}}]),
+                        ("reasoning", [{"effort": "low"}])):
+        if rng.random() < 0.3:
+            body[key] = rng.choice(values)
+    return body
+
+
+ROUTES: dict[str, tuple[Callable[[random.Random], Body], str]] = {
+    "/v1/chat/completions": (_chat, "choices"),
+    "/v1/completions": (_completion, "choices"),
+    "/v1/responses": (_response, "output"),
 }
-"""Every POST route and a builder of a valid body for it."""
+"""Every POST route: a builder of a valid body for it, and its blocking reply's member."""
 
 
 # --------------------------------------------------------------------------- hostility
@@ -129,7 +154,8 @@ def _random_value(rng: random.Random, depth: int = 0) -> Any:
     if kind == 6:
         return [_random_value(rng, depth + 1) for _ in range(rng.randrange(4))]
     keys = ["type", "role", "content", "name", "function", "text", "json_schema", "schema",
-            "arguments", "url", "image_url", "include_usage", "strict", "parameters"]
+            "arguments", "url", "image_url", "include_usage", "strict", "parameters",
+            "format", "effort", "call_id", "output"]
     return {rng.choice(keys): _random_value(rng, depth + 1) for _ in range(rng.randrange(4))}
 
 
@@ -149,7 +175,9 @@ def mutate(rng: random.Random, body: Body) -> tuple[Body | bytes, Callable[[Any]
             key = rng.choice(["tools", "tool_choice", "response_format", "n", "top_p", "top_k",
                               "logprobs", "top_logprobs", "reasoning_effort", "thinking",
                               "messages", "prompt", "stop", "max_completion_tokens", "min_p",
-                              "presence_penalty", "parallel_tool_calls", "content", "role"])
+                              "presence_penalty", "parallel_tool_calls", "content", "role",
+                              "input", "instructions", "max_output_tokens", "text", "store",
+                              "reasoning", "previous_response_id", "background"])
             _get(body, rng.choice(targets))[key] = _random_value(rng)
     return body, None
 
@@ -271,14 +299,14 @@ def draws(n: int, seed: int) -> list[tuple[str, str, bytes, Callable[[Any], None
               for _ in range(n - len(pairs))]
     out = []
     for route, cls in pairs:
-        body, check = CLASSES[cls][0](rng, ROUTES[route](rng))
+        body, check = CLASSES[cls][0](rng, ROUTES[route][0](rng))
         raw = body if isinstance(body, bytes) else json.dumps(body).encode()
         out.append((route, cls, raw, check))
     return out
 
 
 # --------------------------------------------------------------------------- checks
-def check_response(status: int, headers: Any, data: bytes, cls: str,
+def check_response(route: str, status: int, headers: Any, data: bytes, cls: str,
                    check: Callable[[Any], None] | None) -> None:
     assert status < 500, (status, data[:300])
     if status >= 400:
@@ -299,7 +327,7 @@ def check_response(status: int, headers: Any, data: bytes, cls: str,
         for e in events[:-1]:
             assert "error" not in json.loads(e[6:]), e
     else:
-        assert "choices" in json.loads(data)
+        assert ROUTES[route][1] in json.loads(data)
 
 
 def _run(send: Callable[[str, bytes], tuple[int, Any, bytes]], bodies: list[Any]) -> dict:
@@ -310,7 +338,7 @@ def _run(send: Callable[[str, bytes], tuple[int, Any, bytes]], bodies: list[Any]
         except Exception as exc:  # out of the transport, or a dropped connection
             raise AssertionError(f"{cls} body on {route} raised {exc!r}: {raw[:200]!r}") from exc
         try:
-            check_response(status, headers, data, cls, check)
+            check_response(route, status, headers, data, cls, check)
         except AssertionError as exc:
             raise AssertionError(f"{cls} body on {route}: {exc}; body {raw[:200]!r}") from exc
         key = f"{route} {cls} {status}"
@@ -324,6 +352,11 @@ def _still_answers(send: Callable[[str, bytes], tuple[int, Any, bytes]]) -> None
     assert status == 200 and json.loads(data)["choices"][0]["message"]["content"] == "ok"
     status, _, data = send("/v1/completions", json.dumps({"prompt": "hi"}).encode())
     assert status == 200 and json.loads(data)["choices"][0]["text"] == "ok"
+    status, _, data = send("/v1/responses", json.dumps({"input": "hi"}).encode())
+    assert status == 200
+    texts = [part["text"] for item in json.loads(data)["output"] if item["type"] == "message"
+             for part in item["content"]]
+    assert texts == ["ok"], data
 
 
 def _api() -> Any:
