@@ -92,8 +92,7 @@ def _response(rng: random.Random) -> Body:
                           "parameters": copy.deepcopy(fn["parameters"])}]
     for key, values in (("stream", [True, False]), ("max_output_tokens", [1, 4, 64]),
                         ("temperature", [0, 0.7]), ("store", [True, False]),
-                        ("text", [{"format": {"type": "text"}}]),
-                        ("reasoning", [{"effort": "low"}])):
+                        ("text", [{"format": {"type": "text"}}, {"format": {"type": "json_object"}}])):
         if rng.random() < 0.3:
             body[key] = rng.choice(values)
     return body

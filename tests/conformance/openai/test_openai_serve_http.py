@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 import pytest
-from fake_engine import ScriptedEngine
+from fake_engine import BYTES_PER_TOKEN, ScriptedEngine
 from openai_cases import USER, CountingEngine
 
 pytestmark = pytest.mark.enable_socket
@@ -293,6 +293,47 @@ def test_metrics_are_labelled_by_route_template(serve):
     assert 'warp_requests_total{route="/v1/chat/completions",status="200"} 1' in text
     for raw_path in ("/x/1", "/v1/models/a", "/v1/nope"):
         assert f'"{raw_path}"' not in text
+
+
+def test_responses_routes_over_http_with_their_methods_and_templates(serve):
+    """Create (blocking and streamed), GET, input_items, DELETE: each reaches the Responses
+    store through its own method, and /metrics counts each under its template, with the
+    tokens of both generations."""
+    import httpx
+
+    url = serve(ScriptedEngine(["ok", "fine"])).url
+    with httpx.Client(base_url=url) as c:
+        made = c.post("/v1/responses", json={"input": "hi"})
+        assert made.status_code == 200, made.text
+        ident = made.json()["id"]
+        with c.stream("POST", "/v1/responses", json={"input": "again", "stream": True}) as r:
+            events = [json.loads(line[6:]) for line in r.iter_lines()
+                      if line.startswith("data: {")]
+        assert events[-1]["type"] == "response.completed", events[-1]
+        streamed = events[-1]["response"]
+        got = c.get(f"/v1/responses/{ident}")
+        assert got.status_code == 200 and got.json() == made.json()
+        items = c.get(f"/v1/responses/{ident}/input_items").json()
+        assert [i["content"][0]["text"] for i in items["data"]] == ["hi"]
+        assert c.post(f"/v1/responses/{ident}", json={}).status_code == 404  # no such method
+        gone = c.delete(f"/v1/responses/{ident}")
+        assert gone.status_code == 200 and gone.json()["deleted"] is True
+        missing = c.get(f"/v1/responses/{ident}")
+        assert missing.status_code == 404 and missing.json()["error"]["param"] == "response_id"
+        assert c.delete(f"/v1/responses/{ident}").status_code == 404
+        text = c.get("/metrics").text
+    assert 'warp_requests_total{route="/v1/responses",status="200"} 2' in text
+    assert 'warp_requests_total{route="/v1/responses/{response_id}",status="200"} 2' in text
+    assert 'warp_requests_total{route="/v1/responses/{response_id}",status="404"} 2' in text
+    assert ('warp_requests_total{route="/v1/responses/{response_id}/input_items",'
+            'status="200"} 1') in text
+    assert 'warp_requests_total{route="unmatched",status="404"} 1' in text
+    assert ident not in text
+    blocking, stream = made.json()["warp"], streamed["warp"]
+    assert stream["bytes_read"] >= BYTES_PER_TOKEN  # the streamed one counts too
+    n = blocking["tokens_generated"] + stream["tokens_generated"]
+    assert f"warp_tokens_generated_total {n}\n" in text
+    assert f"warp_bytes_read_total {blocking['bytes_read'] + stream['bytes_read']}\n" in text
 
 
 # --------------------------------------------------------------------------- hostile, live

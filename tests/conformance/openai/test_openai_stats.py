@@ -18,20 +18,30 @@ ENDINGS = ["length", "stop_string", "eos", "tool_call", "cancel"]
 
 
 def _request(route: str, ending: str, stream: bool) -> dict[str, Any]:
+    responses = route == "/v1/responses"
     if route == "/v1/chat/completions":
         body: dict[str, Any] = {"messages": [{"role": "user", "content": "tell me a story"}]}
+    elif responses:
+        body = {"input": "tell me a story"}
     else:
         body = {"prompt": "Once upon a time there was"}
     body["stream"] = stream
-    if stream:
+    if stream and not responses:
         body["stream_options"] = {"include_usage": True}
     if ending == "length":
-        body["max_tokens"] = 5
+        body["max_output_tokens" if responses else "max_tokens"] = 5
     elif ending == "stop_string":
         body["stop"] = ["END"]
     elif ending == "tool_call":
-        body["tools"] = [WEATHER]
+        fn = WEATHER["function"]
+        body["tools"] = [{"type": "function", **fn} if responses else WEATHER]
     return body
+
+
+def _warm(route: str) -> dict[str, Any]:
+    if route == "/v1/chat/completions":
+        return {"messages": [{"role": "user", "content": "hi"}]}
+    return {"input": "hi"} if route == "/v1/responses" else {"prompt": "hi"}
 
 
 def _reply(ending: str) -> str:
@@ -45,6 +55,16 @@ def _run(api: Any, route: str, body: dict[str, Any], should_stop: Any = None
     """(warp stats, usage, finish_reason) of one request through the request core."""
     status, out = api.handle("POST", route, json.dumps(body), should_stop=should_stop)
     assert status == 200, out
+    if route == "/v1/responses":
+        if body.get("stream"):
+            events = list(out)
+            assert events[-1]["type"] in ("response.completed", "response.incomplete"), events[-1]
+            out = events[-1]["response"]
+        u = out["usage"]
+        finish = "length" if out["status"] == "incomplete" else (
+            "tool_calls" if any(i["type"] == "function_call" for i in out["output"]) else "stop")
+        return out["warp"], {"prompt_tokens": u["input_tokens"],
+                             "completion_tokens": u["output_tokens"]}, finish
     if not body.get("stream"):
         return out["warp"], out["usage"], out["choices"][0]["finish_reason"]
     chunks = list(out)
@@ -54,9 +74,10 @@ def _run(api: Any, route: str, body: dict[str, Any], should_stop: Any = None
     return finals[0]["warp"], chunks[-1]["usage"], finals[0]["choices"][0]["finish_reason"]
 
 
-CASES = [(route, ending) for route in ("/v1/chat/completions", "/v1/completions")
+CASES = [(route, ending)
+         for route in ("/v1/chat/completions", "/v1/completions", "/v1/responses")
          for ending in ENDINGS if not (ending == "tool_call" and route == "/v1/completions")]
-"""Every ending on both endpoints (raw completions have no tools, so no tool call)."""
+"""Every ending on every endpoint (raw completions have no tools, so no tool call)."""
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["blocking", "streamed"])
@@ -66,9 +87,7 @@ def test_stats_belong_to_this_generation(route, ending, stream):
 
     engine = ScriptedEngine(["a short warm-up", _reply(ending)])
     api = WarpAPI(engine=engine)
-    warm = {"messages": [{"role": "user", "content": "hi"}]} if "chat" in route else {
-        "prompt": "hi"}
-    _run(api, route, warm)  # the previous request: another prompt, another length
+    _run(api, route, _warm(route))  # the previous request: another prompt, another length
     before = engine.last_result
     polls = 0
 
