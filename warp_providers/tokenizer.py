@@ -628,6 +628,17 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _is_text(value: Any) -> bool:
+    """A str the tokenizer libraries accept: no lone surrogates (a JSON escape can spell one)."""
+    if not isinstance(value, str):
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _check_id(value: Any, where: str, limit: int) -> int:
     if not _is_int(value) or not 0 <= value < limit:
         raise ModelFormatError(f"{where}: {value!r} is not a token id in [0, {limit})")
@@ -726,7 +737,7 @@ def _check_tokenizer_config(config: dict[str, Any], name: str, limit: int) -> di
                 raise ModelFormatError(f"{where}: the key is not a token id") from None
             _check_id(tid, where, limit)
             content = entry.get("content") if isinstance(entry, dict) else None
-            if not isinstance(content, str) or not content:
+            if not _is_text(content) or not content:
                 raise ModelFormatError(f"{where}: expected an object with a non-empty content")
             if content in specials and specials[content] != tid:
                 raise ModelFormatError(f"{where}: {content!r} is also id {specials[content]}")
@@ -735,9 +746,9 @@ def _check_tokenizer_config(config: dict[str, Any], name: str, limit: int) -> di
         value = config.get(key)
         if isinstance(value, dict):
             value = value.get("content")
-        if value is not None and not isinstance(value, str):
+        if value is not None and not _is_text(value):
             raise ModelFormatError(f"{name}: {key}: expected a string or {{\"content\": ...}}")
-    if config.get("pat_str") is not None and not isinstance(config["pat_str"], str):
+    if config.get("pat_str") is not None and not _is_text(config["pat_str"]):
         raise ModelFormatError(f"{name}: pat_str: expected a string")
     return specials
 
@@ -795,6 +806,10 @@ def _check_template(template: Any, name: str) -> str | None:
         return None
     if not isinstance(template, str):
         raise ModelFormatError(f"{name}: expected a string")
+    try:  # a JSON escape can spell a lone surrogate, which no tokenizer can encode
+        template.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ModelFormatError(f"{name}: not valid Unicode (at character {exc.start})") from None
     import jinja2
 
     global _JINJA

@@ -267,6 +267,9 @@ wp_status wpi_model_init(wpi_model *m, const wpi_container *c, void *kv, void *s
             L->ffn_gate = wmat(find(c, "blk.%u.ffn_gate.weight", l));
             L->ffn_up = wmat(find(c, "blk.%u.ffn_up.weight", l));
             L->ffn_down = wmat(find(c, "blk.%u.ffn_down.weight", l));
+            L->ffn_gate_b = vec(find(c, "blk.%u.ffn_gate.bias", l));
+            L->ffn_up_b = vec(find(c, "blk.%u.ffn_up.bias", l));
+            L->ffn_down_b = vec(find(c, "blk.%u.ffn_down.bias", l));
         }
     }
     return WP_OK;
@@ -479,6 +482,9 @@ wp_status wpi_check_decoder(const wpi_container *c, char *err, size_t cap)
             TRY(wpi_need_matrix(c, NAME("ffn_gate.weight"), I, H, err, cap));
             TRY(wpi_need_matrix(c, NAME("ffn_up.weight"), I, H, err, cap));
             TRY(wpi_need_matrix(c, NAME("ffn_down.weight"), H, I, err, cap));
+            TRY(wpi_opt_vector(c, NAME("ffn_gate.bias"), I, err, cap));
+            TRY(wpi_opt_vector(c, NAME("ffn_up.bias"), I, err, cap));
+            TRY(wpi_opt_vector(c, NAME("ffn_down.bias"), H, err, cap));
             continue;
         }
         TRY(need_f32_matrix(c, NAME("ffn_gate_inp.weight"), hp->n_experts, H, err, cap));

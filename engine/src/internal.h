@@ -343,6 +343,7 @@ typedef struct wpi_layer {
     const float *bq, *bk, *bv, *bo;               /* biases or NULL */
     const float *q_norm, *k_norm;                 /* [head_dim] or full width, or NULL */
     wpi_wmat ffn_gate, ffn_up, ffn_down;          /* dense layers */
+    const float *ffn_gate_b, *ffn_up_b, *ffn_down_b; /* their biases (mlp_bias) or NULL */
     const float *router;                          /* [n_experts, hidden], MoE layers */
     wpi_wmat sh_gate, sh_up, sh_down;             /* shared expert (data NULL if none) */
     const float *sh_gate_inp;                     /* [hidden] or NULL */

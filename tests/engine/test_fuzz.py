@@ -123,7 +123,7 @@ def _run_pool(tmp: Path, model: Path, v4: Path, n: int, workers: int):
 
 def test_container_fuzz(model, v4_model, tmp_path, capsys):
     n = fuzz_cases.total()
-    assert n >= 10_000
+    assert n >= 10_000 or fuzz_cases.SHARE < 1
     t0 = time.monotonic()
     results, failures = _run_pool(tmp_path, model, v4_model, n, max(2, min(4, os.cpu_count() or 2)))
     took = time.monotonic() - t0

@@ -9,14 +9,16 @@ tensor-name map for ``llama``, ``qwen3_moe``, ``qwen2_moe``, ``mixtral``, ``olmo
 included; multi-token-prediction layers skipped) and ``glm4_moe`` (per-expert tensors and
 transformers-5 fused ``gate_up_proj``/``down_proj``; ``e_score_correction_bias`` ->
 ``exp_probs_b.bias``), the
-normalized hparams of FORMAT.md section 3 including ``rope_freqs`` for every rope type,
+normalized hparams of FORMAT.md section 3 including ``rope_freqs`` for every rope type and
+the sliding-window layers of ``mixtral``, ``qwen2_moe`` and ``qwen3_moe`` (``attn_kinds``),
 and the tokenizer/chat-template side files (for a tiktoken rank file, the split pattern
 ``pat_str`` is written into the container's tokenizer_config.json, taken from the source's
 config or read from the literals its ``tokenization_*.py`` assigns).
 
 Refuses, with a ``ConvertError`` naming the file, key or tensor: other model types,
 unknown or missing tensors, shapes that disagree with the config, unsupported dtypes or
-rope types, and a checkpoint without a tokenizer. Called by ``convert()``.
+rope types, a ``hidden_act`` other than silu, and a checkpoint without a tokenizer.
+Called by ``convert()``.
 """
 
 from __future__ import annotations
@@ -414,6 +416,9 @@ _LAYER: Final[dict[str, tuple[str, str]]] = {
     "mlp.gate_proj.weight": ("ffn_gate.weight", "trunk"),
     "mlp.up_proj.weight": ("ffn_up.weight", "trunk"),
     "mlp.down_proj.weight": ("ffn_down.weight", "trunk"),
+    "mlp.gate_proj.bias": ("ffn_gate.bias", "f32"),  # llama mlp_bias
+    "mlp.up_proj.bias": ("ffn_up.bias", "f32"),
+    "mlp.down_proj.bias": ("ffn_down.bias", "f32"),
     "mlp.gate.weight": ("ffn_gate_inp.weight", "f32"),
     "block_sparse_moe.gate.weight": ("ffn_gate_inp.weight", "f32"),
     "mlp.shared_expert.gate_proj.weight": ("ffn_gate_shexp.weight", "trunk"),
@@ -451,6 +456,9 @@ _LAYER_ORDER: Final[tuple[str, ...]] = (
     "ffn_gate.weight",
     "ffn_up.weight",
     "ffn_down.weight",
+    "ffn_gate.bias",
+    "ffn_up.bias",
+    "ffn_down.bias",
     "ffn_gate_inp.weight",
     "ffn_gate_shexp.weight",
     "ffn_up_shexp.weight",
@@ -561,8 +569,11 @@ _EXPERT_COUNT_KEYS: Final[tuple[str, ...]] = (
 )
 
 
-def _n_experts(cfg: Mapping[str, Any]) -> int:
-    """Return the routed-expert count, whichever family spelling wrote it."""
+def _n_experts(cfg: Mapping[str, Any], *, allow_none: bool = False) -> int:
+    """Return the routed-expert count, whichever family spelling wrote it.
+
+    ``allow_none``: 0 is valid (qwen2_moe, qwen3_moe: every layer is then dense).
+    """
     found = {k: _int(cfg, k) for k in _EXPERT_COUNT_KEYS if cfg.get(k) is not None}
     if not found:
         raise ConvertError(
@@ -571,7 +582,7 @@ def _n_experts(cfg: Mapping[str, Any]) -> int:
     if len(set(found.values())) > 1:
         raise ConvertError(f"config.json: expert counts disagree: {found}")
     n = next(iter(found.values()))
-    if n == 0:
+    if n == 0 and not allow_none:
         raise ConvertError("config.json: a MoE model needs an expert count > 0")
     return n
 
@@ -629,6 +640,47 @@ def _noaux_hparams(mt: str, cfg: Mapping[str, Any], n_experts: int, top_k: int) 
     }
 
 
+def _sliding(mt: str, cfg: Mapping[str, Any], n_layers: int) -> dict[str, Any]:
+    """``sliding_window`` and ``attn_kinds`` as transformers derives them, or nothing.
+
+    mixtral: ``sliding_window`` (null: none) on every layer; qwen3_moe: the same when
+    ``use_sliding_window``; qwen2_moe: the layers ``layer_types`` marks (by default, as
+    Qwen2MoeConfig derives it: even layers below ``max_window_layers``) when
+    ``use_sliding_window``.
+    """
+    if mt not in ("mixtral", "qwen2_moe", "qwen3_moe"):
+        return {}
+    use = mt == "mixtral" or _flag(cfg, "use_sliding_window", False)
+    window = cfg.get("sliding_window") if use else None
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int)
+                               or window < 0):
+        raise ConvertError(
+            f"config.json: sliding_window must be null or a non-negative integer, got {window!r}"
+        )
+    kinds = ["sliding" if window else "full"] * n_layers
+    if mt == "qwen2_moe":
+        types = cfg.get("layer_types")
+        if types is None:
+            mwl = _int(cfg, "max_window_layers", default=28)
+            types = ["sliding_attention" if (i + 1) % 2 and i < mwl and use else "full_attention"
+                     for i in range(n_layers)]
+        if not isinstance(types, list) or len(types) != n_layers or not all(
+                t in ("sliding_attention", "full_attention") for t in types):
+            raise ConvertError(
+                f"config.json: layer_types must list {n_layers} entries of "
+                "'sliding_attention' or 'full_attention'"
+            )
+        kinds = ["sliding" if t == "sliding_attention" else "full" for t in types]
+        if "sliding" in kinds and not window:
+            raise ConvertError(
+                "config.json: layer_types has sliding_attention layers, but sliding_window is "
+                "off (use_sliding_window false, or sliding_window null or 0)"
+            )
+    if "sliding" not in kinds:
+        return {}
+    return {"sliding_window": int(window), "attn_kinds": kinds}
+
+
 def _hparams(mt: str, cfg: Mapping[str, Any], gen: Mapping[str, Any]) -> dict[str, Any]:
     if mt in _NOAUX_DEFAULTS:
         cfg = {**_NOAUX_DEFAULTS[mt], **{k: v for k, v in cfg.items() if v is not None}}
@@ -673,10 +725,6 @@ def _hparams(mt: str, cfg: Mapping[str, Any], gen: Mapping[str, Any]) -> dict[st
             )
     inter = _int(cfg, "intermediate_size", default=0)
     if mt == "llama":
-        if _flag(cfg, "mlp_bias", False):
-            raise ConvertError(
-                "config.json: mlp_bias=true (FFN biases) is not supported by the container"
-            )
         n_experts, top_k, moe_inter, shared, norm_topk = 0, 0, 0, 0, False
     elif mt == "mixtral":
         n_experts = _n_experts(cfg)
@@ -694,10 +742,11 @@ def _hparams(mt: str, cfg: Mapping[str, Any], gen: Mapping[str, Any]) -> dict[st
         shared = moe_inter * _int(cfg, "n_shared_experts")
         norm_topk = _flag(cfg, "norm_topk_prob", True)
     else:  # qwen2_moe, qwen3_moe
-        n_experts = _n_experts(cfg)
-        top_k = _int(cfg, "num_experts_per_tok")
-        moe_inter = _int(cfg, "moe_intermediate_size")
+        n_experts = _n_experts(cfg, allow_none=True)
+        top_k = _int(cfg, "num_experts_per_tok") if n_experts else 0
+        moe_inter = _int(cfg, "moe_intermediate_size") if n_experts else 0
         shared = _int(cfg, "shared_expert_intermediate_size", default=0) if mt == "qwen2_moe" else 0
+        shared = shared if n_experts else 0
         norm_topk = _flag(cfg, "norm_topk_prob", False)
     if n_experts and not 0 < top_k <= n_experts:
         raise ConvertError(f"config.json: num_experts_per_tok={top_k} must be in 1..{n_experts}")
@@ -743,6 +792,7 @@ def _hparams(mt: str, cfg: Mapping[str, Any], gen: Mapping[str, Any]) -> dict[st
         # transformers' yarn_apply_mscale: the softmax scale carries mscale(factor, all_dim)^2
         m = _yarn_mscale(float(_need(rope_params, "factor", rope_type)), float(msa))
         attn_scale *= m * m
+    extra.update(_sliding(mt, cfg, n_layers))
     qk_norm = {"qwen3_moe": "head", "olmoe": "full"}.get(mt, "none")
     if mt == "glm4_moe" and _flag(cfg, "use_qk_norm", False):
         qk_norm = "head"
@@ -796,6 +846,9 @@ def _expected_shapes(hp: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
         "ffn_gate.weight": (hp["intermediate_size"], h),
         "ffn_up.weight": (hp["intermediate_size"], h),
         "ffn_down.weight": (h, hp["intermediate_size"]),
+        "ffn_gate.bias": (hp["intermediate_size"],),
+        "ffn_up.bias": (hp["intermediate_size"],),
+        "ffn_down.bias": (h,),
         "ffn_gate_inp.weight": (hp["n_experts"], h),
         "ffn_gate_shexp.weight": (hp["shared_expert_intermediate_size"], h),
         "ffn_up_shexp.weight": (hp["shared_expert_intermediate_size"], h),
@@ -849,6 +902,8 @@ def _allowed(hp: Mapping[str, Any], kind: str) -> set[str]:
     }
     if hp.get("kv_lora_rank"):
         ok |= {"attn_q_a.bias", "attn_kv_a_mqa.bias"}
+    if kind == "dense" and hp["n_experts"] == 0:  # llama's mlp_bias
+        ok |= {"ffn_gate.bias", "ffn_up.bias", "ffn_down.bias"}
     if kind == "moe" and hp.get("scoring_func") == "sigmoid":
         ok.add("exp_probs_b.bias")
     return ok
@@ -1065,6 +1120,19 @@ def _tokenizer_files(src: Path) -> tuple[list[tuple[str, bytes]], dict[str, Any]
     return files, tokenizer, chat
 
 
+_SHEXP: Final[tuple[str, ...]] = (
+    "ffn_gate_shexp.weight", "ffn_up_shexp.weight", "ffn_down_shexp.weight",
+)
+
+
+def _empty_shared_expert(mt: Any, hp: Mapping[str, Any], cname: str, ent: _StEntry) -> bool:
+    """A qwen2_moe shared expert of width 0: its empty matrices, and the gate that scales
+    its zero output, change nothing (transformers still stores them)."""
+    if mt != "qwen2_moe" or hp["shared_expert_intermediate_size"] or not hp["n_experts"]:
+        return False
+    return cname == "ffn_gate_inp_shexp.weight" or (cname in _SHEXP and 0 in ent.shape)
+
+
 def load_hf(src: Path) -> Plan:
     """Read an HF checkpoint directory into a :class:`Plan` (no tensor data is read yet).
 
@@ -1121,6 +1189,8 @@ def load_hf(src: Path) -> Plan:
         i, rest = int(m.group(1)), m.group(2)
         if rest in _LAYER:
             cname = _LAYER[rest][0]
+            if _empty_shared_expert(mt, hp, cname, st.entries[name]):
+                continue
             if cname in layers[i]:
                 raise ConvertError(
                     f"tensors {layers[i][cname]!r} and {name!r} both map to blk.{i}.{cname}"

@@ -2,7 +2,8 @@
 
 Owns the config quirks and tensor maps of these two families:
 
-* ``gpt_oss``: attention sinks (``blk.{i}.attn_sinks``), ``layer_types`` ->
+* ``gpt_oss``: attention sinks (``blk.{i}.attn_sinks``), q/k/v/o biases unless
+  ``attention_bias`` is false, ``layer_types`` ->
   ``attn_kinds`` ("sliding"/"full") with ``sliding_window``, router bias
   (``ffn_gate_inp.bias``), experts with biases (trunk tensors ``ffn_{gate,up,down}_exps.bias``,
   ``[n_experts, width]`` f32), the fused ``gate_up_proj`` whose gate and up are
@@ -74,7 +75,7 @@ def _base_hparams(cfg: Mapping[str, Any], gen: Mapping[str, Any], moe_inter: int
     """The common keys through hf's normalizer (as a qwen2_moe-shaped config)."""
     c2 = dict(cfg)
     for k in ("mlp_layer_types", "first_k_dense_replace", "mlp_only_layers",
-              "decoder_sparse_step", "layer_types", "hidden_act"):  # gpt_oss: own activation
+              "decoder_sparse_step", "layer_types", "use_sliding_window", "hidden_act"):
         c2.pop(k, None)
     c2.update(moe_intermediate_size=moe_inter, intermediate_size=inter,
               norm_topk_prob=norm_topk, shared_expert_intermediate_size=shared)
@@ -173,8 +174,7 @@ def _gpt_oss_hparams(cfg: Mapping[str, Any], gen: Mapping[str, Any]) -> dict[str
             raise ConvertError(f"config.json: sliding_window must be a positive integer, got {window!r}")
     else:
         window = None
-    if not hf._flag(cfg, "attention_bias", True):
-        raise ConvertError("config.json: gpt_oss without attention_bias is not supported")
+    hp.update(attention_bias=hf._flag(cfg, "attention_bias", True))
     hp.update(
         sliding_window=window,
         attn_kinds=kinds,
@@ -187,6 +187,7 @@ def _gpt_oss_hparams(cfg: Mapping[str, Any], gen: Mapping[str, Any]) -> dict[str
 def _load_gpt_oss(src: Path, cfg: dict[str, Any], gen: Mapping[str, Any]) -> Plan:
     hp = _gpt_oss_hparams(cfg, gen)
     rope_type, rope_params = hp.pop("_rope")
+    bias = hp.pop("attention_bias")
     st = hf.SafetensorsDir(src)
     s = _St(st)
     b = hf._Builder(st, cfg)
@@ -209,6 +210,8 @@ def _load_gpt_oss(src: Path, cfg: dict[str, Any], gen: Mapping[str, Any]) -> Pla
     for i in range(L):
         pre = f"model.layers.{i}."
         for hf_name, (cname, kind) in _GPTOSS_LAYER.items():
+            if hf_name.startswith("self_attn.") and hf_name.endswith(".bias") and not bias:
+                continue  # attention_bias false: no q/k/v/o biases (the engine's are optional)
             trunk.append(s.tensor(b, pre + hf_name, f"blk.{i}.{cname}", kind, shapes[cname]))
         ex = pre + "mlp.experts."
         gub = s.f32(ex + "gate_up_proj_bias", (E, 2 * inter))

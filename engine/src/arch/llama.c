@@ -1,7 +1,8 @@
 /*
  * llama.c -- LlamaForCausalLM: a dense decoder.
  *   x = embed[tok]; per layer: h = x + o(attn(rmsnorm(x))); x = h + mlp(rmsnorm(h));
- *   logits = lm_head(rmsnorm(x)). q/k/v/o biases when the checkpoint has attention_bias.
+ *   logits = lm_head(rmsnorm(x)). q/k/v/o biases when the checkpoint has attention_bias,
+ *   gate/up/down biases when it has mlp_bias.
  */
 #include "internal.h"
 

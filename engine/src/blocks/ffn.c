@@ -1,6 +1,7 @@
 /*
  * ffn.c -- the SwiGLU feed-forward, down(silu(gate x) * up x), for dense layers, routed
- * experts and shared experts alike. With swiglu_limit and no swiglu_alpha (glm5_next)
+ * experts and shared experts alike; a dense layer with biases (llama mlp_bias) computes
+ * down(silu(gate x + bg) * (up x + bu)) + bd. With swiglu_limit and no swiglu_alpha (glm5_next)
  * gate is clamped to at most the limit and up to [-limit, limit] first.
  *
  * gate and up run in one parallel section over blocks of their rows, each task also
@@ -20,6 +21,7 @@ typedef struct gu_ctx {
     size_t ldx;
     uint32_t n_tok, blk;
     float lim;              /* wpi_swiglu_clamp */
+    const float *bg, *bu;   /* gate and up biases [rows] or NULL */
 } gu_ctx;
 
 static void gu_task(void *arg, uint32_t task)
@@ -34,6 +36,8 @@ static void gu_task(void *arg, uint32_t task)
     for (uint32_t t = 0; t < c->n_tok; t++)
         for (size_t r = r0; r < r1; r++) {
             float a = g[t * I + r], b = u[t * I + r];
+            if (c->bg) a += c->bg[r];
+            if (c->bu) b += c->bu[r];
             if (lim > 0) {
                 a = a < lim ? a : lim;
                 b = b < -lim ? -lim : b > lim ? lim : b;
@@ -47,12 +51,12 @@ float wpi_swiglu_clamp(const wpi_hparams *hp)
     return hp->swiglu_alpha == 0 ? hp->swiglu_limit : 0; /* gpt_oss clamps in moe_oss.c */
 }
 
-void wpi_swiglu(wpi_model *m, const wpi_wmat *gate, const wpi_wmat *up,
-                const wpi_wmat *down, const float *x, size_t ldx, uint32_t n_tok,
-                float *out, size_t ldo)
+static void swiglu(wpi_model *m, const wpi_wmat *gate, const wpi_wmat *up,
+                   const wpi_wmat *down, const float *bg, const float *bu, const float *x,
+                   size_t ldx, uint32_t n_tok, float *out, size_t ldo)
 {
     gu_ctx c = {m, wpi_kernels_matmul(m->k, gate->dtype), wpi_kernels_matmul(m->k, up->dtype),
-                gate, up, x, ldx, n_tok, 0, m->hp ? wpi_swiglu_clamp(m->hp) : 0};
+                gate, up, x, ldx, n_tok, 0, m->hp ? wpi_swiglu_clamp(m->hp) : 0, bg, bu};
     const uint32_t I = gate->rows;
     const uint32_t nt = wpi_pool_threads(m->pool);
     uint64_t work = 2ull * I * gate->cols * n_tok;
@@ -69,16 +73,25 @@ void wpi_swiglu(wpi_model *m, const wpi_wmat *gate, const wpi_wmat *up,
     wpi_matmul(m, &d, 1, m->ff_g, I, n_tok);
 }
 
+void wpi_swiglu(wpi_model *m, const wpi_wmat *gate, const wpi_wmat *up,
+                const wpi_wmat *down, const float *x, size_t ldx, uint32_t n_tok,
+                float *out, size_t ldo)
+{
+    swiglu(m, gate, up, down, NULL, NULL, x, ldx, n_tok, out, ldo);
+}
+
 void wpi_ffn_block(wpi_model *m, uint32_t l, uint32_t n)
 {
     const wpi_layer *L = &m->layers[l];
     const size_t H = m->hp->hidden_size;
     for (uint32_t t = 0; t < n; t++)
         wpi_rmsnorm(m->xn + t * H, m->x + t * H, L->ffn_norm, H, m->hp->rms_norm_eps);
-    wpi_swiglu(m, &L->ffn_gate, &L->ffn_up, &L->ffn_down, m->xn, H, n, m->moe_out, H);
+    swiglu(m, &L->ffn_gate, &L->ffn_up, &L->ffn_down, L->ffn_gate_b, L->ffn_up_b, m->xn, H,
+           n, m->moe_out, H);
+    const float *bd = L->ffn_down_b;
     for (uint32_t t = 0; t < n; t++) {
         float *x = m->x + t * H;
         const float *y = m->moe_out + t * H;
-        for (size_t i = 0; i < H; i++) x[i] += y[i];
+        for (size_t i = 0; i < H; i++) x[i] += bd ? y[i] + bd[i] : y[i];
     }
 }

@@ -320,7 +320,12 @@ wp_status wpi_moe_block(wpi_model *m, uint32_t l, uint32_t n)
 
 wp_status wpi_moe_decoder_layer(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
 {
-    wpi_attention_block(m, l, n, pos);
+    /* a layer hparams.attn_kinds marks "sliding" (mixtral, qwen2_moe, qwen3_moe) sees
+     * only the last sliding_window keys; no sinks there, so it is plain attention within */
+    if (m->hp->layer_attn[l] == WPI_ATTN_SLIDING)
+        wpi_attention_sw_block(m, l, n, pos, m->hp->sliding_window);
+    else
+        wpi_attention_block(m, l, n, pos);
     if (!m->layers[l].is_moe) {
         wpi_ffn_block(m, l, n);
         return WP_OK;

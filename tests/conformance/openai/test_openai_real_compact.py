@@ -1,9 +1,10 @@
 """Compact constrained JSON on SmolLM2 at temperature 1: every seed parses and validates.
 
-Schema-constrained output and forced tool arguments allow no whitespace between JSON
-tokens (`constrain.py`), so a trained model that likes newlines cannot spend its budget
-on them: with free whitespace, SmolLM2 at temperature 1 wrote runs of newlines inside the
-object until `max_tokens` cut it. Every string in the schemas is length-bounded, so
+Schema-constrained output and forced tool arguments allow no free whitespace between JSON
+tokens (`constrain.py`: one fixed layout, `, ` between items and `: ` after keys), so a
+trained model that likes newlines cannot spend its budget on them: with free whitespace,
+SmolLM2 at temperature 1 wrote runs of newlines inside the object until `max_tokens` cut
+it. Every string in the schemas is length-bounded, so
 `MAX_TOKENS` bounds the longest compact reply.
 """
 
@@ -74,4 +75,8 @@ def test_compact_json_schema_replies_validate_at_temperature_one(client):
         assert choice.finish_reason == "stop", f"seed {seed}: cut at {MAX_TOKENS}: {text!r}"
         jsonschema.validate(json.loads(text), SCHEMA)
         skeleton = _outside_strings(text)
-        assert not any(ch.isspace() for ch in skeleton), f"seed {seed}: {text!r}"
+        # the only whitespace outside strings: one space after each separator
+        assert "\n" not in text and "  " not in skeleton, f"seed {seed}: {text!r}"
+        bare = skeleton.replace(", ", "").replace(": ", "")
+        assert not any(ch.isspace() for ch in bare), f"seed {seed}: {text!r}"
+        assert "," not in bare and ":" not in bare, f"seed {seed}: separators in {text!r}"

@@ -11,7 +11,11 @@ One module per architecture, `randcfg/<model_type>.py`, defines:
 - optionally `postsave(hf_dir, config)`: edits the saved checkpoint (for example a
   config.json spelling such as Kimi-K2's `model_type` that transformers does not write);
 - optionally `reference(model, prompt, steps)`: the reference trace (default: transformers'
-  full forward recomputed for every step, no cache, the plainest reference there is).
+  full forward recomputed for every step, no cache, the plainest reference there is);
+- optionally `refusal(config)`: for a valid config the engine cannot run, the config key
+  the refusal must name (else None). `check` then asserts that converting or opening the
+  checkpoint raises ConvertError or a WarpError whose message names that key. Kept for
+  what is out of scope, never to hide a bug.
 
 `check(draw, workdir)` builds the draw's model, converts it at F32 and compares the
 engine with the reference: every prompt position and `STEPS` incremental decode steps
@@ -143,6 +147,10 @@ def check(draw: Draw, workdir: Path) -> float:
     hf = oracle_models.save(model, workdir / "hf")
     if hasattr(mod, "postsave"):
         mod.postsave(hf, dict(draw.config))
+    refused = mod.refusal(dict(draw.config)) if hasattr(mod, "refusal") else None
+    if refused is not None:
+        _check_refusal(draw, hf, workdir, refused)
+        return 0.0
     out = convert_to(hf, workdir / "m.warp", experts="f32", trunk="f32")
     vocab = int(model.config.get_text_config().vocab_size)
     prompt = prompt_ids(draw, vocab)
@@ -163,6 +171,24 @@ def check(draw: Draw, workdir: Path) -> float:
             assert d <= TOL, f"{tag}: decode step {step} max |d| = {d:.3g}"
             ref_prev = ref_steps[step]
     return worst
+
+
+def _check_refusal(draw: Draw, hf: Path, workdir: Path, key: str) -> None:
+    """Converting or opening the draw's checkpoint fails with an error naming `key`."""
+    from oracle_util import convert_to
+
+    from warp_providers import Engine, WarpError
+    from warp_providers.convert import ConvertError
+
+    tag = f"{draw.arch} draw {draw.to_json()}"
+    try:
+        out = convert_to(hf, workdir / "m.warp", experts="f32", trunk="f32")
+        with Engine.open(out, threads=draw.threads, prefill_chunk=draw.prefill_chunk):
+            pass
+    except (ConvertError, WarpError) as e:
+        assert key in str(e), f"{tag}: refused, but without naming {key!r}: {e}"
+        return
+    raise AssertionError(f"{tag}: expected a refusal naming {key!r}, but it opened")
 
 
 def save(draw: Draw, folder: Path = REGRESSIONS) -> Path:

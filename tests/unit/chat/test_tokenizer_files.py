@@ -117,9 +117,12 @@ def test_not_json_or_not_an_object(tmp_path, data):
     {"added_tokens_decoder": {"999999": {"content": "<x>"}}},
     {"added_tokens_decoder": {"5": "<x>"}},
     {"eos_token": 7},
+    {"eos_token": "\udcff"},
+    {"added_tokens_decoder": {"5": {"content": "\ud800"}}},
     {"chat_template": 7},
     {"chat_template": [{"name": "default"}]},
     {"chat_template": "{% for %}"},
+    {"chat_template": "<|im_start|>\udcff{{ m }}"},  # a lone surrogate, via a JSON escape
     {"pat_str": 3},
 ])
 def test_tokenizer_config(tmp_path, config):
