@@ -1,6 +1,7 @@
 """The `warp` command line: a client of the public Python API with no private access.
 
-Owns: argument parsing, progress bars, and turning every user error into one line on
+Owns: argument parsing, progress (`progress.Progress`: a bar on a terminal, a few lines
+in a log), and turning every user error into one line on
 stderr and a non-zero exit code (never a traceback), usage mistakes included. Data goes
 to stdout, as JSON with --json; progress goes to stderr. Commands: convert, plan, info, run,
 chat, eval, tokenize, bench, serve, demo.
@@ -19,6 +20,7 @@ from typing import Any
 
 from warp_providers.engine import Engine, parse_size, plan_memory
 from warp_providers.errors import WarpError
+from warp_providers.progress import Progress
 from warp_providers.sampling import SamplingParams
 
 EXIT_USAGE = 2
@@ -83,30 +85,6 @@ def _open(a: argparse.Namespace) -> Engine:
     return Engine.open(a.model, budget=a.budget, threads=a.threads, ctx=a.ctx, **opts)
 
 
-class _ConvertProgress:
-    """The byte progress bar of a conversion, on stderr (the `progress` hook of `convert`)."""
-
-    def __init__(self) -> None:
-        self.bar: Any = None
-
-    def __call__(self, done: int, total: int, label: str) -> None:
-        from tqdm import tqdm
-
-        if self.bar is not None and done < self.bar.n:  # the next conversion began
-            self.close()
-        if self.bar is None:
-            self.bar = tqdm(total=total, unit="B", unit_scale=True, desc="convert")
-        self.bar.total = total
-        self.bar.n = done
-        self.bar.set_postfix_str(label[-40:], refresh=False)
-        self.bar.refresh()
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-            self.bar = None
-
-
 def _token_bar(a: argparse.Namespace, total: int, desc: str, *, beside_text: bool = False) -> Any:
     """Return a tokens bar on stderr, drawn only when stderr is a terminal and not --json.
 
@@ -155,7 +133,7 @@ def cmd_convert(a: argparse.Namespace) -> int:
 
     if not Path(a.src).exists():
         raise _UserError(f"source not found: {a.src}")
-    progress = None if a.json else _ConvertProgress()
+    progress = None if a.json else Progress.hook("convert")
     t0 = time.perf_counter()
     try:
         out = convert(
@@ -369,7 +347,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
 def cmd_demo(a: argparse.Namespace) -> int:
     from warp_providers import demo
 
-    progress = _ConvertProgress()
+    progress = Progress.hook("convert")
     try:
         return demo.main(moe=a.moe, max_tokens=a.max_tokens, out=_say, progress=progress,
                          moe_size=parse_size(a.moe_size))

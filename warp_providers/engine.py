@@ -218,6 +218,27 @@ class EngineLike(Protocol):
         ...
 
 
+def container_chat_metadata(
+    path: str | os.PathLike[str], tokenizer: Tokenizer
+) -> dict[str, str | None]:
+    """A container's chat format name and chat template text (either may be None).
+
+    Reads the manifest and the template file only; the tokenizer's own template is the
+    fallback when the container names none.
+    """
+    import json
+
+    manifest = json.loads((Path(path) / "manifest.json").read_text())
+    chat = manifest.get("chat") or {}
+    template = None
+    if chat.get("template"):
+        f = Path(path) / str(chat["template"])
+        template = f.read_text() if f.is_file() else None
+    if template is None:
+        template = getattr(tokenizer, "chat_template", None)
+    return {"format": chat.get("format"), "template": template}
+
+
 class Engine:
     """An open model. Use as a context manager, or call `close()`.
 
@@ -360,17 +381,7 @@ class Engine:
 
     def chat_metadata(self) -> dict[str, str | None]:
         """The container's chat format name and chat template text (either may be None)."""
-        import json
-
-        manifest = json.loads((Path(self.path) / "manifest.json").read_text())
-        chat = manifest.get("chat") or {}
-        template = None
-        if chat.get("template"):
-            f = Path(self.path) / str(chat["template"])
-            template = f.read_text() if f.is_file() else None
-        if template is None:
-            template = getattr(self.tokenizer, "chat_template", None)
-        return {"format": chat.get("format"), "template": template}
+        return container_chat_metadata(self.path, self.tokenizer)
 
     def stats(self) -> dict[str, Any]:
         """Cumulative engine counters since open (expert hits/misses, bytes read...)."""
