@@ -108,7 +108,8 @@ class Progress:
         self._printed = self.done
         if self.total:
             pct = min(100.0, 100.0 * self.done / self.total)
-            amount = f"{pct:3.0f}% {_human(self.done, self.unit)} of {_human(self.total, self.unit)}"
+            of = f"{_human(self.done, self.unit)} of {_human(self.total, self.unit)}"
+            amount = f"{pct:3.0f}% {of}"
         else:
             amount = _human(self.done, self.unit)
         tail = f" {self.label[-40:]}" if self.label else ""

@@ -612,7 +612,8 @@ def test_stream_and_async_complete_formatted_are_raw_too() -> None:
     r = asyncio.run(llm.acomplete("B:", formatted=True))
     assert r.text == "Paris." and engine.prompts[-1] == engine.tokenizer.encode_content("B:")
     steps = collect(llm.astream_complete("C:", formatted=True))
-    assert steps[-1].text == "Paris." and engine.prompts[-1] == engine.tokenizer.encode_content("C:")
+    assert steps[-1].text == "Paris."
+    assert engine.prompts[-1] == engine.tokenizer.encode_content("C:")
 
 
 def test_complete_formatted_honours_max_tokens_and_stop() -> None:

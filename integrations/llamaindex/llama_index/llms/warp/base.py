@@ -251,7 +251,8 @@ class Warp(FunctionCallingLLM):
         calls = self.is_function_calling_model
         if window is None or calls is None:
             caps = self._capabilities()
-            window = window if window is not None else (caps["ctx_tokens"] or DEFAULT_CONTEXT_WINDOW)
+            if window is None:
+                window = caps["ctx_tokens"] or DEFAULT_CONTEXT_WINDOW
             calls = calls if calls is not None else caps["tools"]
         return LLMMetadata(
             context_window=window,
