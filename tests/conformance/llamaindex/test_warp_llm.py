@@ -195,7 +195,7 @@ def test_models_are_shared_through_the_core_registry(smollm2_container: Any) -> 
     """Warp and LangChain's ChatWarp on one container path load the model once."""
     from support import has_module, requires
 
-    requires(has_module("langchain_core"), "langchain-core (pip install '.[langchain]')")
+    requires(has_module("langchain_core"), "langchain-core (pip install ./integrations/langchain)")
     from langchain_warp import ChatWarp
 
     from warp_providers import shared_engine

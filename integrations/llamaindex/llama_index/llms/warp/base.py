@@ -100,7 +100,7 @@ class Warp(FunctionCallingLLM):
     """A local mixture-of-experts model, run in-process by warp_providers, as a LlamaIndex LLM.
 
     Setup:
-        ``pip install 'warp-providers[llamaindex]'`` then convert a checkpoint once with
+        ``pip install llama-index-llms-warp`` then convert a checkpoint once with
         ``warp convert <gguf-or-hf-dir> model.warp``.
 
     Instantiate:
