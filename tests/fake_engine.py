@@ -168,8 +168,8 @@ class ScriptedEngine:
                 prompt_tokens=len(ids), cached_tokens=cached,
                 stats={"expert_hits": 3, "expert_misses": 1, "expert_lookups": 4,
                        "bytes_read": BYTES_PER_TOKEN * len(out), "decode_tok_s": 100.0,
-                       "hit_rate": 0.75, "prompt_tokens_evaluated": len(ids) - cached,
-                       "prefill_seconds": (len(ids) - cached) / PREFILL_TOK_S,
+                       "hit_rate": 0.75, "prompt_tokens_evaluated": len(ids),
+                       "prefill_seconds": len(ids) / PREFILL_TOK_S,
                        "prefill_tok_s": PREFILL_TOK_S},
             )
 
