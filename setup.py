@@ -22,22 +22,14 @@ engine = Extension(
 )
 
 setup(
+    # The adapters are distributions of their own (integrations/*/pyproject.toml).
     packages=[
         "warp_providers",
         "warp_providers.chat",
         "warp_providers.chat.formats",
         "warp_providers.convert",
         "warp_providers.synth",
-        "langchain_warp",
-        "llama_index.llms.warp",
-        "warp_openai",
     ],
-    package_dir={
-        "warp_providers": "warp_providers",
-        "langchain_warp": "integrations/langchain/langchain_warp",
-        "llama_index.llms.warp": "integrations/llamaindex/llama_index/llms/warp",
-        "warp_openai": "integrations/openai_shim/warp_openai",
-    },
     package_data={"warp_providers": ["py.typed", "*.pyi", "*.pxd"]},
     ext_modules=cythonize([engine], language_level=3, compiler_directives={"binding": False}),
 )

@@ -93,6 +93,7 @@ class ScriptedEngine:
         self.last_result: GenerationResult | None = None
         self._ctx = ctx_tokens
         self._lock = threading.Lock()
+        self._held: list[int] = []  # the ids "in the context", as a prompt cache would keep
 
     def info(self) -> dict[str, Any]:
         return {"name": "scripted", "model_type": "scripted", "ctx_tokens": self._ctx,
@@ -129,6 +130,11 @@ class ScriptedEngine:
             self.prompts.append(ids)
             self.calls.append(dict(kw))
             reply = self._reply_ids(ids) + list(self.tokenizer.eos_ids[:1])
+            # like the engine: reuse the longest common prefix, re-run the last prompt token
+            limit = min(len(ids) - 1, len(self._held))
+            cached = 0
+            while cached < limit and ids[cached] == self._held[cached]:
+                cached += 1
         max_tokens = kw.get("max_tokens") or 1 << 30
         stop_ids = set(kw.get("stop_ids") or self.tokenizer.eos_ids)
         should_stop = kw.get("should_stop")
@@ -153,12 +159,13 @@ class ScriptedEngine:
                 yield TokenEvent(i, tok, piece, -0.5)
             ended = True
         finally:
+            self._held = ids + out
             # Like `Engine`: recorded however the generation ends (a consumer's close too).
             # The counters depend on this generation (bytes per token generated, prefill
             # speed from the prompt length), so a reply carrying another's stats shows it.
             self.last_result = GenerationResult(
                 text=text, token_ids=out, finish_reason=finish if ended else "cancelled",
-                prompt_tokens=len(ids),
+                prompt_tokens=len(ids), cached_tokens=cached,
                 stats={"expert_hits": 3, "expert_misses": 1, "expert_lookups": 4,
                        "bytes_read": BYTES_PER_TOKEN * len(out), "decode_tok_s": 100.0,
                        "hit_rate": 0.75, "prompt_tokens_evaluated": len(ids),

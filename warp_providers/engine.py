@@ -218,6 +218,40 @@ class EngineLike(Protocol):
         ...
 
 
+def container_chat_metadata(
+    path: str | os.PathLike[str], tokenizer: Tokenizer
+) -> dict[str, str | None]:
+    """A container's chat format name and chat template text (either may be None).
+
+    Reads the manifest and the template file only; the tokenizer's own template is the
+    fallback when the container names none.
+    """
+    import json
+
+    from warp_providers.tokenizer import read_chat_template
+
+    try:  # the engine has read this manifest: it is a JSON object
+        manifest = json.loads((Path(path) / "manifest.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise ModelFormatError(f"manifest.json: cannot be read again: {exc}") from None
+    chat = (manifest.get("chat") or {}) if isinstance(manifest, dict) else None
+    fmt = chat.get("format") if isinstance(chat, dict) else None
+    file = chat.get("template") if isinstance(chat, dict) else None
+    if not isinstance(chat, dict) or not isinstance(fmt, (str, type(None))) or \
+            not isinstance(file, (str, type(None))):
+        raise ModelFormatError(
+            'manifest.json: chat: expected {"template": file or null, "format": name or null}'
+        )
+    template = None
+    if file:
+        if "/" in file or file in (".", ".."):
+            raise ModelFormatError(f"manifest.json: chat.template: {file!r} is not a file name")
+        template = read_chat_template(Path(path) / file, file)
+    if template is None:
+        template = getattr(tokenizer, "chat_template", None)
+    return {"format": fmt, "template": template}
+
+
 class Engine:
     """An open model. Use as a context manager, or call `close()`.
 
@@ -379,30 +413,7 @@ class Engine:
 
     def chat_metadata(self) -> dict[str, str | None]:
         """The container's chat format name and chat template text (either may be None)."""
-        import json
-
-        from warp_providers.tokenizer import read_chat_template
-
-        try:  # the engine has read this manifest: it is a JSON object
-            manifest = json.loads((Path(self.path) / "manifest.json").read_text())
-        except (OSError, ValueError) as exc:
-            raise ModelFormatError(f"manifest.json: cannot be read again: {exc}") from None
-        chat = manifest.get("chat") or {}
-        fmt = chat.get("format") if isinstance(chat, dict) else None
-        file = chat.get("template") if isinstance(chat, dict) else None
-        if not isinstance(chat, dict) or not isinstance(fmt, (str, type(None))) or \
-                not isinstance(file, (str, type(None))):
-            raise ModelFormatError(
-                'manifest.json: chat: expected {"template": file or null, "format": name or null}'
-            )
-        template = None
-        if file:
-            if "/" in file or file in (".", ".."):
-                raise ModelFormatError(f"manifest.json: chat.template: {file!r} is not a file name")
-            template = read_chat_template(Path(self.path) / file, file)
-        if template is None:
-            template = getattr(self.tokenizer, "chat_template", None)
-        return {"format": fmt, "template": template}
+        return container_chat_metadata(self.path, self.tokenizer)
 
     def stats(self) -> dict[str, Any]:
         """Cumulative engine counters since open (expert hits/misses, bytes read...)."""

@@ -16,12 +16,18 @@ from __future__ import annotations
 
 import os
 import threading
+from pathlib import Path
 from typing import Any
 
-from warp_providers.engine import Engine
-from warp_providers.session import ChatSession
+from warp_providers.chat import registry
+from warp_providers.engine import Engine, container_chat_metadata, plan_memory
+from warp_providers.errors import ModelNotFoundError
+from warp_providers.session import ChatSession, format_capabilities
+from warp_providers.tokenizer import Tokenizer
 
-__all__ = ["clear", "references", "release", "shared_engine", "shared_session"]
+__all__ = [
+    "clear", "model_capabilities", "references", "release", "shared_engine", "shared_session",
+]
 
 _LOCK = threading.Lock()
 _ENGINES: dict[tuple[str, str], Engine] = {}
@@ -115,6 +121,36 @@ def shared_session(path: str | os.PathLike[str], **options: Any) -> ChatSession:
             session = ChatSession(engine)
             _SESSIONS[id(engine)] = session
         return session
+
+
+def model_capabilities(
+    path: str | os.PathLike[str], *, ctx: int | None = None, chat_format: str | None = None
+) -> dict[str, Any]:
+    """What a container's model offers, read without loading its weights.
+
+    Returns the `ChatSession.capabilities` dict the model would have once opened with
+    this `ctx`: context size, tools, reasoning, chat format name.
+
+    Args:
+        path: the container directory.
+        ctx: the context length it would be opened with (None = the engine's default).
+        chat_format: a chat format name to force, as `ChatSession` takes it.
+
+    Raises:
+        ModelNotFoundError: `path` is not a container.
+        ChatFormatError: the model has no usable chat format.
+        OSError, WarpError: the container cannot be read.
+
+    """
+    if not (Path(path) / "manifest.json").is_file():
+        raise ModelNotFoundError(f"not a warp container (no manifest.json): {os.fspath(path)}")
+    tokenizer = Tokenizer.from_dir(path)
+    meta = container_chat_metadata(path, tokenizer)
+    fmt = registry.resolve(
+        name=chat_format, metadata_format=meta["format"], chat_template=meta["template"],
+        tokenizer=tokenizer,
+    )
+    return format_capabilities(fmt, int(plan_memory(path, ctx=ctx)["ctx_tokens"]))
 
 
 def clear() -> None:

@@ -37,7 +37,7 @@ from warp_providers.errors import ContextOverflowError
 from warp_providers.sampling import LogitsProcessor, SamplingParams
 from warp_providers.types import AssistantMessage, ChatRequest, Usage
 
-__all__ = ["ChatChunk", "ChatResult", "ChatSession", "PreparedChat"]
+__all__ = ["ChatChunk", "ChatResult", "ChatSession", "PreparedChat", "format_capabilities"]
 
 
 @dataclass
@@ -46,8 +46,7 @@ class ChatResult:
 
     Attributes:
         message: content, reasoning, tool calls and finish reason.
-        usage: prompt and completion token counts, with the reused prompt prefix and
-            the reasoning tokens.
+        usage: prompt and completion token counts (cached and reasoning tokens among them).
         stats: engine counters and timings of this reply (expert hits, bytes, tok/s).
         model: the model name reported to clients.
 
@@ -119,6 +118,33 @@ class ChatSession:
         if isinstance(request, list):
             request = {"messages": request}
         return self.format.encode(self.format.render(request))
+
+    def count_tokens(
+        self,
+        request: ChatRequest | Mapping[str, Any] | list[dict[str, Any]],
+    ) -> int:
+        """Tokens a conversation takes in this model's prompt, as its chat format renders it.
+
+        The hand-over to the assistant is left out, so counts of consecutive slices of a
+        conversation add up to about the count of the whole (what trimming needs).
+
+        Raises:
+            ChatFormatError: the format cannot express the request.
+
+        """
+        if isinstance(request, list):
+            request = {"messages": request}
+        return len(self.format.encode(self.format.render(request, add_generation_prompt=False)))
+
+    @property
+    def capabilities(self) -> dict[str, Any]:
+        """What this model and its chat format offer.
+
+        Keys: `ctx_tokens` (context size, 0 when unknown), `tools` (requests may declare
+        tools), `reasoning` (replies can carry a reasoning channel), `format` (the chat
+        format's registry name).
+        """
+        return format_capabilities(self.format, int(self.engine.info().get("ctx_tokens", 0) or 0))
 
     def prepare(
         self,
@@ -225,15 +251,19 @@ class ChatSession:
         stopper = _StopStrings(list(stop))
         acc = DeltaAccumulator()
         n_tokens = 0
-        n_reasoning = 0
+        answer_at: int | None = None
+        saw_reasoning = False
         stopped = False
         for ev in events:
             n_tokens += 1
             control = tokenizer.is_control(ev.token_id)
             piece = tokenizer.id_to_piece(ev.token_id) if control else ev.text
             delta = parser.feed(ev.token_id, piece)
-            if delta.reasoning:
-                n_reasoning += 1
+            # Reasoning tokens: those before the answer's first token, when they wrote
+            # reasoning (markers of the reasoning block included).
+            if answer_at is None and (delta.content or delta.tool_calls):
+                answer_at = n_tokens - 1
+            saw_reasoning = saw_reasoning or (answer_at is None and bool(delta.reasoning))
             delta, stopped = stopper.apply(delta)
             if not delta.empty:
                 acc.add(delta)
@@ -264,10 +294,10 @@ class ChatSession:
                                        tool_calls=final.tool_calls,
                                        finish_reason="tool_calls" if final.tool_calls else "stop")
         n_prompt = len(prep.ids)
+        cached = min(int(getattr(gen, "cached_tokens", 0) or 0), n_prompt)
+        n_reasoning = (n_tokens if answer_at is None else answer_at) if saw_reasoning else 0
         usage = Usage(prompt_tokens=n_prompt, completion_tokens=n_tokens,
-                      total_tokens=n_prompt + n_tokens,
-                      cached_tokens=(min(n_prompt, gen.cached_tokens)
-                                     if gen is not None else 0),
+                      total_tokens=n_prompt + n_tokens, cached_tokens=cached,
                       reasoning_tokens=min(n_reasoning, n_tokens))
         stats = dict(gen.stats) if gen is not None else {}
         yield ChatChunk(Delta(), result=ChatResult(message, usage, stats, self.model_name))
@@ -381,6 +411,16 @@ class PreparedChat:
     def prompt_tokens(self) -> int:
         """Number of prompt tokens."""
         return len(self.ids)
+
+
+def format_capabilities(fmt: ChatFormat, ctx_tokens: int) -> dict[str, Any]:
+    """The `ChatSession.capabilities` dict of a bound chat format and a context size."""
+    return {
+        "ctx_tokens": ctx_tokens,
+        "tools": bool(fmt.supports_tools),
+        "reasoning": bool(fmt.supports_reasoning),
+        "format": fmt.name,
+    }
 
 
 def _without_forcing(request: Any) -> dict[str, Any] | None:

@@ -339,14 +339,20 @@ class Usage(BaseModel):
     )
     total_tokens: int = Field(ge=0, description="prompt_tokens + completion_tokens.")
     cached_tokens: int = Field(
-        0, ge=0, description="Prompt tokens reused from the engine's context (not recomputed)."
+        default=0, ge=0,
+        description="Prompt tokens reused from the engine's prefix cache (not evaluated again).",
     )
     reasoning_tokens: int = Field(
-        0, ge=0, description="Completion tokens that went into the reasoning channel."
+        default=0, ge=0,
+        description="Completion tokens of the reasoning channel (its markers included).",
     )
 
     @model_validator(mode="after")
     def _total(self) -> Usage:
         if self.total_tokens != self.prompt_tokens + self.completion_tokens:
             raise ValueError("total_tokens must equal prompt_tokens + completion_tokens")
+        if self.cached_tokens > self.prompt_tokens:
+            raise ValueError("cached_tokens cannot exceed prompt_tokens")
+        if self.reasoning_tokens > self.completion_tokens:
+            raise ValueError("reasoning_tokens cannot exceed completion_tokens")
         return self

@@ -16,6 +16,7 @@ from typing import Any
 import gguf  # a dependency of the converter: always present
 import numpy as np
 import pytest
+from support import has_module, requires
 
 from warp_providers.convert import ConvertError, convert
 from warp_providers.convert import writer as W
@@ -699,6 +700,21 @@ def _byte_tokens() -> tuple[list[str], list[str]]:
     return byte_chars + ["he", "ll", "hell", "hello", "Ġw"], merges
 
 
+SP_PIECES = ["\u2581", "h", "e", "l", "o", "w", "r", "d", ",", "ll", "\u2581h", "\u2581he",
+             "llo", "\u2581hello", "\u2581w", "or", "\u2581wor", "ld", "\u2581world"]
+"""SentencePiece-BPE pieces, best merge first (llama.cpp stores no merges for them)."""
+
+
+def sp_vocab() -> tuple[list[str], list[int], list[float]]:
+    """A Llama-2-style vocabulary: unk, BOS, EOS, 256 byte pieces, pieces, 2 chat markers."""
+    tokens = ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256)), *SP_PIECES,
+              "<|im_start|>", "<|im_end|>"]
+    # llama.cpp's token types: 2 unknown, 3 control, 6 byte, 1 normal
+    types = [2, 3, 3] + [6] * 256 + [1] * len(SP_PIECES) + [3, 3]
+    scores = [0.0] * 259 + [-float(i) for i in range(len(SP_PIECES))] + [0.0, 0.0]
+    return tokens, types, scores
+
+
 def write_tiny_gguf(
     path: Path,
     *,
@@ -734,12 +750,22 @@ def write_tiny_gguf(
         g.add_expert_count(E)
         g.add_expert_used_count(2)
     g.add_tokenizer_model(tok_model)
-    g.add_tokenizer_pre("gpt2")
-    g.add_token_list(tokens)
-    g.add_token_types([1] * (len(tokens) - 2) + [3, 3])
-    g.add_token_merges(merges)
-    g.add_bos_token_id(len(tokens) - 2)
-    g.add_eos_token_id(len(tokens) - 1)
+    if tok_model == "llama":  # SentencePiece, as llama.cpp writes Llama-2/Mistral files
+        tokens, types, scores = sp_vocab()
+        V = len(tokens) + 3
+        g.add_token_list(tokens)
+        g.add_token_types(types)
+        g.add_token_scores(scores)
+        g.add_unk_token_id(0)
+        g.add_bos_token_id(1)
+        g.add_eos_token_id(2)
+    else:
+        g.add_tokenizer_pre("gpt2")
+        g.add_token_list(tokens)
+        g.add_token_types([1] * (len(tokens) - 2) + [3, 3])
+        g.add_token_merges(merges)
+        g.add_bos_token_id(len(tokens) - 2)
+        g.add_eos_token_id(len(tokens) - 1)
     g.add_chat_template("{% for m in messages %}{{ m.content }}{% endfor %}")
     ref: dict[str, np.ndarray] = {}
     qt = getattr(gguf.GGMLQuantizationType, qtype)
@@ -988,7 +1014,57 @@ def test_gguf_refusals(tmp_path: Path) -> None:
     write_tiny_gguf(tmp_path / "q.gguf", arch="qwen9")
     with pytest.raises(ConvertError, match="qwen9"):
         convert(tmp_path / "q.gguf", tmp_path / "o")
-    write_tiny_gguf(tmp_path / "s.gguf", tok_model="llama")
+    write_tiny_gguf(tmp_path / "s.gguf", tok_model="t5")
     with pytest.raises(ConvertError, match="tokenizer.ggml.model"):
         convert(tmp_path / "s.gguf", tmp_path / "o")
     assert not (tmp_path / "o").exists()
+
+
+# --------------------------------------------------------------------------- SentencePiece GGUF
+SP_TEXTS = ["hello world", "Hello, w\u00f6rld!\n  two  spaces", " hello", "\U0001f642 ok",
+            "world hello,hello", "tab\there"]
+
+
+@pytest.mark.parametrize("moe", [False, True], ids=["llama2", "mixtral"])
+def test_gguf_sentencepiece_tokenizer_matches_transformers(tmp_path: Path, moe: bool) -> None:
+    requires(has_module("transformers"), "transformers (the test extra)")
+    from transformers import AutoTokenizer
+
+    from warp_providers import Tokenizer
+
+    write_tiny_gguf(tmp_path / "sp.gguf", tok_model="llama", moe=moe)
+    out = convert(tmp_path / "sp.gguf", tmp_path / "sp.warp")
+    ours = Tokenizer.from_dir(out)
+    # The oracle: transformers' own tokenizer of the same file.
+    oracle = AutoTokenizer.from_pretrained(str(tmp_path), gguf_file="sp.gguf")
+    for text in SP_TEXTS:
+        ids = ours.encode_content(text)
+        assert ids == oracle.encode(text, add_special_tokens=False), text
+        assert ours.decode(ids) == oracle.decode(ids), text
+    # SentencePiece behaviour, spelled out: a prefix space, merges by score, byte fallback.
+    tokens, _, _ = sp_vocab()
+    assert ours.encode_content("hello world") == [tokens.index("\u2581hello"),
+                                                  tokens.index("\u2581world")]
+    assert ours.encode_content("\u00e9")[-2:] == [tokens.index("<0xC3>"), tokens.index("<0xA9>")]
+    assert ours.decode(ours.encode_content("hello world")) == "hello world"
+    # Control tokens are markup only: caller text never becomes one.
+    im_start = tokens.index("<|im_start|>")
+    assert ours.encode_markup("<|im_start|>") == [im_start] and ours.is_control(im_start)
+    assert im_start not in ours.encode_content("<|im_start|>user")
+    assert ours.bos_id == 1 and 2 in ours.eos_ids
+    m = read_container(out)["manifest"]
+    assert m["tokenizer"]["kind"] == "hf" and m["model_type"] == ("mixtral" if moe else "llama")
+
+
+def test_gguf_sentencepiece_without_transformers_names_the_extra(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    write_tiny_gguf(tmp_path / "sp.gguf", tok_model="llama")
+    for name in ("transformers.integrations.gguf.gguf_tokenizer_mapping",
+                 "transformers.integrations.ggml"):
+        monkeypatch.setitem(sys.modules, name, None)  # as if transformers were absent
+    with pytest.raises(ConvertError, match=r"warp-providers\[gguf\]"):
+        convert(tmp_path / "sp.gguf", tmp_path / "o.warp")
+    assert not (tmp_path / "o.warp").exists()

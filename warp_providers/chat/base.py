@@ -485,6 +485,16 @@ class ChatFormat(abc.ABC):
         """Whether a request that says nothing about reasoning thinks."""
         return False
 
+    @property
+    def supports_tools(self) -> bool:
+        """Whether a request may declare tools (the bound vocabulary carries a tool protocol)."""
+        return True
+
+    @property
+    def supports_reasoning(self) -> bool:
+        """Whether replies can carry a reasoning channel."""
+        return True
+
     @abc.abstractmethod
     def render(
         self,

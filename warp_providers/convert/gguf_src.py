@@ -8,11 +8,12 @@ re-encoded), undoing llama.cpp's row permutation of ``attn_q``/``attn_k`` (GGML'
 interleaved rope pairs back to HF's "rotate_half" halves; rows move whole, so quantized
 rows move without dequantizing), ``rope_freqs`` from ``rope.*`` metadata and GGUF's own
 ``rope_freqs.weight`` divisors, and a ``tokenizer.json`` + ``tokenizer_config.json``
-rebuilt from ``tokenizer.ggml.*`` for byte-level BPE vocabularies.
+rebuilt from ``tokenizer.ggml.*``: byte-level BPE (``gpt2``) vocabularies here,
+SentencePiece (``llama``: Llama-2, Mistral and Mixtral files) through transformers' GGUF
+tokenizer builder (a convert-time need: the ``gguf`` extra).
 
-Refuses, with a ``ConvertError``: other architectures, SentencePiece (``llama``) and other
-tokenizer models, unknown pre-tokenizers, missing or misshapen tensors. Called by
-``convert()``.
+Refuses, with a ``ConvertError``: other architectures and tokenizer models, unknown
+pre-tokenizers, missing or misshapen tensors. Called by ``convert()``.
 """
 
 from __future__ import annotations
@@ -31,7 +32,13 @@ from .hf import rope_inv_freq
 from .quant import DTYPE_IDS, ConvertError
 from .writer import ExpertLayerSrc, Plan, SrcTensor, const_rows
 
-__all__ = ["SUPPORTED_ARCHITECTURES", "build_tokenizer_json", "load_gguf", "unpermute_rows"]
+__all__ = [
+    "SUPPORTED_ARCHITECTURES",
+    "build_tokenizer_json",
+    "load_gguf",
+    "sentencepiece_tokenizer_json",
+    "unpermute_rows",
+]
 
 SUPPORTED_ARCHITECTURES: Final[tuple[str, ...]] = ("llama", "qwen3moe")
 _ID_DTYPE: Final[dict[int, str]] = {v: k for k, v in DTYPE_IDS.items()}
@@ -315,14 +322,69 @@ def build_tokenizer_json(
     }
 
 
+def sentencepiece_tokenizer_json(
+    *,
+    architecture: str,
+    tokens: list[str],
+    scores: list[float] | None,
+    token_types: list[int] | None,
+    merges: list[str],
+    add_space_prefix: bool | None,
+    where: str = "this file",
+) -> dict[str, Any]:
+    """Build a ``tokenizers`` JSON object for a SentencePiece (``llama``) GGUF vocabulary.
+
+    The conversion is transformers' own GGUF tokenizer builder (the one its
+    ``from_pretrained(gguf_file=...)`` uses): SentencePiece BPE with byte fallback, merges
+    from the file or derived from the scores, control tokens special. transformers is a
+    convert-time need only, imported here.
+
+    Raises:
+        ConvertError: transformers is not installed, or its tokenizer does not keep the
+            file's token ids.
+
+    """
+    try:
+        from transformers.integrations.gguf.gguf_tokenizer_mapping import (
+            convert_gguf_tokenizer,
+        )
+    except ImportError:
+        try:  # transformers 4.x spelled it here
+            from transformers.integrations.ggml import convert_gguf_tokenizer
+        except ImportError:
+            raise ConvertError(
+                f"{where}: its SentencePiece ('llama') tokenizer is converted with "
+                "transformers' GGUF tokenizer builder, which is not installed: "
+                "pip install 'warp-providers[gguf]'"
+            ) from None
+    spec: dict[str, Any] = {"tokenizer_type": "llama", "tokens": tokens}
+    if scores is not None:
+        spec["scores"] = scores
+    if token_types is not None:
+        spec["token_type"] = token_types
+    if merges:
+        spec["merges"] = merges
+    if add_space_prefix is not None:
+        spec["add_prefix_space"] = add_space_prefix
+    backend, _ = convert_gguf_tokenizer(architecture, spec)
+    first: dict[str, int] = {}
+    for i, t in enumerate(tokens):
+        first.setdefault(t, i)
+    if backend.get_vocab_size(with_added_tokens=True) != len(tokens) or any(
+        backend.token_to_id(t) != i for t, i in first.items()
+    ):
+        raise ConvertError(f"{where}: the converted SentencePiece tokenizer renumbers tokens")
+    return dict(json.loads(backend.to_str()))
+
+
 def _tokenizer(
     meta: _Meta, vocab_size: int
 ) -> tuple[list[tuple[str, bytes]], dict[str, Any], dict[str, Any]]:
     model = meta.get("tokenizer.ggml.model")
-    if model != "gpt2":
+    if model not in ("gpt2", "llama"):
         raise ConvertError(
             f"{meta.path}: tokenizer.ggml.model {model!r} is not supported "
-            "(supported: 'gpt2' byte-level BPE)"
+            "(supported: 'gpt2' byte-level BPE, 'llama' SentencePiece)"
         )
     tokens = meta.need("tokenizer.ggml.tokens")
     merges = meta.get("tokenizer.ggml.merges") or []
@@ -354,11 +416,26 @@ def _tokenizer(
     eos = tok_id("tokenizer.ggml.eos_token_id")
     unk = tok_id("tokenizer.ggml.unknown_token_id")
     pad = tok_id("tokenizer.ggml.padding_token_id")
-    add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", False))
-    pre = str(meta.get("tokenizer.ggml.pre", "default"))
-    tj = build_tokenizer_json(
-        tokens=tokens, merges=merges, token_types=types, pre=pre, bos_id=bos, add_bos=add_bos
-    )
+    if model == "llama":
+        # llama.cpp adds BOS to a SentencePiece vocabulary whose file does not say otherwise
+        add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", True))
+        scores = meta.get("tokenizer.ggml.scores")
+        if scores is not None and len(scores) != len(tokens):
+            raise ConvertError(f"{meta.path}: tokenizer.ggml.scores length differs from tokens")
+        space = meta.get("tokenizer.ggml.add_space_prefix")
+        tj = sentencepiece_tokenizer_json(
+            architecture=str(meta.get("general.architecture", "llama")), tokens=tokens,
+            scores=[float(x) for x in scores] if scores is not None else None,
+            token_types=[int(t) for t in types] if types is not None else None,
+            merges=list(merges), add_space_prefix=None if space is None else bool(space),
+            where=str(meta.path),
+        )
+    else:
+        add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", False))
+        pre = str(meta.get("tokenizer.ggml.pre", "default"))
+        tj = build_tokenizer_json(
+            tokens=tokens, merges=merges, token_types=types, pre=pre, bos_id=bos, add_bos=add_bos
+        )
     tc: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast", "add_bos_token": add_bos}
     for key, tid in (
         ("bos_token", bos),

@@ -30,6 +30,7 @@ from typing import Any, Literal
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.exceptions import OutputParserException
 from langchain_core.language_models import BaseChatModel, LangSmithParams, LanguageModelInput
+from langchain_core.language_models.model_profile import ModelProfile
 from langchain_core.messages import (
     AIMessage,
     AIMessageChunk,
@@ -53,15 +54,17 @@ from pydantic import ValidationError as _ValidationError
 
 from warp_providers import (
     ChatChunk,
+    ChatFormatError,
     ChatSession,
     SamplingParams,
     ToolCallArguments,
     ToolCallStart,
+    close_objects,
+    model_capabilities,
     shared_engine,
     shared_session,
 )
 from warp_providers import ChatResult as WarpResult
-from warp_providers.constrain import close_objects
 
 __all__ = ["ChatWarp"]
 
@@ -287,7 +290,11 @@ def _tool_choice(choice: Any, names: Sequence[str]) -> str | dict[str, Any] | No
 def _usage(result: WarpResult) -> UsageMetadata:
     u = result.usage
     return UsageMetadata(
-        input_tokens=u.prompt_tokens, output_tokens=u.completion_tokens, total_tokens=u.total_tokens
+        input_tokens=u.prompt_tokens,
+        output_tokens=u.completion_tokens,
+        total_tokens=u.total_tokens,
+        input_token_details={"cache_read": u.cached_tokens},
+        output_token_details={"reasoning": u.reasoning_tokens},
     )
 
 
@@ -513,12 +520,13 @@ class ChatWarp(BaseChatModel):
     r"""A chat model that runs a warp-providers model in this process, experts streamed from disk.
 
     Setup:
-        Install the package with its LangChain extra and convert a model once:
+        Install the package and convert a model once, from a local Hugging Face
+        checkpoint directory or a .gguf file:
 
         .. code-block:: bash
 
-            pip install 'warp-providers[langchain]'
-            warp convert Qwen/Qwen3-30B-A3B ./qwen3-30b-a3b.warp
+            pip install langchain-warp
+            warp convert ./Qwen3-30B-A3B ./qwen3-30b-a3b.warp
 
     Instantiate:
         Weights load on first use and are shared by every `ChatWarp` on the same
@@ -541,7 +549,7 @@ class ChatWarp(BaseChatModel):
             msg = llm.invoke([("system", "Answer in French."), ("human", "I love programming.")])
             msg.content                                   # the answer
             msg.additional_kwargs.get("reasoning_content")  # the model's reasoning, if it thought
-            msg.usage_metadata                            # input/output/total tokens
+            msg.usage_metadata  # tokens; cached prompt and reasoning tokens in the details
             msg.response_metadata["warp_stats"]           # expert cache hits, bytes read, tok/s
 
     Stream:
@@ -593,6 +601,18 @@ class ChatWarp(BaseChatModel):
         `method="function_calling"` forces a call to a tool made from the schema;
         `method="json_mode"` asks for a JSON object (held to the schema when one is given);
         `include_raw=True` returns `{"raw": AIMessage, "parsed": ..., "parsing_error": ...}`.
+
+    Token counting:
+        Counts come from the model's own tokenizer (offline), so trimming fits the
+        model's context; `profile` holds the context size and what the model offers.
+
+        .. code-block:: python
+
+            from langchain_core.messages import trim_messages
+
+            llm.get_num_tokens("Hello!")
+            trim_messages(history, max_tokens=2000, token_counter=llm, strategy="last")
+            llm.profile["max_input_tokens"]
     """
 
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
@@ -707,6 +727,56 @@ class ChatWarp(BaseChatModel):
         if stops:
             params["ls_stop"] = stops
         return params
+
+    def _resolve_model_profile(self) -> ModelProfile | None:
+        """Describe the model from its container's tokenizer and plan (no weights load)."""
+        if self.engine is not None:
+            return _profile(self._get_session().capabilities)
+        if not self.model_path or not (Path(self.model_path) / "manifest.json").is_file():
+            return None  # nothing to read yet; loading reports the problem on first use
+        ctx = self.ctx if self.ctx is not None else (self.engine_options or {}).get("ctx")
+        try:
+            caps = model_capabilities(self.model_path, ctx=ctx, chat_format=self.chat_format)
+        except ChatFormatError:
+            return None  # the same error is raised, with its param, on the first call
+        return _profile(caps)
+
+    # ----------------------------------------------------------------- token counting
+    def get_token_ids(self, text: str) -> list[int]:
+        """Return the ids the model's own tokenizer gives `text` (as message content).
+
+        Args:
+            text: Plain text; control-token spellings in it stay text.
+
+        """
+        return list(self._get_session().engine.tokenizer.encode_content(text))
+
+    def get_num_tokens(self, text: str) -> int:
+        """Return the number of the model's tokens in `text`."""
+        return len(self.get_token_ids(text))
+
+    def get_num_tokens_from_messages(
+        self,
+        messages: list[BaseMessage],
+        tools: Sequence[dict[str, Any] | type | Callable[..., Any] | BaseTool] | None = None,
+    ) -> int:
+        """Return the prompt tokens of `messages` as the model's chat format renders them.
+
+        The hand-over to the assistant is not counted, so the counts of consecutive slices
+        of a conversation add up to about the count of the whole.
+
+        Args:
+            messages: The conversation (or a slice of it).
+            tools: Tools declared with it, counted in their rendered form.
+
+        Raises:
+            ChatFormatError: The model's chat format cannot express the messages or tools.
+
+        """
+        request: dict[str, Any] = {"messages": _message_dicts(messages)}
+        if tools:
+            request["tools"] = [convert_to_openai_tool(t) for t in tools]
+        return self._get_session().count_tokens(request)
 
     # ----------------------------------------------------------------- the model registry
     def _get_session(self) -> ChatSession:
@@ -998,6 +1068,24 @@ class ChatWarp(BaseChatModel):
         )
         failed = RunnablePassthrough.assign(parsed=lambda _: None)
         return RunnableMap(raw=llm) | parsed.with_fallbacks([failed], exception_key="parsing_error")
+
+
+def _profile(caps: Mapping[str, Any]) -> ModelProfile:
+    profile = ModelProfile(
+        text_inputs=True,
+        text_outputs=True,
+        tool_calling=caps["tools"],
+        tool_choice=caps["tools"],
+        tool_call_streaming=caps["tools"],
+        structured_output=True,
+        reasoning_output=caps["reasoning"],
+        temperature=True,
+        open_weights=True,
+    )
+    if caps["ctx_tokens"]:
+        profile["max_input_tokens"] = caps["ctx_tokens"]
+        profile["max_output_tokens"] = caps["ctx_tokens"]
+    return profile
 
 
 def _final(sink: list[Any]) -> ChatResult:

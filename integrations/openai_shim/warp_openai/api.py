@@ -24,11 +24,17 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from warp_providers import ContextOverflowError, SamplingParams, WarpError
-from warp_providers.chat import ChatFormatError
-from warp_providers.chat.base import ToolCallArguments, ToolCallStart
-from warp_providers.session import ChatResult, ChatSession
-from warp_providers.types import Usage
+from warp_providers import (
+    ChatFormatError,
+    ChatResult,
+    ChatSession,
+    ContextOverflowError,
+    SamplingParams,
+    ToolCallArguments,
+    ToolCallStart,
+    Usage,
+    WarpError,
+)
 
 __all__ = [
     "MAX_BODY_BYTES",

@@ -23,7 +23,7 @@ import numpy as np
 from warp_openai import api as _api
 from warp_openai.api import APIError, ChunkStream, usage_body
 from warp_openai.bias import logit_bias
-from warp_providers.types import Usage
+from warp_providers import Usage
 
 __all__ = ["MAX_LOGPROBS", "completions"]
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from warp_openai.api import APIError, ChunkStream
-from warp_providers.chat import ChatFormatError
+from warp_providers import ChatFormatError
 
 __all__ = ["DEFAULT_STORE_SIZE", "Responses"]
 

@@ -502,7 +502,7 @@ def serve(model_path: str | os.PathLike[str], host: str = "127.0.0.1", port: int
         **engine_options: passed to `Engine.open` (budget, threads, ctx, ...).
 
     """
-    from warp_providers.models import release, shared_engine
+    from warp_providers import release, shared_engine
 
     key = api_key if api_key is not None else (os.environ.get("WARP_API_KEY") or None)
     engine = shared_engine(model_path, **engine_options)

@@ -251,7 +251,7 @@ def _api(
         if engine_options:
             raise TypeError(f"engine options {sorted(engine_options)} need a model_path")
         return WarpAPI(session, engine=engine, model_id=model, api_key=api_key)
-    from warp_providers.models import release, shared_engine
+    from warp_providers import release, shared_engine
 
     shared = shared_engine(model_path, **engine_options)
     try:

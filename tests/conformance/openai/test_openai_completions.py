@@ -115,14 +115,19 @@ def test_logit_bias_reaches_the_sampler(make_client):
     assert logits[7] == -np.inf and logits[8] == 3.0 and logits[9] == 0.0
 
 
+# "<think>Let me see.</think>": the reasoning channel is its two markers (one token each)
+# and the bytes between (one token each), everything before the answer.
+THINK_TOKENS = 2 + len("Let me see.")
+
+
 def test_usage_details_on_chat(make_client):
     client = make_client(ScriptedEngine(["<think>Let me see.</think>Four."]))
     r = client.chat.completions.create(model="m", messages=USER)
-    assert r.usage.completion_tokens_details.reasoning_tokens == len("Let me see.")
+    assert r.usage.completion_tokens_details.reasoning_tokens == THINK_TOKENS
     assert r.usage.prompt_tokens_details.cached_tokens == 0  # the scripted engine reuses none
     chunks = list(client.chat.completions.create(model="m", messages=USER, stream=True,
                                                  stream_options={"include_usage": True}))
-    assert chunks[-1].usage.completion_tokens_details.reasoning_tokens == len("Let me see.")
+    assert chunks[-1].usage.completion_tokens_details.reasoning_tokens == THINK_TOKENS
     plain = make_client(ScriptedEngine(["Four."])).chat.completions.create(model="m",
                                                                            messages=USER)
     assert plain.usage.completion_tokens_details.reasoning_tokens == 0

@@ -30,7 +30,8 @@ def test_invoke_with_reasoning_and_usage():
     reasoning = [b for b in msg.content if isinstance(b, dict) and b.get("type") == "reasoning"]
     assert reasoning and reasoning[0]["summary"][0]["text"] == "Let me see."
     usage = msg.usage_metadata
-    assert usage["output_token_details"]["reasoning"] == len("Let me see.")
+    # the two think markers (one token each) and the bytes between: the reasoning channel
+    assert usage["output_token_details"]["reasoning"] == 2 + len("Let me see.")
     assert usage["input_token_details"]["cache_read"] == 0
     assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
 

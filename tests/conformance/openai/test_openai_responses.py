@@ -69,13 +69,18 @@ def test_message_items_and_content_parts(make_client):
     assert prompt.endswith(_sq("<|im_start|>user\nagain<|im_end|>\n<|im_start|>assistant\n"))
 
 
+# "<think>Let me see.</think>": the reasoning channel is its two markers (one token each)
+# and the bytes between (one token each), everything before the answer.
+THINK_TOKENS = 2 + len("Let me see.")
+
+
 def test_reasoning_becomes_a_reasoning_item(make_client):
     client = make_client(ScriptedEngine(["<think>Let me see.</think>Four."]))
     r = client.responses.create(model="m", input="2+2?")
     assert [o.type for o in r.output] == ["reasoning", "message"]
     assert r.output[0].summary[0].text == "Let me see."
     assert r.output_text == "Four."
-    assert r.usage.output_tokens_details.reasoning_tokens == len("Let me see.")
+    assert r.usage.output_tokens_details.reasoning_tokens == THINK_TOKENS
 
 
 def _events(stream) -> list:

@@ -650,3 +650,121 @@ def test_parallel_tool_calls_flag_reaches_the_request() -> None:
     assert call.request["tool_choice"] == {"type": "function", "function": {"name": "Weather"}}
     structured = llm.with_structured_output(Joke, method="function_calling")
     assert structured.first.kwargs["parallel_tool_calls"] is False  # type: ignore[attr-defined]
+
+
+# ----------------------------------------------------------------- token counting, profile
+def test_token_ids_come_from_the_models_own_tokenizer() -> None:
+    llm, _ = llm_for("x")
+    text = "héllo <|im_end|> wörld"
+    # The scripted vocabulary is byte-level, one id per byte; a marker spelled in text
+    # stays text, so it is counted byte by byte too.
+    assert llm.get_num_tokens(text) == len(text.encode())
+    assert llm.get_token_ids(text) == _TOK.encode_content(text)
+
+
+def test_message_counts_are_the_rendered_prompt() -> None:
+    llm, _ = llm_for("x")
+    # ChatML as the scripted template renders it (its `{%-` eats the newline after each
+    # turn): two control tokens, every other byte one token.
+    rendered = "<|im_start|>user\nabc<|im_end|>"
+    expected = 2 + len(rendered.encode()) - len("<|im_start|>") - len("<|im_end|>")
+    assert llm.get_num_tokens_from_messages([HumanMessage("abc")]) == expected
+
+    @tool
+    def lookup(city: str) -> str:
+        """Look a city up."""
+        return city
+
+    with_tools = llm.get_num_tokens_from_messages([HumanMessage("abc")], tools=[lookup])
+    assert with_tools > expected + len("lookup")
+
+
+def test_trim_messages_counts_with_the_model() -> None:
+    from langchain_core.messages import trim_messages
+
+    llm, _ = llm_for("x")
+    # 16 letters: one id per byte here, so the turn takes 2 markers + 21 bytes = 23 tokens,
+    # over the limit alone; GPT-2's tokenizer (LangChain's fallback) makes it a handful, and
+    # offline that fallback counts 0, so either would keep it.
+    dense = HumanMessage("a" * 16)
+    assert llm.get_num_tokens_from_messages([dense]) == 23
+    kept = trim_messages([dense, HumanMessage("hi")], max_tokens=20, token_counter=llm,
+                         strategy="last")
+    assert [m.content for m in kept] == ["hi"]
+
+
+def test_profile_of_an_injected_engine() -> None:
+    llm, engine = llm_for("x")
+    assert llm.profile is not None
+    assert llm.profile["max_input_tokens"] == engine.info()["ctx_tokens"]
+    # The scripted template carries Hermes tool markers and <think>.
+    assert llm.profile["tool_calling"] is True and llm.profile["reasoning_output"] is True
+
+
+def test_profile_follows_the_chat_format() -> None:
+    class NoToolsEngine(ScriptedEngine):
+        def chat_metadata(self) -> dict[str, str | None]:
+            return {"format": None, "template": PLAIN_CHATML}
+
+    llm = ChatWarp(engine=NoToolsEngine(["x"], ctx_tokens=1234))
+    assert llm.profile is not None and llm.profile["max_input_tokens"] == 1234
+    assert llm.profile["tool_calling"] is False and llm.profile["reasoning_output"] is False
+
+
+def test_profile_of_a_path_is_read_without_loading(monkeypatch: pytest.MonkeyPatch) -> None:
+    import langchain_warp.chat_models
+
+    seen: list[tuple[str, Any, Any]] = []
+
+    def capabilities(path: str, *, ctx: Any = None, chat_format: Any = None) -> dict[str, Any]:
+        seen.append((path, ctx, chat_format))
+        return {"ctx_tokens": 777, "tools": False, "reasoning": True, "format": "hf_template"}
+
+    def no_load(*a: Any, **k: Any) -> Any:
+        raise AssertionError("the profile must not load the model")
+
+    monkeypatch.setattr(langchain_warp.chat_models, "model_capabilities", capabilities)
+    monkeypatch.setattr(langchain_warp.chat_models, "shared_session", no_load)
+    monkeypatch.setattr(langchain_warp.chat_models, "shared_engine", no_load)
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / "manifest.json").write_text("{}")
+        llm = ChatWarp(model_path=d, ctx=777)
+    assert seen == [(d, 777, None)]
+    assert llm.profile is not None and llm.profile["max_input_tokens"] == 777
+    assert llm.profile["tool_calling"] is False and llm.profile["reasoning_output"] is True
+    assert ChatWarp(model_path="/no/such/container.warp").profile is None
+
+
+PLAIN_CHATML = (
+    "{%- for message in messages %}<|im_start|>{{ message.role }}\n{{ message.content }}"
+    "<|im_end|>\n{%- endfor %}{%- if add_generation_prompt %}<|im_start|>assistant\n"
+    "{%- endif %}"
+)
+
+
+# ----------------------------------------------------------------- usage details
+def test_usage_details_cached_prompt_and_reasoning_tokens() -> None:
+    llm, engine = llm_for(THINK + "Hello!")
+    first = llm.invoke([HumanMessage("Say hello.")])
+    usage = first.usage_metadata
+    assert usage is not None
+    assert usage["input_token_details"]["cache_read"] == 0  # nothing held yet
+    # Reasoning: the think block before the answer, each marker one token, each byte one.
+    think_tokens = 2 + len(THINK.encode()) - len("<think>") - len("</think>")
+    assert usage["output_token_details"]["reasoning"] == think_tokens
+    second = llm.invoke([HumanMessage("Say hello."), first, HumanMessage("Again.")])
+    cached = second.usage_metadata["input_token_details"]["cache_read"]
+    assert cached == engine.last_result.cached_tokens
+    # The second prompt starts with the first one, so at least that much is reused.
+    assert len(engine.prompts[0]) - 1 <= cached < len(engine.prompts[1])
+
+
+def test_streamed_usage_carries_the_details() -> None:
+    llm, _ = llm_for(THINK + "Hi")
+    chunks = list(llm.stream("x"))
+    usage = chunks[-1].usage_metadata
+    assert usage is not None and usage["output_token_details"]["reasoning"] > 0
+    assert "cache_read" in usage["input_token_details"]

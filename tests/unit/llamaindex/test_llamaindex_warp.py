@@ -96,11 +96,13 @@ def test_model_path_is_opened_lazily_through_the_registry(tmp_path: Any) -> None
     from warp_providers import ModelNotFoundError
 
     missing = tmp_path / "absent.warp"
-    llm = Warp(model_path=str(missing), context_window=4096)
+    llm = Warp(model_path=str(missing), context_window=4096, is_function_calling_model=True)
     assert llm.metadata.context_window == 4096  # no open needed
     assert llm.metadata.model_name == "absent"
     with pytest.raises(ModelNotFoundError):
         llm.chat(user("hi"))
+    with pytest.raises(ModelNotFoundError):  # deriving a capability reads the container
+        Warp(model_path=str(missing), context_window=4096).metadata
 
 
 def test_field_bounds_are_checked() -> None:
@@ -533,3 +535,104 @@ def test_other_program_modes_use_llama_index_programs() -> None:
 def test_chat_response_type() -> None:
     llm, _ = make()
     assert isinstance(llm.chat(user("x")), ChatResponse)
+
+
+# ---------------------------------------------------------------------- capabilities
+PLAIN_CHATML = (
+    "{%- for message in messages %}<|im_start|>{{ message.role }}\n{{ message.content }}"
+    "<|im_end|>\n{%- endfor %}{%- if add_generation_prompt %}<|im_start|>assistant\n"
+    "{%- endif %}"
+)
+
+
+class NoToolsEngine(ScriptedEngine):
+    """The scripted engine with a template that has no tool markers."""
+
+    def chat_metadata(self) -> dict[str, str | None]:
+        return {"format": None, "template": PLAIN_CHATML}
+
+
+def test_function_calling_follows_the_chat_format() -> None:
+    assert Warp(engine=ScriptedEngine()).metadata.is_function_calling_model is True
+    assert Warp(engine=NoToolsEngine()).metadata.is_function_calling_model is False
+    forced = Warp(engine=NoToolsEngine(), is_function_calling_model=True)
+    assert forced.metadata.is_function_calling_model is True
+
+
+def test_an_agent_on_a_model_without_tool_markers_falls_back_to_react() -> None:
+    from llama_index.core.agent.workflow import AgentWorkflow, ReActAgent
+
+    def weather(city: str) -> str:
+        """Current weather of a city."""
+        return "sunny"
+
+    def reply(prompt: list[int]) -> str:
+        text = NoToolsEngine().tokenizer.decode(prompt)
+        if "Observation: sunny" in text:
+            return "Thought: I can answer without using any more tools.\nAnswer: It is sunny."
+        return ('Thought: I need the weather.\nAction: weather\n'
+                'Action Input: {"city": "Oslo"}\n')
+
+    engine = NoToolsEngine(reply)
+    workflow = AgentWorkflow.from_tools_or_functions([weather], llm=Warp(engine=engine))
+    assert isinstance(workflow.agents[workflow.root_agent], ReActAgent)
+
+    async def run() -> Any:
+        return await workflow.run(user_msg="Weather in Oslo?")
+
+    result = asyncio.run(run())
+    assert "It is sunny." in str(result)
+    # ReAct sends no tools to the core: the template could not have rendered them.
+    assert all("tools" not in call for call in engine.calls)
+    assert "Observation: sunny" in prompt_text(engine)
+
+
+# ---------------------------------------------------------------------- formatted prompts
+def test_complete_formatted_sends_the_prompt_raw() -> None:
+    llm, engine = make(("Paris.",))
+    prompt = "Q: capital of France?\nA:"
+    r = llm.complete(prompt, formatted=True)
+    assert r.text == "Paris."
+    # No chat template: exactly the prompt's own tokens, no markers around it.
+    assert engine.prompts[-1] == engine.tokenizer.encode_content(prompt)
+    assert r.raw["usage"]["prompt_tokens"] == len(engine.prompts[-1])
+    assert r.raw["usage"]["completion_tokens"] == len("Paris.")
+    assert r.raw["finish_reason"] == "stop" and STATS_KEYS <= set(r.raw["stats"])
+    # Unformatted, the same prompt is wrapped as a user turn.
+    llm.complete(prompt)
+    assert "<|im_start|>user" in prompt_text(engine)
+
+
+def test_stream_and_async_complete_formatted_are_raw_too() -> None:
+    llm, engine = make(("Paris.",))
+    steps = list(llm.stream_complete("A:", formatted=True))
+    assert "".join(s.delta or "" for s in steps) == "Paris." == steps[-1].text
+    assert steps[-1].raw is not None and all(s.raw is None for s in steps[:-1])
+    assert engine.prompts[-1] == engine.tokenizer.encode_content("A:")
+    r = asyncio.run(llm.acomplete("B:", formatted=True))
+    assert r.text == "Paris." and engine.prompts[-1] == engine.tokenizer.encode_content("B:")
+    steps = collect(llm.astream_complete("C:", formatted=True))
+    assert steps[-1].text == "Paris."
+    assert engine.prompts[-1] == engine.tokenizer.encode_content("C:")
+
+
+def test_complete_formatted_honours_max_tokens_and_stop() -> None:
+    llm, engine = make(("one two three",))
+    r = llm.complete("x", formatted=True, max_tokens=3)
+    assert r.text == "one" and r.raw["finish_reason"] == "length"
+    llm.complete("x", formatted=True, stop=[" two"], temperature=0.5, seed=3)
+    # The engine ends at stop strings itself (the scripted one only records them).
+    assert engine.calls[-1]["stop"] == [" two"]
+    assert engine.calls[-1]["sampling"].temperature == 0.5
+
+
+# ---------------------------------------------------------------------- usage details
+def test_raw_usage_has_cached_and_reasoning_tokens() -> None:
+    llm, engine = make((REASONED,))
+    first = llm.chat(user("hi"))
+    usage = first.raw["usage"]
+    assert usage["cached_tokens"] == 0
+    # "<think>Two words.</think>": two markers and the bytes between, before the answer.
+    assert usage["reasoning_tokens"] == 2 + len("Two words.")
+    second = llm.chat(user("hi") + [first.message] + user("again"))
+    assert second.raw["usage"]["cached_tokens"] == engine.last_result.cached_tokens > 0

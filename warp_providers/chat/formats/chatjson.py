@@ -284,6 +284,16 @@ class ChatJsonFormat(ChatFormat):
         """On when the format has a `think` pair (§4.4)."""
         return self.spec.think is not None
 
+    @property
+    def supports_tools(self) -> bool:
+        """Whether bind found a native tool protocol in the vocabulary."""
+        return self.protocol is not None
+
+    @property
+    def supports_reasoning(self) -> bool:
+        """Whether the chat.json declares a `think` pair."""
+        return self.spec.think is not None
+
     def render(
         self,
         request: ChatRequest | Mapping[str, Any],

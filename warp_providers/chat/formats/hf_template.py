@@ -229,6 +229,16 @@ class HfTemplateFormat(ChatFormat):
     def _uses(self, marker: str) -> bool:
         return marker in self.source and self.tokenizer.marker_id(marker) is not None
 
+    @property
+    def supports_tools(self) -> bool:
+        """Whether the template and vocabulary carry the Hermes call markers."""
+        return self._calls
+
+    @property
+    def supports_reasoning(self) -> bool:
+        """Whether the template and vocabulary carry the think markers."""
+        return self._think
+
     def _on_bind(self, tokenizer: Any) -> None:
         self._think = self._uses(THINK_OPEN) and self._uses(THINK_CLOSE)
         self._calls = self._uses(CALL_OPEN) and self._uses(CALL_CLOSE)

@@ -13,6 +13,7 @@ Called by: LlamaIndex query engines, chat engines, agents and programs.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 from collections.abc import AsyncGenerator, AsyncIterator, Generator, Iterator, Sequence
@@ -52,9 +53,11 @@ from warp_providers import (
     DeltaAccumulator,
     EngineLike,
     SamplingParams,
+    Usage,
+    close_objects,
+    model_capabilities,
     shared_engine,
 )
-from warp_providers.constrain import close_objects
 
 if TYPE_CHECKING:
     from llama_index.core.tools.types import BaseTool
@@ -97,7 +100,7 @@ class Warp(FunctionCallingLLM):
     """A local mixture-of-experts model, run in-process by warp_providers, as a LlamaIndex LLM.
 
     Setup:
-        ``pip install 'warp-providers[llamaindex]'`` then convert a checkpoint once with
+        ``pip install llama-index-llms-warp`` then convert a checkpoint once with
         ``warp convert <gguf-or-hf-dir> model.warp``.
 
     Instantiate:
@@ -191,6 +194,11 @@ class Warp(FunctionCallingLLM):
         default=None,
         description="Turn the reasoning channel on or off (None: the format's default).",
     )
+    is_function_calling_model: bool | None = Field(
+        default=None,
+        description="Whether agents may send tools (None: whether the model's chat format "
+        "carries a tool protocol; False makes LlamaIndex agents fall back to ReAct).",
+    )
 
     _session: ChatSession | None = PrivateAttr(default=None)
     _engine: EngineLike | None = PrivateAttr(default=None)
@@ -240,16 +248,28 @@ class Warp(FunctionCallingLLM):
         Opens the model only when `context_window` was not given.
         """
         window = self.context_window
-        if window is None:
-            window = int(self.session.engine.info().get("ctx_tokens") or DEFAULT_CONTEXT_WINDOW)
+        calls = self.is_function_calling_model
+        if window is None or calls is None:
+            caps = self._capabilities()
+            if window is None:
+                window = caps["ctx_tokens"] or DEFAULT_CONTEXT_WINDOW
+            calls = calls if calls is not None else caps["tools"]
         return LLMMetadata(
             context_window=window,
             num_output=self.max_tokens,
             is_chat_model=True,
-            is_function_calling_model=True,
+            is_function_calling_model=calls,
             model_name=self._name(),
             system_role=MessageRole.SYSTEM,
         )
+
+    def _capabilities(self) -> dict[str, Any]:
+        """The model's capabilities; from the container without loading it when not open."""
+        if self._session is None and self._engine is None:
+            assert self.model_path is not None  # checked in __init__
+            ctx = self.engine_options.get("ctx")
+            return model_capabilities(self.model_path, ctx=ctx, chat_format=self.chat_format)
+        return self.session.capabilities
 
     def _name(self) -> str:
         if self.model_name:
@@ -310,20 +330,50 @@ class Warp(FunctionCallingLLM):
         """Stream the reply; each response holds the message so far and its `delta`."""
         return self._responses(messages, kwargs)
 
+    def _raw(self, prompt: str, kwargs: dict[str, Any]) -> CompletionResponseGen:
+        """Continue `prompt` as it is: plain text, no chat template, no control tokens."""
+        _, options = self._call([], kwargs)
+        engine = self.session.engine
+        ids = engine.tokenizer.encode_content(prompt)
+        text = ""
+        events = engine.stream(ids, max_tokens=options["max_tokens"],
+                               sampling=options["sampling"], stop=options["stop"])
+        try:
+            for ev in events:
+                text += ev.text
+                yield CompletionResponse(text=text, delta=ev.text)
+        finally:
+            getattr(events, "close", lambda: None)()
+        gen = engine.last_result
+        n = len(gen.token_ids) if gen is not None else 0
+        usage = Usage(prompt_tokens=len(ids), completion_tokens=n, total_tokens=len(ids) + n,
+                      cached_tokens=min(gen.cached_tokens, len(ids)) if gen is not None else 0)
+        finish = gen.finish_reason if gen is not None else "stop"
+        yield CompletionResponse(text=gen.text if gen is not None else text, delta="", raw={
+            "model": self._name(),
+            "finish_reason": "length" if finish == "length" else "stop",
+            "usage": usage.model_dump(),
+            "stats": dict(gen.stats) if gen is not None else {},
+        })
+
     @llm_completion_callback()
     def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
-        """Answer `prompt` as one user turn.
+        """Answer `prompt` as one user turn; with `formatted=True` continue it as it is.
 
-        The model's chat template always applies; `formatted` is accepted for the
-        LlamaIndex interface and has no effect.
+        `formatted=True` means the caller already formatted the prompt: it goes to the
+        model as plain text, with no chat template.
         """
+        if formatted:
+            return _last_completion(self._raw(prompt, kwargs))
         return _completion(_last(self._responses(_user(prompt), kwargs)))
 
     @llm_completion_callback()
     def stream_complete(
         self, prompt: str, formatted: bool = False, **kwargs: Any
     ) -> CompletionResponseGen:
-        """Stream the answer to `prompt` as one user turn."""
+        """Stream the answer to `prompt` as one user turn (`formatted`: see `complete`)."""
+        if formatted:
+            return self._raw(prompt, kwargs)
         return (_completion(r) for r in self._responses(_user(prompt), kwargs))
 
     @llm_chat_callback()
@@ -342,7 +392,9 @@ class Warp(FunctionCallingLLM):
     async def acomplete(
         self, prompt: str, formatted: bool = False, **kwargs: Any
     ) -> CompletionResponse:
-        """Async `complete`."""
+        """Async `complete` (`formatted=True` runs the raw path on a worker thread)."""
+        if formatted:
+            return await asyncio.to_thread(lambda: _last_completion(self._raw(prompt, kwargs)))
         return _completion(await _alast(self._aresponses(_user(prompt), kwargs)))
 
     @llm_completion_callback()
@@ -355,7 +407,15 @@ class Warp(FunctionCallingLLM):
             async for r in self._aresponses(_user(prompt), kwargs):
                 yield _completion(r)
 
-        return gen()
+        async def raw() -> CompletionResponseAsyncGen:
+            steps = self._raw(prompt, kwargs)
+            try:
+                while (step := await asyncio.to_thread(next, steps, None)) is not None:
+                    yield step
+            finally:
+                steps.close()
+
+        return raw() if formatted else gen()
 
     # ------------------------------------------------------------------ tools
     def _prepare_chat_with_tools(
@@ -688,6 +748,14 @@ def _listed(current: Any) -> list[Any] | None:
     if current is None:
         return None
     return current if isinstance(current, list) else [current]
+
+
+def _last_completion(responses: Iterator[CompletionResponse]) -> CompletionResponse:
+    last = None
+    for last in responses:
+        pass
+    assert last is not None  # the raw path always ends with its usage step
+    return last
 
 
 def _last(responses: Iterator[ChatResponse]) -> ChatResponse:
