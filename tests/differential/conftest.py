@@ -8,9 +8,9 @@ from support import has_module, requires
 
 @pytest.fixture(scope="module")
 def oracle_env():
-    """oracle_models, once torch and transformers (the reference) are importable."""
+    """oracle_util, once torch and transformers (the reference) are importable."""
     requires(has_module("torch") and has_module("transformers"),
              "torch==2.13.0 and transformers (the oracle)")
-    import oracle_models
+    import oracle_util
 
-    return oracle_models
+    return oracle_util

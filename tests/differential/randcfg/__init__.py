@@ -5,7 +5,7 @@ One module per architecture, `randcfg/<model_type>.py`, defines:
 - `configs()`: a hypothesis strategy of config kwargs (a JSON-able dict) that covers the
   knobs its transformers config class exposes;
 - `build(config, seed)`: the tiny random transformers model of that config, in eval mode
-  (default: `transformers.<CONFIG_CLASS>(**config)` redrawn by `oracle_models.randomize`);
+  (default: `transformers.<CONFIG_CLASS>(**config)` redrawn by `oracle_util.randomize`);
 - optionally `prompt_lens(config)`: a strategy of prompt lengths (default 2..48), so a
   module can place prompts on both sides of every window it draws;
 - optionally `postsave(hf_dir, config)`: edits the saved checkpoint (for example a
@@ -92,15 +92,15 @@ def draws(arch: str) -> st.SearchStrategy[Draw]:
 
 
 def default_build(config_class: str, config: dict[str, Any], seed: int, **randomize: Any) -> Any:
-    """transformers.<config_class>(**config), weights redrawn with oracle_models.randomize."""
-    import oracle_models
+    """transformers.<config_class>(**config), weights redrawn with oracle_util.randomize."""
+    import oracle_util
     import torch
     import transformers as tf
 
     cfg = getattr(tf, config_class)(**config)
     torch.manual_seed(seed)
     model = tf.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    return oracle_models.randomize(model, **randomize)
+    return oracle_util.randomize(model, **randomize)
 
 
 def full_forward_reference(model: Any, prompt: list[int],
@@ -171,14 +171,13 @@ def check(draw: Draw, workdir: Path) -> float:
 
     Raises AssertionError naming the draw (its JSON) on any difference above TOL.
     """
-    import oracle_models
-    from oracle_util import convert_to
+    from oracle_util import convert_to, save
 
     from warp_providers import Engine
 
     mod = module(draw.arch)
     model = mod.build(dict(draw.config), draw.seed)
-    hf = oracle_models.save(model, workdir / "hf")
+    hf = save(model, workdir / "hf")
     if hasattr(mod, "postsave"):
         mod.postsave(hf, dict(draw.config))
     refused = mod.refusal(dict(draw.config)) if hasattr(mod, "refusal") else None

@@ -7,14 +7,14 @@ gate), hyper-connection streams and Sinkhorn iterations, grouped sigmoid routing
 top-k, normalisation, scaling factor, correction bias), shared experts, the SwiGLU clamp,
 norm eps and tied / untied embeddings. `qk_rope_head_dim` is drawn at 0 only and
 `index_kpool_always_select_tail` true only: transformers refuses a rope dim and the
-converter refuses the other tail mode (test_oracle_glm5_next asserts both refusals).
+converter refuses the other tail mode (oracle/test_glm5_next.py asserts both refusals).
 
 The model is the multimodal checkpoint (a tiny vision tower the converter skips). As in
 a trained model its draws are decisive: the output head adds each token's successor
 embedding (greedy steps are no near-ties), the embedding is at unit scale next to small
 block updates, and the routing bias separates the experts' choice values. The reference
 is transformers decoding with its cache, the computation it serves generation with
-(test_oracle_glm5_next asserts it equals the full forward).
+(oracle/test_glm5_next.py asserts it equals the full forward).
 """
 
 from __future__ import annotations

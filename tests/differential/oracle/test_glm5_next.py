@@ -52,7 +52,7 @@ STEPS = 16
 
 
 def _text_config(**over: Any) -> dict[str, Any]:
-    from oracle_models import COMMON
+    from oracle_util import COMMON
 
     kw = dict(COMMON)
     kw.update(

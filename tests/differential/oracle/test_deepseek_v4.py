@@ -53,7 +53,7 @@ SEED = 1
 
 def _config(**over: Any) -> Any:
     import transformers as tf
-    from oracle_models import COMMON
+    from oracle_util import COMMON
 
     kw = dict(COMMON)
     kw.update(
@@ -408,7 +408,7 @@ def test_fp8_and_fp4_release_sources(model, oracle_env, tmp_path):
 
     import torch
     from safetensors.torch import load_file, save_file
-    from test_oracle_gptoss_kimi import _to_mxfp4
+    from oracle_util import to_mxfp4 as _to_mxfp4
     from transformers.integrations.finegrained_fp8 import Fp8Dequantize
 
     from warp_providers import Engine

@@ -1,0 +1,159 @@
+"""gpt_oss: engine vs transformers on a tiny random model (no download).
+
+The tiny model keeps gpt_oss's distinctive features: sinks, a sliding window (8) shorter
+than the prompt (32) on alternate layers, q/k/v/o biases, router bias, top-k softmax,
+biased experts with the clamped SwiGLU (limit lowered so the clamp fires), YaRN; its MXFP4
+source form is checked too. F32 max |dlogit| <= 1e-4 over the prompt and 16 decode steps;
+Q8_0 the same greedy continuation and mean KL <= 1e-3; expert streaming at the floor
+bit-identical to all-resident; state save/load round-trips and continues identically;
+plan_memory's kv_bytes equals a hand computation.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from oracle_util import (
+    COMMON,
+    PROMPT,
+    STD,
+    assert_matches_reference,
+    assert_streaming_bit_identical,
+    build,
+    check_f32_container,
+    check_plan_state_bytes,
+    check_q8_0_against,
+    check_q8_0_exact,
+    check_state_replaces_other_state,
+    convert_to,
+    greedy_ref,
+    logits,
+    mean_kl,
+    quant_dequant_q8_stored_rows,
+    referenced_models,
+    save,
+    to_mxfp4,
+)
+
+
+def _gpt_oss_config(**over: Any) -> Any:
+    import transformers as tf
+
+    kw = dict(COMMON)
+    kw.update(
+        head_dim=16, intermediate_size=64, num_local_experts=8, num_experts_per_tok=2,
+        sliding_window=8, layer_types=["sliding_attention", "full_attention"],
+        swiglu_limit=1.0, max_position_embeddings=512,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0,
+                         "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                         "original_max_position_embeddings": 128},
+    )
+    kw.update(over)
+    return tf.GptOssConfig(**kw)
+
+
+CONFIGS = {"gpt_oss": _gpt_oss_config}
+ARCHS = list(CONFIGS)
+ROUTING_BIAS_STD = 0.1
+
+
+def _build(seed: int = 0) -> Any:
+    return build(_gpt_oss_config(), seed, std=STD, routing_bias_std=ROUTING_BIAS_STD)
+
+
+@pytest.fixture(scope="module")
+def models(oracle_env, tmp_path_factory):
+    return referenced_models(CONFIGS, tmp_path_factory, std=STD,
+                             routing_bias_std=ROUTING_BIAS_STD)
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("arch", ARCHS)
+def test_f32_matches_transformers(arch, models, tmp_path):
+    out = convert_to(models[arch][1], tmp_path / "m.warp", experts="f32", trunk="f32")
+    check_f32_container(out, models[arch], arch, chunks=(64, 5))
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("arch", ARCHS)
+def test_q8_0_same_greedy_and_small_kl(arch, models, tmp_path):
+    check_q8_0_against(models[arch], tmp_path, quant_dequant_q8_stored_rows(models[arch][0]),
+                       arch)
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("arch", ARCHS)
+def test_q8_0_container_is_exact_on_its_own_weights(arch, models, tmp_path):
+    """The engine computes exactly on Q8_0 blocks: the same logits as transformers running
+    the quantize->dequantize of the same weights, and the same greedy continuation."""
+    model, hf_dir, *_ = models[arch]
+    check_q8_0_exact(hf_dir, tmp_path, quant_dequant_q8_stored_rows(model), "q.warp", arch)
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("arch", ARCHS)
+def test_streaming_at_floor_bit_identical(arch, models, tmp_path):
+    _, hf_dir, *_ = models[arch]
+    out = convert_to(hf_dir, tmp_path / "s.warp", experts="q8_0", trunk="q8_0")
+    assert_streaming_bit_identical(out, PROMPT, 16)
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("arch", ARCHS)
+def test_state_roundtrip_continues_identically(arch, models, tmp_path):
+    check_state_replaces_other_state(models[arch][1], tmp_path)
+
+
+def _hand_kv_bytes(hp: dict[str, Any], ctx: int) -> dict[str, int]:
+    """K and V rows of every position, every layer."""
+    return {"kv": 2 * hp["n_layers"] * ctx * hp["n_kv_heads"] * hp["head_dim"] * 4}
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("arch", ARCHS)
+def test_plan_state_bytes(arch, models, tmp_path):
+    check_plan_state_bytes(models[arch][1], tmp_path, _hand_kv_bytes)
+
+
+@pytest.mark.oracle
+def test_gpt_oss_mxfp4_source(oracle_env, tmp_path):
+    """An MXFP4 checkpoint (the original *_blocks/*_scales layout) converts exactly: the
+    engine matches transformers holding the dequantized weights, and the dequantizer
+    agrees with transformers' own."""
+    import torch
+    from safetensors.torch import load_file, save_file
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    from warp_providers import Engine
+    from warp_providers.convert.hf_ext import mxfp4_to_f32
+
+    model = _build(seed=1)
+    hf_dir = save(model, tmp_path / "hf")
+    sd = load_file(str(hf_dir / "model.safetensors"))
+    with torch.no_grad():
+        for i, layer in enumerate(model.model.layers):
+            ex = layer.mlp.experts
+            pre = f"model.layers.{i}.mlp.experts."
+            for name in ("gate_up_proj", "down_proj"):
+                p = getattr(ex, name)  # [E, in, out]; the checkpoint is [E, out, in]
+                w = p.detach().numpy().transpose(0, 2, 1)
+                blocks, scales, deq = to_mxfp4(w)
+                ref = convert_moe_packed_tensors(torch.from_numpy(blocks), torch.from_numpy(scales),
+                                                 dtype=torch.float32)
+                np.testing.assert_array_equal(ref.numpy(), deq.transpose(0, 2, 1))
+                np.testing.assert_array_equal(mxfp4_to_f32(blocks, scales), deq)
+                p.copy_(torch.from_numpy(deq.transpose(0, 2, 1).copy()))
+                del sd[pre + name]
+                sd[pre + name + "_blocks"] = torch.from_numpy(np.ascontiguousarray(blocks))
+                sd[pre + name + "_scales"] = torch.from_numpy(np.ascontiguousarray(scales))
+    save_file(sd, str(hf_dir / "model.safetensors"), metadata={"format": "pt"})
+    out = convert_to(hf_dir, tmp_path / "m.warp", experts="f32", trunk="f32")
+    ref_all = logits(model, PROMPT).numpy()
+    ref_tokens, ref_steps = greedy_ref(model, PROMPT, 16)
+    with Engine.open(out, threads=2) as eng:
+        assert_matches_reference(eng, PROMPT, ref_all, ref_tokens, ref_steps, "gpt_oss mxfp4")
+    q4 = convert_to(hf_dir, tmp_path / "q4.warp", experts="q4_0", trunk="q8_0")
+    with Engine.open(q4, threads=2) as eng:
+        assert mean_kl(ref_all, eng.eval(PROMPT, all_logits=True)) <= 3e-2
