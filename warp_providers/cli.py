@@ -318,7 +318,10 @@ def cmd_bench(a: argparse.Namespace) -> int:
 # group (name -> an object with `help`, `add_arguments(parser)` and `run(args) -> int`),
 # and the distribution that brings each known one.
 PLUGIN_GROUP = "warp_providers.cli"
-KNOWN_PLUGINS = {"serve": ("warp-openai", "OpenAI-compatible HTTP server over the same core")}
+KNOWN_PLUGINS = {
+    "serve": ("warp-openai", "OpenAI-compatible HTTP server over the same core"),
+    "batch": ("warp-openai", "run an OpenAI batch input file through a model, resumably"),
+}
 
 
 def _plugins() -> dict[str, Any]:
