@@ -5,7 +5,7 @@ in a log), and turning every user error into one line on stderr and a non-zero e
 (never a traceback), usage mistakes included. Data goes
 to stdout, as JSON with --json; progress goes to stderr. Commands: convert, plan, info, run,
 chat, eval, tokenize, bench, demo, and those installed distributions add through the
-`warp_providers.cli` entry points (`serve`, from warp-openai).
+`warp_providers.cli` entry points (`serve` and `batch`, from warp-openai).
 """
 
 from __future__ import annotations

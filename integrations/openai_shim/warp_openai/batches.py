@@ -38,7 +38,8 @@ from warp_openai.jobs import (
     new_id,
 )
 
-__all__ = ["ENDPOINTS", "MAX_FILE_BYTES", "MAX_REQUESTS", "Batches", "Worker"]
+__all__ = ["ENDPOINTS", "MAX_FILE_BYTES", "MAX_REQUESTS", "Batches", "Worker", "answer_result",
+           "check_lines"]
 
 log = logging.getLogger(__name__)
 
@@ -362,16 +363,17 @@ class Worker:
             if row is None:
                 return None
             if row["status"] == "validating":
-                self._validate(row)
+                self.validate(row)
             self._lines(batch_id, on_result)
             if self._stop.is_set():
                 row = self.store.batch(batch_id)
                 return row["status"] if row else None
-            self._finish(batch_id)
+            self.finish(batch_id)
             row = self.store.batch(batch_id)
             return row["status"] if row else None
 
-    def _validate(self, row: dict[str, Any]) -> None:
+    def validate(self, row: dict[str, Any]) -> None:
+        """Checks a `validating` batch's input lines and moves it on (or fails it)."""
         batch_id = row["id"]
         try:
             text = self.store.read_file(row["input_file_id"]).decode("utf-8")
@@ -446,21 +448,10 @@ class Worker:
         status, out = self.submit(endpoint, body, self._stop.is_set)
         if self._stop.is_set():  # possibly cut short: the next run answers it again
             return
-        usage = out.get("usage") or {}
-        record = {"id": new_id("batch_req_"), "custom_id": custom_id,
-                  "response": {"status_code": status, "request_id": new_id("req_"),
-                               "body": out},
-                  "error": None}
-        self.store.record(batch_id, Result(
-            line, 200 <= status < 300, record,
-            prompt_tokens=int(usage.get("prompt_tokens", 0) or 0),
-            completion_tokens=int(usage.get("completion_tokens", 0) or 0),
-            cached_tokens=int((usage.get("prompt_tokens_details") or {}).get(
-                "cached_tokens", 0) or 0),
-            reasoning_tokens=int((usage.get("completion_tokens_details") or {}).get(
-                "reasoning_tokens", 0) or 0)))
+        self.store.record(batch_id, answer_result(line, custom_id, status, out))
 
-    def _finish(self, batch_id: str) -> None:
+    def finish(self, batch_id: str) -> None:
+        """Ends a batch whose lines are all answered, cancelled or past its window."""
         row = self.store.batch(batch_id)
         if row is None or row["status"] in TERMINAL:
             return
@@ -484,6 +475,22 @@ class Worker:
 
 
 # ---------------------------------------------------------------------- helpers
+def answer_result(line: int, custom_id: str, status: int, out: dict[str, Any]) -> Result:
+    """The output (2xx) or error record of one answered line, with its token counts."""
+    usage = out.get("usage") or {}
+    record = {"id": new_id("batch_req_"), "custom_id": custom_id,
+              "response": {"status_code": status, "request_id": new_id("req_"), "body": out},
+              "error": None}
+    return Result(
+        line, 200 <= status < 300, record,
+        prompt_tokens=int(usage.get("prompt_tokens", 0) or 0),
+        completion_tokens=int(usage.get("completion_tokens", 0) or 0),
+        cached_tokens=int((usage.get("prompt_tokens_details") or {}).get(
+            "cached_tokens", 0) or 0),
+        reasoning_tokens=int((usage.get("completion_tokens_details") or {}).get(
+            "reasoning_tokens", 0) or 0))
+
+
 def check_lines(text: str, endpoint: str) -> tuple[list[tuple[int, str, str]], list[Result]]:
     """Splits an input file into runnable lines (line number, custom_id, body JSON) and the
     error results of the lines that cannot run. Blank lines are skipped; line numbers

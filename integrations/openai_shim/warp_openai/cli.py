@@ -142,6 +142,11 @@ class BatchCommand:
         p.add_argument("--jobs-dir", help="where the job's state lives (default: jobs under "
                        "the user cache, $WARP_CACHE when set)")
         p.add_argument("--json", action="store_true", help="print the summary as JSON")
+        p.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
+                       help="answer the lines on Ray (warp-openai[ray]): join the cluster at "
+                            "ADDRESS ('auto', 'ray://head:10001'), or start a local instance")
+        p.add_argument("--ray-actors", type=_positive, default=2, metavar="N",
+                       help="with --ray: engines in the actor pool (default 2)")
         _engine_args(p)
 
     def run(self, a: argparse.Namespace) -> int:
@@ -155,13 +160,23 @@ class BatchCommand:
         source = Path(a.input)
         if not source.is_file():
             raise FileNotFoundError(f"no such input file: {a.input}")
+        runner = None
+        if a.ray is not None:
+            import importlib.util
+
+            if importlib.util.find_spec("ray") is None:
+                raise WarpError("warp batch --ray needs Ray: pip install 'warp-openai[ray]'")
+            from warp_openai.ray_batch import ray_runner
+
+            runner = ray_runner(str(Path(a.model).resolve()), address=a.ray or None,
+                                actors=a.ray_actors, engine_options=_engine_opts(a))
         engine = shared_engine(a.model, **_engine_opts(a))
         api = WarpAPI(engine=engine, on_close=lambda: release(engine), jobs_dir=a.jobs_dir,
                       batch_concurrency=a.max_concurrency)
         try:
             summary = run_file(api, source, Path(a.output),
                                errors=Path(a.errors) if a.errors else None, resume=a.resume,
-                               endpoint=a.endpoint)
+                               endpoint=a.endpoint, runner=runner)
         finally:
             api.close()
         sys.stderr.write(summary_line(summary))

@@ -9,7 +9,9 @@ of a line impossible. File contents are written to a temporary name and renamed,
 recorded, so a file is either whole or absent.
 Refuses: nothing itself; request meaning lives in `batches.py`.
 Test hook: `WARP_BATCH_CRASH_AT=<point>[:<n>]` makes the process SIGKILL itself the n-th
-time (default 1st) it reaches the named point (`CRASH_POINTS`); never set it otherwise.
+time (default 1st) it reaches the named point (`CRASH_POINTS`); with
+`WARP_BATCH_CRASH_ONCE=<path>` only the process that creates `path` first does (one Ray
+actor of several, not its restarts). Never set them otherwise.
 """
 
 from __future__ import annotations
@@ -31,11 +33,11 @@ __all__ = ["CRASH_POINTS", "TERMINAL", "JobStore", "Result", "crash_point", "def
            "error_record", "new_id", "write_atomic"]
 
 CRASH_POINTS = ("validating", "result_written", "result_committed", "finalizing",
-                "output_half_written", "output_renamed")
+                "output_half_written", "output_renamed", "ray_line")
 """Where `WARP_BATCH_CRASH_AT` can kill: mid-validation (lines inserted, not committed),
 mid-write of a result (row inserted, not committed), after a result's commit, at the start
 of finalization, with half an output file written, and after the output files' rename
-but before the batch is marked finished."""
+but before the batch is marked finished; and in a Ray actor before it answers a line."""
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS files (
@@ -75,8 +77,15 @@ def crash_point(name: str) -> None:
     if point != name:
         return
     _crash_counts[name] = _crash_counts.get(name, 0) + 1
-    if _crash_counts[name] >= int(nth or 1):
-        os.kill(os.getpid(), signal.SIGKILL)
+    if _crash_counts[name] < int(nth or 1):
+        return
+    once = os.environ.get("WARP_BATCH_CRASH_ONCE")
+    if once:
+        try:
+            os.close(os.open(once, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def new_id(prefix: str) -> str:

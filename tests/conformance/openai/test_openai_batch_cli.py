@@ -6,7 +6,8 @@ declares; the test puts a dist-info carrying exactly those entry points first on
 path, so a checkout whose installed metadata predates them still runs this checkout's).
 A run killed by the test-only hook `WARP_BATCH_CRASH_AT` and resumed with `--resume`
 must end with every input line answered exactly once, each answer equal to an
-uninterrupted run's at temperature 0, on SmolLM2.
+uninterrupted run's at temperature 0, on SmolLM2. With `--ray`, two actors on a local Ray
+instance must give that same output, also when one of them is killed mid-job.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support import has_module, requires
 
 try:
     import tomllib
@@ -46,12 +48,15 @@ def cli_path(tmp_path_factory: pytest.TempPathFactory) -> str:
     return os.pathsep.join([str(dist.parent), *sys.path])
 
 
-def batch(cli_path: str, *args: str, crash: str | None = None
+def batch(cli_path: str, *args: str, crash: str | None = None, once: Path | None = None
           ) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": cli_path}
     env.pop("WARP_BATCH_CRASH_AT", None)
+    env.pop("WARP_BATCH_CRASH_ONCE", None)
     if crash:
         env["WARP_BATCH_CRASH_AT"] = crash
+    if once:
+        env["WARP_BATCH_CRASH_ONCE"] = str(once)
     return subprocess.run([sys.executable, "-m", "warp_providers.cli", "batch", *args],
                           capture_output=True, text=True, timeout=600, env=env)
 
@@ -149,3 +154,27 @@ def test_bad_lines_go_to_the_errors_file(smol_path, cli_path, tmp_path):
     assert codes == ["invalid_json_line", "duplicate_custom_id"]
     s = json.loads(p.stdout)
     assert s["failed"] == 2 and s["errors"] == str(errs.resolve())
+
+
+def _ray_args(smol_path: Path, tmp_path: Path) -> list[str]:
+    requires(has_module("ray"), "ray[data] (pip install 'warp-openai[ray]')")
+    src = write_input(tmp_path / "in.jsonl")
+    return [str(smol_path), str(src), "-o", str(tmp_path / "out.jsonl"), "--jobs-dir",
+            str(tmp_path / "jobs"), "--ray", "--ray-actors", "2", "--json"]
+
+
+def test_ray_two_actors_give_the_single_process_output(smol_path, cli_path, reference,
+                                                       tmp_path):
+    p = batch(cli_path, *_ray_args(smol_path, tmp_path))
+    assert p.returncode == 0, p.stderr
+    assert answers(tmp_path / "out.jsonl") == reference["answers"]
+    assert json.loads(p.stdout)["completed"] == len(QUESTIONS)
+
+
+def test_ray_actor_killed_mid_job_has_its_lines_redone(smol_path, cli_path, reference,
+                                                       tmp_path):
+    killed = tmp_path / "an-actor-was-killed"
+    p = batch(cli_path, *_ray_args(smol_path, tmp_path), crash="ray_line:2", once=killed)
+    assert p.returncode == 0, p.stderr
+    assert killed.exists()  # one actor SIGKILLed itself before answering its second line
+    assert answers(tmp_path / "out.jsonl") == reference["answers"]
