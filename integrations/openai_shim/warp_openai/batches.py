@@ -89,7 +89,7 @@ class Batches:
 
     @property
     def store(self) -> JobStore:
-        """The job store (opened, and its unfinished batches resumed, on first use)."""
+        """The job store (opened on first use)."""
         with self._lock:
             if self._store is None:
                 self._store = JobStore(self.jobs_dir or default_jobs_dir())
@@ -117,7 +117,10 @@ class Batches:
     # ------------------------------------------------------------------ routing
     def route(self, method: str, path: str, query: str, body: Any,
               headers: Mapping[str, str]) -> tuple[int, dict[str, Any] | RawBody]:
-        """Answers /v1/files[/{id}[/content]] and /v1/batches[/{id}[/cancel]]."""
+        """Answers /v1/files[/{id}[/content]] and /v1/batches[/{id}[/cancel]]; the first
+        such request starts the worker, which resumes this model's unfinished batches."""
+        if self.autostart:
+            self.start()
         parts = path.strip("/").split("/")[1:]  # ["files", id, "content"]
         args = {k: v[-1] for k, v in parse_qs(query, keep_blank_values=True).items()}
         kind, rest = parts[0], parts[1:]

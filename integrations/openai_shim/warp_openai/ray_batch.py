@@ -94,10 +94,13 @@ def ray_runner(model: str, *, address: str | None, actors: int,
                                  log_to_driver=False)
                     else:
                         ray.init(address=address, log_to_driver=False)
+                # our own progress goes to stderr; Ray Data's would interleave with it
+                ray.data.DataContext.get_current().enable_progress_bars = False
                 items = [{"line": n, "body": json.dumps(body)} for n, _, body in pending]
                 ids = {n: cid for n, cid, _ in pending}
                 ds = ray.data.from_items(items).map_batches(
-                    LineAnswerer, batch_size=1, concurrency=actors, num_cpus=1,
+                    LineAnswerer, batch_size=1, num_cpus=1,
+                    compute=ray.data.ActorPoolStrategy(size=actors),
                     fn_constructor_kwargs={"model": model, "model_id": api.model_id,
                                            "endpoint": row["endpoint"],
                                            "engine_options": opts})
