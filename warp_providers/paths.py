@@ -13,10 +13,12 @@ from pathlib import Path
 __all__ = ["cache_dir"]
 
 
-def cache_dir() -> Path:
-    """The user cache directory of warp-providers, created if missing."""
+def cache_dir(create: bool = True) -> Path:
+    """The user cache directory of warp-providers (created if missing, unless `create` is
+    False)."""
     root = os.environ.get("WARP_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "warp-providers")
     path = Path(root)
-    path.mkdir(parents=True, exist_ok=True)
+    if create:
+        path.mkdir(parents=True, exist_ok=True)
     return path

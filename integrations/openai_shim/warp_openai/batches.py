@@ -104,6 +104,14 @@ class Batches:
                 self._worker.start()
             return self._worker
 
+    def resume(self) -> Worker | None:
+        """Starts the worker when the jobs directory already holds a job database (it
+        resumes the unfinished batches); creates nothing otherwise (`warp serve` at start)."""
+        root = Path(self.jobs_dir) if self.jobs_dir else default_jobs_dir(create=False)
+        if not (root / "jobs.sqlite3").is_file():
+            return None
+        return self.start()
+
     def close(self) -> None:
         """Stops the worker (lines in flight are dropped, to be redone) and the store."""
         with self._lock:

@@ -93,11 +93,12 @@ def new_id(prefix: str) -> str:
     return prefix + secrets.token_hex(12)
 
 
-def default_jobs_dir() -> Path:
-    """`jobs` under the project's user cache directory (`$WARP_CACHE`, else the XDG cache)."""
+def default_jobs_dir(create: bool = True) -> Path:
+    """`jobs` under the project's user cache directory (`$WARP_CACHE`, else the XDG cache);
+    the cache directory is created unless `create` is False."""
     from warp_providers import cache_dir
 
-    return cache_dir() / "jobs"
+    return cache_dir(create) / "jobs"
 
 
 @dataclass

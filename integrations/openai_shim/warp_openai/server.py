@@ -517,7 +517,7 @@ def serve(model_path: str | os.PathLike[str], host: str = "127.0.0.1", port: int
     api = WarpAPI(engine=engine, model_id=model, on_close=lambda: release(engine),
                   jobs_dir=jobs_dir, batch_concurrency=batch_concurrency)
     try:
-        api.batches.start()
+        api.batches.resume()
         httpd = make_server(api, host, port, api_key=key, cors_origins=cors_origins,
                             ping_interval=ping_interval, body_timeout=body_timeout,
                             keep_alive_timeout=keep_alive_timeout,

@@ -403,10 +403,16 @@ def test_an_unfinished_batch_resumes_when_the_next_api_starts(api_factory, tmp_p
     assert 3 <= answered < 12 and left.batch(b["id"])["status"] == "in_progress"
     left.close()
     second = api_factory(NumberEngine())
-    second.batches.start()
+    assert second.batches.resume() is not None  # what `warp serve` does at start
     end = time.monotonic() + 30
     while (row := second.batches.store.batch(b["id"]))["status"] != "completed":
         assert time.monotonic() < end
         time.sleep(0.05)
     text = second.batches.store.read_file(row["output_file_id"]).decode()
     assert_answers([json.loads(x) for x in text.splitlines()], list(range(12)))
+
+
+def test_resume_creates_no_jobs_directory_where_none_is(api_factory, tmp_path):
+    api = api_factory(jobs_dir=tmp_path / "jobs")
+    assert api.batches.resume() is None
+    assert not (tmp_path / "jobs").exists()
