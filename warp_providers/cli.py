@@ -5,7 +5,7 @@ in a log), and turning every user error into one line on stderr and a non-zero e
 (never a traceback), usage mistakes included. Data goes
 to stdout, as JSON with --json; progress goes to stderr. Commands: convert, plan, info, run,
 chat, eval, tokenize, bench, demo, and those installed distributions add through the
-`warp_providers.cli` entry points (`serve`, from warp-openai).
+`warp_providers.cli` entry points (`serve` and `batch`, from warp-openai).
 """
 
 from __future__ import annotations
@@ -318,7 +318,10 @@ def cmd_bench(a: argparse.Namespace) -> int:
 # group (name -> an object with `help`, `add_arguments(parser)` and `run(args) -> int`),
 # and the distribution that brings each known one.
 PLUGIN_GROUP = "warp_providers.cli"
-KNOWN_PLUGINS = {"serve": ("warp-openai", "OpenAI-compatible HTTP server over the same core")}
+KNOWN_PLUGINS = {
+    "serve": ("warp-openai", "OpenAI-compatible HTTP server over the same core"),
+    "batch": ("warp-openai", "run an OpenAI batch input file through a model, resumably"),
+}
 
 
 def _plugins() -> dict[str, Any]:

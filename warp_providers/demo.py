@@ -12,7 +12,6 @@ caller's `out`; conversions report to its `progress` hook (the CLI's `Progress`)
 from __future__ import annotations
 
 import importlib.util
-import os
 import shutil
 import time
 from collections.abc import Callable
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from warp_providers.errors import ModelNotFoundError
+from warp_providers.paths import cache_dir
 from warp_providers.synth import MoeShape
 
 QUESTION = "What is the capital of France? Answer in one sentence."
@@ -28,15 +28,6 @@ MOE_SIZE = 3 << 30
 
 Progress = Callable[[int, int, str], None]
 """The `progress(done_bytes, total_bytes, label)` hook of `convert`."""
-
-
-def cache_dir() -> Path:
-    """Where converted default models live ($WARP_CACHE, else the XDG cache)."""
-    root = os.environ.get("WARP_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "warp-providers")
-    path = Path(root)
-    path.mkdir(parents=True, exist_ok=True)
-    return path
 
 
 def smollm2_gguf() -> Path:

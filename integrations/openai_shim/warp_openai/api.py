@@ -1,7 +1,9 @@
 """The OpenAI-compatible request core: (method, path, JSON body) -> (status, body or chunks).
 
-Owns: routing (GET /health, /v1/models, /v1/models/{id}; POST /v1/chat/completions,
-/v1/completions, whose meaning is in completions.py; /v1/responses, in responses.py),
+Owns: routing (`ROUTES`, the one table `server.py` and `transport.py` serve: GET /health,
+/v1/models, /v1/models/{id}; POST /v1/chat/completions, /v1/completions, whose meaning is
+in completions.py; /v1/responses, in responses.py; /v1/files and /v1/batches, in
+batches.py),
 optional bearer auth, body parsing, the validation order and error
 texts of PROTOCOLS.md §7, generation options, blocking and streamed response shapes
 (chunk dicts; the transport or server frames them as SSE), usage and the `warp` stats
@@ -22,6 +24,8 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from warp_providers import (
@@ -39,8 +43,10 @@ from warp_providers import (
 __all__ = [
     "MAX_BODY_BYTES",
     "MAX_DEPTH",
+    "ROUTES",
     "APIError",
     "ChunkStream",
+    "RawBody",
     "WarpAPI",
     "bearer_matches",
     "encode_json",
@@ -61,6 +67,24 @@ MAX_ARRAY_ITEMS = 100_000
 """Most items of any array in a body."""
 MAX_STOP = 16
 """Most stop strings a request may give."""
+ROUTES = [
+    ("/health", ["GET"]),
+    ("/v1/models", ["GET"]),
+    ("/v1/models/{model:path}", ["GET"]),
+    ("/v1/chat/completions", ["POST"]),
+    ("/v1/completions", ["POST"]),
+    ("/v1/responses", ["POST"]),
+    ("/v1/responses/{response_id}", ["GET", "DELETE"]),
+    ("/v1/responses/{response_id}/input_items", ["GET"]),
+    ("/v1/files", ["GET", "POST"]),
+    ("/v1/files/{file_id}", ["GET", "DELETE"]),
+    ("/v1/files/{file_id}/content", ["GET"]),
+    ("/v1/batches", ["GET", "POST"]),
+    ("/v1/batches/{batch_id}", ["GET"]),
+    ("/v1/batches/{batch_id}/cancel", ["POST"]),
+]
+"""Every route (template, methods): `server.py` mounts these, `transport.py` answers their
+prefixes; a new route is one line here and its branch in `WarpAPI._route`."""
 _ROLES = ["assistant", "developer", "system", "tool", "user"]
 _TYPES = {401: "authentication_error", 404: "not_found_error", 500: "engine_error"}
 
@@ -83,6 +107,14 @@ class APIError(Exception):
     def body(self) -> dict[str, Any]:
         """The OpenAI error body."""
         return error_body(self.message, self.type, self.param, self.code)
+
+
+@dataclass
+class RawBody:
+    """A reply that is not JSON (a file's content): its bytes and media type."""
+
+    data: bytes
+    content_type: str
 
 
 def encode_json(body: Any) -> bytes:
@@ -174,6 +206,9 @@ class WarpAPI:
         default_max_tokens: int = DEFAULT_MAX_TOKENS,
         on_close: Callable[[], Any] | None = None,
         max_body: int = MAX_BODY_BYTES,
+        jobs_dir: str | Path | None = None,
+        batch_concurrency: int = 1,
+        max_file_bytes: int | None = None,
     ) -> None:
         """Serve a session (or an engine: its chat format is resolved here).
 
@@ -186,6 +221,10 @@ class WarpAPI:
             default_max_tokens: completion limit when a request sets none.
             on_close: called once by `close()` (gives back a shared engine's reference).
             max_body: largest raw request body in bytes (a 413 above it).
+            jobs_dir: where files and batch jobs live (default: `jobs` under the user
+                cache directory, `$WARP_CACHE` when set); opened on first use.
+            batch_concurrency: lines of a batch in flight at once.
+            max_file_bytes: largest file /v1/files accepts (default `MAX_FILE_BYTES`).
 
         """
         self._on_close = on_close
@@ -211,9 +250,16 @@ class WarpAPI:
 
         self.responses = Responses(self)
         """The /v1/responses routes and their store of finished responses."""
+        from warp_openai.batches import MAX_FILE_BYTES, Batches
+
+        self.batches = Batches(self, jobs_dir=jobs_dir, concurrency=batch_concurrency,
+                               max_file_bytes=max_file_bytes or MAX_FILE_BYTES)
+        """The /v1/files and /v1/batches routes, their job store and batch worker."""
 
     def close(self) -> None:
-        """Ends this surface's use of its engine (idempotent; see `on_close`)."""
+        """Stops the batch worker and ends this surface's use of its engine (idempotent;
+        see `on_close`)."""
+        self.batches.close()
         on_close, self._on_close = self._on_close, None
         if on_close is not None:
             on_close()
@@ -227,25 +273,50 @@ class WarpAPI:
         *,
         headers: Mapping[str, str] | None = None,
         should_stop: Callable[[], bool] | None = None,
-    ) -> tuple[int, dict[str, Any] | ChunkStream]:
+    ) -> tuple[int, dict[str, Any] | ChunkStream | RawBody]:
         """Answers one request.
 
         Args:
-            method: GET or POST.
-            path: the URL path (a query string and trailing slashes are ignored).
+            method: GET, POST or DELETE.
+            path: the URL path and query string (trailing slashes are ignored; the list
+                routes read `after`, `limit`, `order` and `purpose` from the query).
             body: the raw body (bytes/str) or an already parsed JSON object.
-            headers: request headers (only `Authorization` is read, when a key is set).
+            headers: request headers (`Authorization`, when a key is set, and the
+                `Content-Type` of a file upload).
             should_stop: polled before each generated token; True ends the reply early
                 (a caller's timeout or disconnect).
 
         Returns:
             (status, body dict) or (200, ChunkStream) for a streamed chat completion.
             Errors are returned, never raised; an engine failure is a 500 `engine_error`.
-            /v1/completions streams too (`"stream": true`).
+            /v1/completions streams too (`"stream": true`). A file's content is a
+            `RawBody`.
 
         """
+        return self._guarded(method, path, lambda: self._route(
+            method.upper(), _clean(path), _query(path), body, headers or {}, should_stop))
+
+    def call(self, path: str, body: Mapping[str, Any], *,
+             should_stop: Callable[[], bool] | None = None
+             ) -> tuple[int, dict[str, Any] | ChunkStream | RawBody]:
+        """Answers one POST to a generation route on a parsed body, with no auth check:
+        what a batch line runs (`batches.Worker.submit`). Errors are returned as in
+        `handle`."""
+        routes = {"/v1/chat/completions": self.chat_completions,
+                  "/v1/completions": self.completions}
+
+        def answer() -> tuple[int, dict[str, Any] | ChunkStream | RawBody]:
+            if path not in routes:
+                raise APIError(404, f"no route for POST {path}")
+            return routes[path](_parse(body, self.max_body), should_stop=should_stop)
+
+        return self._guarded("POST", path, answer)
+
+    def _guarded(self, method: str, path: str,
+                 answer: Callable[[], tuple[int, dict[str, Any] | ChunkStream | RawBody]]
+                 ) -> tuple[int, dict[str, Any] | ChunkStream | RawBody]:
         try:
-            return self._route(method.upper(), _clean(path), body, headers or {}, should_stop)
+            return answer()
         except APIError as exc:
             return exc.status, exc.body()
         except ChatFormatError as exc:
@@ -263,15 +334,19 @@ class WarpAPI:
                                    "engine_error")
 
     def _route(
-        self, method: str, path: str, body: Any, headers: Mapping[str, str],
+        self, method: str, path: str, query: str, body: Any, headers: Mapping[str, str],
         should_stop: Callable[[], bool] | None,
-    ) -> tuple[int, dict[str, Any] | ChunkStream]:
+    ) -> tuple[int, dict[str, Any] | ChunkStream | RawBody]:
         if method == "GET" and path == "/health":
             return 200, {"status": "ok", "model": self.model_id, "engine": self._engine_build(),
                          "uptime_s": int(time.monotonic() - self._started)}
         if path == "/v1/responses" or path.startswith("/v1/responses/"):
             self._auth(headers)
             return self.responses.route(method, path, body, should_stop)
+        if path in ("/v1/files", "/v1/batches") or path.startswith(("/v1/files/",
+                                                                    "/v1/batches/")):
+            self._auth(headers)
+            return self.batches.route(method, path, query, body, headers)
         if method == "POST":
             self._auth(headers)
             if path == "/v1/chat/completions":
@@ -469,6 +544,10 @@ class WarpAPI:
 
 
 # ---------------------------------------------------------------------- helpers
+def _query(path: str) -> str:
+    return path.split("#", 1)[0].partition("?")[2]
+
+
 def _clean(path: str) -> str:
     path = path.split("?", 1)[0].split("#", 1)[0]
     path = path.rstrip("/")

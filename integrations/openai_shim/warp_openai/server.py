@@ -39,7 +39,15 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from warp_openai.api import MAX_BODY_BYTES, WarpAPI, bearer_matches, encode_json, error_body
+from warp_openai.api import (
+    MAX_BODY_BYTES,
+    ROUTES,
+    RawBody,
+    WarpAPI,
+    bearer_matches,
+    encode_json,
+    error_body,
+)
 from warp_openai.bridge import Deadline, Pump, sse_event
 
 __all__ = ["Metrics", "WarpServer", "make_app", "make_server", "serve"]
@@ -123,8 +131,10 @@ class _Drain:
         await asyncio.sleep(self.grace)
 
 
-def _json(status: int, body: dict[str, Any], *, close: bool = False) -> Response:
+def _json(status: int, body: dict[str, Any] | RawBody, *, close: bool = False) -> Response:
     headers = {"connection": "close"} if close else None
+    if isinstance(body, RawBody):
+        return Response(body.data, status, headers=headers, media_type=body.content_type)
     return Response(encode_json(body), status, headers=headers, media_type="application/json")
 
 
@@ -173,8 +183,9 @@ class _Endpoints:
             return Response(self.metrics.text(), 200,
                             media_type="text/plain; version=0.0.4; charset=utf-8")
         if method != "POST":
-            status, body = self.api.handle(method, path)
-            assert isinstance(body, dict)
+            query = request.url.query
+            status, body = self.api.handle(method, f"{path}?{query}" if query else path)
+            assert isinstance(body, (dict, RawBody))
             return _json(status, body)
         raw = await self._body(request)
         if isinstance(raw, Response):
@@ -212,7 +223,8 @@ class _Endpoints:
 
     async def _generate(self, request: Request, template: str, path: str,
                         body: bytes) -> Response:
-        pump = Pump(self.api, "POST", path, body, {}, Deadline(None), stream_early=True)
+        headers = {"content-type": request.headers.get("content-type", "")}
+        pump = Pump(self.api, "POST", path, body, headers, Deadline(None), stream_early=True)
         head = asyncio.ensure_future(pump.head())
         gone = asyncio.ensure_future(_disconnected(request.receive))
         late = asyncio.ensure_future(self.drain.expired())
@@ -229,7 +241,8 @@ class _Endpoints:
             late.cancel()
         if out is not None:
             response = _json(status, out)
-            response.warp_stats = out.get("warp")  # type: ignore[attr-defined]
+            if isinstance(out, dict):
+                response.warp_stats = out.get("warp")  # type: ignore[attr-defined]
             return response
         return StreamingResponse(
             self._events(pump, template),
@@ -305,19 +318,9 @@ class _StripSlashes:
         await self.app(scope, receive, send)
 
 
-_ROUTES = [
-    ("/health", ["GET"]),
-    ("/metrics", ["GET"]),
-    ("/v1/models", ["GET"]),
-    ("/v1/models/{model:path}", ["GET"]),
-    ("/v1/chat/completions", ["POST"]),
-    ("/v1/completions", ["POST"]),
-    ("/v1/responses", ["POST"]),
-    ("/v1/responses/{response_id}", ["GET", "DELETE"]),
-    ("/v1/responses/{response_id}/input_items", ["GET"]),
-]
-"""The route templates; a new route is one line here and one in `api.py` (a POST body is
-read and generated from here; any other method's request goes to `api.handle` bodiless)."""
+_ROUTES = [*ROUTES, ("/metrics", ["GET"])]
+"""The route templates: the request core's, and /metrics (a POST body is read and
+generated from here; any other method's request goes to `api.handle` bodiless)."""
 _ANY = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 
 
@@ -485,8 +488,11 @@ def serve(model_path: str | os.PathLike[str], host: str = "127.0.0.1", port: int
           *, api_key: str | None = None, model: str | None = None,
           cors_origins: Sequence[str] = (), ping_interval: float = PING_INTERVAL,
           body_timeout: float = BODY_TIMEOUT, keep_alive_timeout: float = KEEP_ALIVE_TIMEOUT,
-          shutdown_timeout: float = SHUTDOWN_TIMEOUT, **engine_options: Any) -> None:
+          shutdown_timeout: float = SHUTDOWN_TIMEOUT, jobs_dir: str | None = None,
+          batch_concurrency: int = 1, **engine_options: Any) -> None:
     """Serves a model until SIGTERM or SIGINT (`warp serve MODEL`).
+
+    Unfinished batches of this model in the jobs directory resume at once.
 
     Args:
         model_path: the container directory.
@@ -499,6 +505,8 @@ def serve(model_path: str | os.PathLike[str], host: str = "127.0.0.1", port: int
         body_timeout: seconds a request body may take to arrive.
         keep_alive_timeout: seconds an idle keep-alive connection stays open.
         shutdown_timeout: seconds in-flight requests get to finish on shutdown.
+        jobs_dir: where files and batch jobs live (default: `jobs` under the user cache).
+        batch_concurrency: lines of a batch in flight at once.
         **engine_options: passed to `Engine.open` (budget, threads, ctx, ...).
 
     """
@@ -506,8 +514,10 @@ def serve(model_path: str | os.PathLike[str], host: str = "127.0.0.1", port: int
 
     key = api_key if api_key is not None else (os.environ.get("WARP_API_KEY") or None)
     engine = shared_engine(model_path, **engine_options)
-    api = WarpAPI(engine=engine, model_id=model, on_close=lambda: release(engine))
+    api = WarpAPI(engine=engine, model_id=model, on_close=lambda: release(engine),
+                  jobs_dir=jobs_dir, batch_concurrency=batch_concurrency)
     try:
+        api.batches.resume()
         httpd = make_server(api, host, port, api_key=key, cors_origins=cors_origins,
                             ping_interval=ping_interval, body_timeout=body_timeout,
                             keep_alive_timeout=keep_alive_timeout,

@@ -24,7 +24,7 @@ import os
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-from warp_openai.api import ChunkStream, WarpAPI, encode_json
+from warp_openai.api import ROUTES, ChunkStream, RawBody, WarpAPI, encode_json
 from warp_openai.bridge import Deadline, Pump, events_after, first_event
 
 __all__ = [
@@ -52,6 +52,14 @@ def _json_headers(status: int, data: bytes) -> list[tuple[str, str]]:
     return headers
 
 
+def _target(request: Any) -> str:
+    """The request's path and query string, as the request core reads them."""
+    query = request.url.query
+    if isinstance(query, bytes):
+        query = query.decode("ascii", "replace")
+    return f"{request.url.path}?{query}" if query else str(request.url.path)
+
+
 def _read_timeout(request: Any) -> float | None:
     timeout = request.extensions.get("timeout") or {}
     if isinstance(timeout, dict):
@@ -63,8 +71,7 @@ def _read_timeout(request: Any) -> float | None:
 
 LOCAL_HOSTS = ("warp.invalid",)
 """Hosts a transport with a fallback answers itself (its own routes only)."""
-_LOCAL_ROUTES = ("/health", "/v1/models", "/v1/chat/completions", "/v1/completions",
-                 "/v1/responses")
+_LOCAL_ROUTES = tuple(dict.fromkeys(t.split("/{")[0] for t, _ in ROUTES))
 
 
 def _ours(request: Any, hosts: tuple[str, ...]) -> bool:
@@ -125,7 +132,7 @@ def transport_classes(flavor: str = "httpx") -> tuple[type, type]:
                 return self.fallback.handle_request(request)
             body = request.read()
             deadline = Deadline(_read_timeout(request))
-            status, out = self.api.handle(request.method, request.url.path, body,
+            status, out = self.api.handle(request.method, _target(request), body,
                                           headers=dict(request.headers),
                                           should_stop=deadline.expired)
             if isinstance(out, ChunkStream):
@@ -148,7 +155,11 @@ def transport_classes(flavor: str = "httpx") -> tuple[type, type]:
             if self.fallback is not None:
                 self.fallback.close()
 
-    def _respond(status: int, body: dict[str, Any]) -> Any:
+    def _respond(status: int, body: dict[str, Any] | RawBody) -> Any:
+        if isinstance(body, RawBody):
+            headers = [("content-type", body.content_type),
+                       ("content-length", str(len(body.data)))]
+            return hx.Response(status, headers=headers, content=body.data)
         data = encode_json(body)
         return hx.Response(status, headers=_json_headers(status, data), content=data)
 
@@ -187,7 +198,7 @@ def transport_classes(flavor: str = "httpx") -> tuple[type, type]:
                 return await self.fallback.handle_async_request(request)
             body = await request.aread()
             deadline = Deadline(_read_timeout(request))
-            pump = Pump(self.api, request.method, request.url.path, body,
+            pump = Pump(self.api, request.method, _target(request), body,
                          dict(request.headers), deadline)
             try:
                 status, out = await pump.head()
@@ -247,16 +258,18 @@ def _api(
 ) -> WarpAPI:
     if sum(x is not None for x in (model_path, engine, session)) != 1:
         raise TypeError("give exactly one of model_path, engine= or session=")
+    batch = {k: engine_options.pop(k) for k in ("jobs_dir", "batch_concurrency")
+             if k in engine_options}
     if model_path is None:
         if engine_options:
             raise TypeError(f"engine options {sorted(engine_options)} need a model_path")
-        return WarpAPI(session, engine=engine, model_id=model, api_key=api_key)
+        return WarpAPI(session, engine=engine, model_id=model, api_key=api_key, **batch)
     from warp_providers import release, shared_engine
 
     shared = shared_engine(model_path, **engine_options)
     try:
         return WarpAPI(engine=shared, model_id=model, api_key=api_key,
-                       on_close=lambda: release(shared))
+                       on_close=lambda: release(shared), **batch)
     except BaseException:
         release(shared)
         raise
@@ -293,7 +306,8 @@ def warp_transport(
             one client then reaches the local model and a remote API alike. None
             answers every request in-process.
         local_hosts: the hosts this model answers when a fallback is set.
-        **engine_options: passed to `Engine.open` (budget, threads, ctx, ...).
+        **engine_options: passed to `Engine.open` (budget, threads, ctx, ...), except
+            `jobs_dir` and `batch_concurrency`, which go to `WarpAPI` (the Batch API).
 
     Returns:
         An `httpx2.Client` or `httpx.Client`.

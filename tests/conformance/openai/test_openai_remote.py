@@ -60,7 +60,7 @@ def test_fallback_takes_other_hosts_and_paths(no_remote, flavor):
     hx = importlib.import_module(flavor)
     router = getattr(no_remote, flavor)
     remote = router.post(f"{REMOTE}/chat/completions").respond(json=REMOTE_REPLY)
-    files = router.get("http://warp.invalid/v1/files").respond(json={"object": "list",
+    elsewhere = router.get("http://warp.invalid/v1/embeddings").respond(json={"object": "list",
                                                                       "data": []})
     client = warp_transport(engine=ScriptedEngine(["local reply"]), http=flavor,
                             fallback=hx.HTTPTransport())
@@ -70,8 +70,8 @@ def test_fallback_takes_other_hosts_and_paths(no_remote, flavor):
         assert local["choices"][0]["message"]["content"] == "local reply"
         away = client.post(f"{REMOTE}/chat/completions", json=body).json()
         assert away["choices"][0]["message"]["content"] == "from the remote API"
-        assert client.get("http://warp.invalid/v1/files").json()["object"] == "list"
-    assert remote.call_count == 1 and files.call_count == 1
+        assert client.get("http://warp.invalid/v1/embeddings").json()["object"] == "list"
+    assert remote.call_count == 1 and elsewhere.call_count == 1
     assert remote.calls.last.request.content == httpx.Request("POST", "x", json=body).content
 
 
@@ -124,5 +124,5 @@ def test_without_a_fallback_every_request_is_answered_in_process(no_remote):
     with warp_transport(engine=ScriptedEngine(["x"])) as client:
         r = client.post(f"{REMOTE}/chat/completions", json={"messages": USER})
         assert r.json()["model"] == "scripted"
-        assert client.get(f"{REMOTE}/files").status_code == 404  # ours, and not a route
+        assert client.get(f"{REMOTE}/embeddings").status_code == 404  # ours, and not a route
     assert no_remote.escaped == []
