@@ -19,7 +19,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "internal.h"
+#include "container.h"
 #include "json.h"
 
 #define MANIFEST "manifest.json"

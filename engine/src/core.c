@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "ctx.h"
 
 #define STR2(x) #x
 #define STR(x) STR2(x)

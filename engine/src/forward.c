@@ -9,7 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "internal.h"
+#include "arch.h"
 
 #define ALIGN 64
 /* Below this many multiply-adds a matmul runs on the calling thread: a dispatch costs a

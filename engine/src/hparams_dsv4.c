@@ -12,7 +12,7 @@
  */
 #include <string.h>
 
-#include "internal.h"
+#include "blocks.h"
 #include "json.h"
 
 #define W "manifest.json: hparams"

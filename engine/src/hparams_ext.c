@@ -9,7 +9,7 @@
 #include <float.h>
 #include <string.h>
 
-#include "internal.h"
+#include "container.h"
 #include "json.h"
 
 #define W "manifest.json: hparams"

@@ -10,7 +10,7 @@
 #include <float.h>
 #include <string.h>
 
-#include "internal.h"
+#include "container.h"
 #include "json.h"
 
 #define W "manifest.json: hparams"

@@ -27,7 +27,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "internal.h"
+#include "ctx.h"
 
 #define HDR 128
 #define VERSION 1

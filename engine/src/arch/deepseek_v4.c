@@ -13,7 +13,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "internal.h"
+#include "arch.h"
 
 /* attention_csa.c */
 void wpi_v4_hc_buffers(wpi_model *m, float **streams, float **post, float **comb,

@@ -17,7 +17,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "internal.h"
+#include "arch.h"
 
 static wp_status check_hparams(const wpi_hparams *hp, char *err, size_t cap)
 {

@@ -8,7 +8,7 @@
  */
 #include <stdio.h>
 
-#include "internal.h"
+#include "arch.h"
 
 static wp_status need_f32(const wpi_container *c, const char *name, uint64_t rows,
                           uint64_t cols, char *err, size_t cap)

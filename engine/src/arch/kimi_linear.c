@@ -11,7 +11,7 @@
  */
 #include <stdio.h>
 
-#include "internal.h"
+#include "arch.h"
 
 static wp_status check(const wpi_container *c, char *err, size_t cap)
 {

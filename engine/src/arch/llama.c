@@ -4,7 +4,7 @@
  *   logits = lm_head(rmsnorm(x)). q/k/v/o biases when the checkpoint has attention_bias,
  *   gate/up/down biases when it has mlp_bias.
  */
-#include "internal.h"
+#include "arch.h"
 
 static wp_status check(const wpi_container *c, char *err, size_t cap)
 {

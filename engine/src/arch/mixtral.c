@@ -3,7 +3,7 @@
  *   Llama attention; every layer is MoE: softmax over all experts, top-k, weights
  *   renormalized to sum 1 (the converter sets norm_topk_prob).
  */
-#include "internal.h"
+#include "arch.h"
 
 static wp_status check(const wpi_container *c, char *err, size_t cap)
 {

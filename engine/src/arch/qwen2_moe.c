@@ -5,7 +5,7 @@
  *   sigmoid(w . x); the layers hparams.attn_kinds marks "sliding" attend within
  *   sliding_window.
  */
-#include "internal.h"
+#include "arch.h"
 
 static wp_status check(const wpi_container *c, char *err, size_t cap)
 {

@@ -4,7 +4,7 @@
  *   layers (per layer_kinds) route softmax top-k, renormalized when norm_topk_prob;
  *   the other layers are dense SwiGLU.
  */
-#include "internal.h"
+#include "arch.h"
 
 static wp_status check(const wpi_container *c, char *err, size_t cap)
 {

@@ -5,7 +5,7 @@
 #include <pthread.h>
 #include <string.h>
 
-#include "internal.h"
+#include "arch.h"
 
 extern const wpi_arch wpi_arch_llama, wpi_arch_mixtral, wpi_arch_olmoe, wpi_arch_qwen2_moe,
     wpi_arch_qwen3_moe;

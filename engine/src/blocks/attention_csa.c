@@ -34,7 +34,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "internal.h"
+#include "blocks.h"
 
 static uint32_t cmp_rate(const wpi_hparams *hp, uint32_t l)
 {

@@ -21,7 +21,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "internal.h"
+#include "blocks.h"
 
 #define MAX_SEL 1024 /* hparams_glm5.c bounds index_topk / index_kpool by this */
 #define LN_EPS 1e-6f

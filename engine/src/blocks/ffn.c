@@ -9,7 +9,7 @@
  */
 #include <math.h>
 
-#include "internal.h"
+#include "blocks.h"
 
 #define ROW_BLOCK 16
 

@@ -22,7 +22,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "internal.h"
+#include "blocks.h"
 
 uint64_t wpi_kda_state_floats(const wpi_hparams *hp)
 {

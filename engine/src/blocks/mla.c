@@ -21,7 +21,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "internal.h"
+#include "blocks.h"
 
 #define KEY_BLOCK 256
 #define LORA_EPS 1e-6f

@@ -14,7 +14,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "internal.h"
+#include "blocks.h"
 
 void wpi_topk(const float *p, uint32_t n, uint32_t k, int32_t *ids, float *w)
 {

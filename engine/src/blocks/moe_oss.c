@@ -11,7 +11,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "internal.h"
+#include "blocks.h"
 
 /* Router logits (with bias) of n tokens into out [n, n_experts]. */
 static void route(wpi_model *m, const wpi_layer *L, const float *xs, uint32_t n, float *out)

@@ -16,7 +16,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "internal.h"
+#include "blocks.h"
 
 /* out = down(silu(min(g, lim)) * clamp(u, -lim, lim)) for cnt tokens (rows H apart). */
 static void clamped_swiglu(wpi_model *m, const wpi_wmat *gate, const wpi_wmat *up,
