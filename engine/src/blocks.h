@@ -1,10 +1,26 @@
 /*
- * blocks.h -- the blocks of a layer that architectures compose (blocks/).
+ * blocks.h -- the blocks of a layer that two or more architectures compose (blocks/);
+ * a block only one architecture uses is static in its arch file instead.
+ *   attention.c     GQA with RoPE, q/k norm, clip, biases (the llama-shaped families)
+ *   attention_sw.c  attention with sinks over a sliding window (gpt_oss, qwen2_moe)
+ *   ffn.c           SwiGLU, dense layers, the clamped variant
+ *   moe.c           routing, the expert driver, the llama-shaped MoE decoder layer
+ *   route_noaux.c   grouped, biased selection (deepseek_v3, glm4_moe, kimi_linear, glm5_next)
+ *   mla.c           multi-head latent attention and its state (deepseek_v3, kimi_linear,
+ *                   glm5_next)
+ *   kda.c           Kimi Delta Attention (kimi_linear, glm5_next)
+ *   hyper.c         hyper-connections (deepseek_v4, glm5_next)
+ *   hparams.c       the optional hparams keys of these blocks
  */
 #ifndef WPI_BLOCKS_H
 #define WPI_BLOCKS_H
 
 #include "model.h"
+
+/* hparams.c: the optional hparams keys of the shared blocks (MLA and routing, hyper-
+ * connections, the indexers' shape, KDA, sliding window and attn_kinds, clamped SwiGLU):
+ * the default hparams hook of wpi_arch, and the first call of every other. */
+wp_status wpi_hparams_shared(const struct wpi_json *h, wpi_hparams *hp, char *err, size_t cap);
 
 /* blocks/: one block of a layer over a chunk of n tokens at positions pos..pos+n. Each
  * reads x, writes the residual sum back into x. */
@@ -43,8 +59,6 @@ wp_status wpi_moe_decoder_layer(wpi_model *mdl, uint32_t layer, uint32_t n, uint
  * p-window+1..p of each position p (window 0: all); biases, RoPE, no qk norm. */
 void wpi_attention_sw_block(wpi_model *mdl, uint32_t layer, uint32_t n, uint32_t pos,
                             uint32_t window);
-/* moe_oss.c: gpt_oss MoE (router bias, top-k softmax, biased clamped-SwiGLU experts). */
-wp_status wpi_moe_oss_block(wpi_model *mdl, uint32_t layer, uint32_t n);
 /* out[t] = down(silu(gate x_t) * up x_t) for m tokens (ffn.c). */
 void wpi_swiglu(wpi_model *mdl, const wpi_wmat *gate, const wpi_wmat *up,
                 const wpi_wmat *down, const float *x, size_t ldx, uint32_t m,
@@ -56,6 +70,10 @@ void wpi_rope_prepare(wpi_model *mdl, uint32_t n, uint32_t pos);
 /* Rotates the first rope_dim dims of n_heads heads of head_dim (HF rotate_half). */
 void wpi_rope_apply(float *v, uint32_t n_heads, uint32_t head_dim, uint32_t rope_dim,
                     const float *cos, const float *sin);
+/* Inserts (s, id) into the descending list w[0..*filled), ids alike, of at most k >= 1
+ * entries: after every score >= s (ties to the earlier), the last dropped when full; a
+ * score not above a full list's last (or NaN) is not taken (moe.c). */
+void wpi_topk_insert(float *w, int32_t *ids, uint32_t k, uint32_t *filled, float s, int32_t id);
 /* Router top-k of probs[n] (ties to the lower id), in descending order (moe.c). */
 void wpi_topk(const float *probs, uint32_t n, uint32_t k, int32_t *ids, float *w);
 /* kda.c: Kimi Delta Attention block (recurrent state zeroed at pos 0); its state floats
@@ -64,21 +82,35 @@ void wpi_kda_block(wpi_model *mdl, uint32_t layer, uint32_t n, uint32_t pos);
 uint64_t wpi_kda_state_floats(const wpi_hparams *hp);
 uint32_t wpi_kda_layers(const wpi_hparams *hp);
 uint64_t wpi_kda_scratch_floats(const wpi_hparams *hp, uint32_t chunk);
+/* Its refusal to truncate a state ("a recurrent (KDA) state") when hp has KDA layers,
+ * else NULL: an arch's no_truncate hook. */
+const char *wpi_kda_no_truncate(const wpi_hparams *hp);
 /* Checks a KDA layer's tensors (q/k/v/o, gates, conv, dt_bias, a_log, o_norm) and shapes. */
 wp_status wpi_kda_check_layer(const wpi_container *c, uint32_t l, char *err, size_t cap);
+/* The MLA hooks: mla_qa, mla_q, mla_o in the scratch (carved for every architecture,
+ * empty without q_lora_rank / kv_lora_rank); the state (a latent row [kv_lora_rank +
+ * rope_dim] per position of every non-KDA layer, then every KDA layer's recurrent state,
+ * kda.c) by kind, its carve of kv and the state file's parts of layer l. */
+void wpi_mla_scratch(const wpi_hparams *hp, uint32_t chunk, wpi_model *m, wpi_carve *cv);
+void wpi_mla_state_bytes(const wpi_hparams *hp, uint32_t ctx, uint64_t out[WP_STATE_KINDS]);
+void wpi_mla_bind(wpi_model *m, const wpi_container *c, void *kv);
+size_t wpi_mla_state_part(const wpi_model *m, uint32_t l, int v, uint32_t pos, float **at);
+/* Those hooks in a wpi_arch initializer, for an architecture whose state is MLA's (with
+ * KDA layers, if any, which forbid truncation). */
+#define WPI_MLA_HOOKS                                                                 \
+    .state_bytes = wpi_mla_state_bytes, .bind = wpi_mla_bind,                         \
+    .state_part = wpi_mla_state_part, .no_truncate = wpi_kda_no_truncate
 /* Multi-head latent attention over the latent KV cache, absorbed up-projections (mla.c). */
+/* Checks an MLA layer's tensors: q (q_a, q_a_norm, q_b with q_lora_rank, else q), kv_a,
+ * kv_a_norm, kv_b, output and their optional biases. */
+wp_status wpi_mla_check_layer(const wpi_container *c, uint32_t l, char *err, size_t cap);
 void wpi_mla_block(wpi_model *mdl, uint32_t layer, uint32_t n, uint32_t pos);
 /* Its two halves: attn_norm, q (q_a rmsnorm'd into mla_qa, then q), the latent row into the
  * cache -- and the attention plus output projection, into xn and added to x. sparse: each
- * token attends only to the pools in idx_sel / idx_nsel and its incomplete pool (dsa.c). */
+ * token attends only to the pools in idx_sel / idx_nsel (glm5_next's DSA indexer) and its
+ * incomplete pool. */
 void wpi_mla_project(wpi_model *mdl, uint32_t layer, uint32_t n, uint32_t pos);
 void wpi_mla_attend(wpi_model *mdl, uint32_t layer, uint32_t n, uint32_t pos, int sparse);
-/* dsa.c: the DSA indexer of a WPI_INDEX_FULL layer, after wpi_mla_project (reads xn and
- * mla_qa): caches the chunk's indexer rows, completes pool keys, selects each token's
- * pools into idx_sel / idx_nsel. Rows per indexer layer and token; indexer layers. */
-void wpi_dsa_index(wpi_model *mdl, uint32_t layer, uint32_t n, uint32_t pos);
-uint64_t wpi_dsa_row_floats(const wpi_hparams *hp);
-uint32_t wpi_dsa_layers(const wpi_hparams *hp);
 /* Rotates rope_dim dims of n_heads heads, head_dim apart, in GPT-J pairs (2i, 2i+1). */
 void wpi_rope_apply_interleaved(float *v, uint32_t n_heads, uint32_t head_dim,
                                 uint32_t rope_dim, const float *cos, const float *sin);
@@ -96,7 +128,6 @@ void wpi_route_noaux(const wpi_hparams *hp, const float *scores, const float *bi
  * and DeepseekV4HyperHead; glm5_next reuses them). A token's residual is hc streams of dim
  * floats, x[hc][dim], contiguous; n tokens are hc * dim floats apart. Generic: weights by
  * pointer (f32), dimensions in wpi_hc_dims; the pool may be NULL (inline). */
-#define WPI_HC_MAX 16
 typedef struct wpi_hc_dims {
     uint32_t hc;             /* streams (hc_mult), 1..WPI_HC_MAX */
     uint32_t dim;            /* floats per stream (hidden_size) */
@@ -127,22 +158,5 @@ void wpi_hc_head(const wpi_kernels *k, wpi_pool *pool, const wpi_hc_dims *d,
                  const float *fn, const float *base, const float *scale,
                  const float *x, uint32_t n, float *y, size_t ldy, float *scratch);
 
-/* deepseek_v4 (blocks/attention_csa.c): state floats of layer l at ctx tokens (sliding-
- * window keys, compressor and indexer windows and entries), of all layers, and the
- * scratch floats of the forward for chunks of `chunk` tokens. */
-uint64_t wpi_v4_layer_state_floats(const wpi_hparams *hp, uint32_t l, uint32_t ctx);
-uint64_t wpi_v4_state_floats(const wpi_hparams *hp, uint32_t ctx);
-uint64_t wpi_v4_scratch_floats(const wpi_hparams *hp, uint32_t chunk);
-/* Attention of layer l on the block input xin [n, H] (normed), output into out [n, H]:
- * shared-KV MQA with sinks over the sliding window plus compressed entries (all causal
- * ones for HCA, the indexer's top-k for CSA), grouped output projection. */
-void wpi_v4_attention(wpi_model *mdl, uint32_t layer, const float *xin, uint32_t n,
-                      uint32_t pos, float *out);
-/* moe_v4.c: routed experts (sqrtsoftplus scores; hash or biased top-k selection) plus the
- * shared expert, clamped SwiGLU, on xin [n, H]; sum into out [n, H]. */
-wp_status wpi_v4_moe(wpi_model *mdl, uint32_t layer, const float *xin, uint32_t n, float *out);
-/* Prefetches layer+1's experts while decoding one token (timing only): a hash layer's
- * from the token id, a top-k layer's by its router on `approx` [H] (its input, guessed). */
-void wpi_v4_lookahead(wpi_model *mdl, uint32_t layer, const float *approx);
 
 #endif /* WPI_BLOCKS_H */

@@ -10,6 +10,9 @@
 
 enum { WPI_QK_NONE = 0, WPI_QK_HEAD = 1, WPI_QK_FULL = 2 };
 
+#define WPI_HC_MAX 16            /* hc_mult: hyper-connection streams (blocks/hyper.c) */
+#define WPI_MAX_LORA_RANK 4096   /* kv_lora_rank (a row buffer of blocks/mla.c) */
+
 /* Normalized hyperparameters (docs/FORMAT.md section 3). */
 typedef struct wpi_hparams {
     char model_type[32];
@@ -32,12 +35,12 @@ typedef struct wpi_hparams {
     uint32_t n_eos;
     int32_t eos_token_ids[WPI_MAX_EOS];
     float clip_qkv;                         /* clamp q, k, v to +-clip_qkv; 0 = none */
-    /* Optional keys (hparams_ext.c), zero when absent. attn_kinds gives layer_attn. */
+    /* Optional keys (blocks/hparams.c), zero when absent. attn_kinds gives layer_attn. */
     uint32_t sliding_window;                /* keys a WPI_ATTN_SLIDING layer sees, incl. its own */
     uint8_t layer_attn[WPI_MAX_LAYERS];     /* WPI_ATTN_* per layer */
     float swiglu_alpha, swiglu_limit;       /* gpt_oss clamped SwiGLU of the experts */
     uint32_t kda_heads, kda_head_dim, kda_conv; /* kimi_linear KDA layers */
-    /* Multi-head latent attention (hparams_mla.c, blocks/mla.c) when kv_lora_rank > 0:
+    /* Multi-head latent attention (blocks/hparams.c, blocks/mla.c) when kv_lora_rank > 0:
      * head_dim is the q/k head width qk_nope_head_dim + rope_dim; the KV cache holds per
      * token and layer the latent (kv_lora_rank normed + rope_dim rotated key floats). */
     uint32_t q_lora_rank, kv_lora_rank, qk_nope_head_dim, v_head_dim;
@@ -52,14 +55,13 @@ typedef struct wpi_hparams {
     uint32_t hc_mult, hc_sinkhorn_iters;
     float hc_eps;
     uint32_t index_heads, index_head_dim, index_topk; /* indexer: CSA (v4) or DSA (glm5) */
-    /* deepseek_v4 (hparams_dsv4.c, blocks/attention_csa.c, blocks/moe_v4.c); 0 when absent */
+    /* deepseek_v4 (read and used by arch/deepseek_v4.c); 0 when absent */
     uint32_t o_groups, o_lora_rank;         /* grouped output projection */
     uint32_t compress_rate_csa, compress_rate_hca;
     uint8_t layer_compress[WPI_MAX_LAYERS]; /* WPI_CMP_* per layer */
     uint8_t layer_hash[WPI_MAX_LAYERS];     /* 1: experts chosen by token id (hash routing) */
-    uint8_t v4_state;                       /* 1: deepseek_v4's per-layer state blocks */
-    /* glm5_next (hparams_glm5.c), zero when absent: the KDA forget gate with a lower bound,
-     * the eps of the MLA lora norms, and the DSA indexer (blocks/dsa.c) of the MLA layers,
+    /* zero when absent: the KDA forget gate with a lower bound (kda.c), the eps of the MLA
+     * lora norms (mla.c), and glm5_next's DSA indexer (arch/glm5_next.c) of its MLA layers,
      * per layer WPI_INDEX_*. */
     int32_t kda_safe_gate;                  /* bool: g = kda_lower_bound * sigmoid(...) */
     float kda_lower_bound;
@@ -131,26 +133,20 @@ struct wpi_json;
  * vs head_dim, top_k vs n_experts, layer kinds vs FFN sizes, token ids vs vocab_size.
  * WP_E_FORMAT with a detail naming the key. */
 wp_status wpi_hparams_check(const wpi_hparams *hp, char *err, size_t cap);
-/* hparams_ext.c: an optional key of the hparams object (absent or null: 0, OK): an
- * integer in [lo, hi], or a number in [lo, hi] (*present, when not NULL, says whether it
- * was given). Anything else is WP_E_FORMAT naming the key. */
-wp_status wpi_hparam_u32(const struct wpi_json *h, const char *key, uint32_t lo, uint32_t hi,
-                         uint32_t *out, char *err, size_t cap);
+/* container.c: an optional key of the hparams object (absent or null: 0, OK): an integer
+ * within its bounds in the one bounds table (container.c), into its field of hp; or a
+ * number in [lo, hi] (*present, when not NULL, says whether it was given). Anything else
+ * is WP_E_FORMAT naming the key. */
+wp_status wpi_hparam_u32(const struct wpi_json *h, const char *key, wpi_hparams *hp, char *err,
+                         size_t cap);
 wp_status wpi_hparam_num(const struct wpi_json *h, const char *key, double lo, double hi,
                          float *out, int *present, char *err, size_t cap);
-/* hparams_ext.c: the optional hparams keys (sliding_window, attn_kinds, swiglu_*, kda_*)
- * of the object h into hp, after the required ones. WP_E_FORMAT naming the key. */
-wp_status wpi_hparams_ext(const struct wpi_json *h, wpi_hparams *hp, char *err, size_t cap);
-/* hparams_mla.c: the optional MLA and routing keys (q_lora_rank, kv_lora_rank,
- * qk_nope_head_dim, v_head_dim, rope_interleave, scoring_func, n_group, topk_group,
- * routed_scaling_factor); called by wpi_hparams_ext. */
-wp_status wpi_hparams_mla(const struct wpi_json *h, wpi_hparams *hp, char *err, size_t cap);
-/* hparams_dsv4.c: the optional deepseek_v4 keys (hc_*, o_groups, o_lora_rank, index_*,
- * compress_rate_csa/hca, compress_kinds, hash_layers); called by wpi_hparams_ext. */
-wp_status wpi_hparams_dsv4(const struct wpi_json *h, wpi_hparams *hp, char *err, size_t cap);
-/* hparams_glm5.c: the optional glm5_next keys (hc_mult, hc_sinkhorn_iters, hc_eps,
- * kda_lower_bound, lora_norm_eps, index_*, index_kinds); called by wpi_hparams_ext. */
-wp_status wpi_hparams_glm5(const struct wpi_json *h, wpi_hparams *hp, char *err, size_t cap);
+/* The optional hparams keys of model_type's architecture, read from the object h into hp
+ * after the required ones: its hparams hook, else wpi_hparams_shared (blocks.h). Defined
+ * by arch/registry.c, the one place that knows the architectures; wpi_container_open
+ * calls it, so the container knows none. WP_E_FORMAT naming the key. */
+wp_status wpi_arch_hparams(const char *model_type, const struct wpi_json *h, wpi_hparams *hp,
+                           char *err, size_t cap);
 
 /* The tensor of that name, or NULL. */
 const wpi_tensor *wpi_container_tensor(const wpi_container *c, const char *name);

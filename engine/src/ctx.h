@@ -26,4 +26,8 @@ struct wp_ctx {
     char err[WPI_ERR_CAP];
 };
 
+/* core.c: formats ctx's error detail and returns st. */
+wp_status wpi_ctx_fail(wp_ctx *ctx, wp_status st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
 #endif /* WPI_CTX_H */

@@ -1,7 +1,8 @@
 /*
  * model.h -- what the forward pass reads and writes: bound trunk tensors (wpi_layer), the
- * buffers of one context (wpi_model), the row-parallel matmul and the tensor checks arch
- * check functions use (forward.c).
+ * buffers of one context (wpi_model), the scratch carve, binding by name and the
+ * row-parallel matmul (forward.c), and the tensor checks arch check functions use
+ * (checks.c).
  */
 #ifndef WPI_MODEL_H
 #define WPI_MODEL_H
@@ -10,14 +11,6 @@
 #include "pool.h"
 
 /* ---- forward (core.c, forward.c, pool.c, blocks/, arch/) --------------------- */
-
-/* Bytes of the KV cache at ctx tokens, and of the scratch buffers for chunks of
- * `chunk` tokens at ctx tokens. plan.c uses exactly what the forward allocates
- * (chunk = cfg->prefill_chunk, 0 meaning 64). */
-uint64_t wpi_kv_bytes(const wpi_hparams *hp, uint32_t ctx);
-/* The same bytes by WP_STATE_* kind (they sum to wpi_kv_bytes). */
-void wpi_state_bytes(const wpi_hparams *hp, uint32_t ctx, uint64_t out[WP_STATE_KINDS]);
-uint64_t wpi_scratch_bytes(const wpi_hparams *hp, uint32_t chunk, uint32_t ctx);
 
 typedef struct wpi_arch wpi_arch;
 
@@ -57,8 +50,8 @@ typedef struct wpi_layer {
      * f32: fn [(2+hc)*hc, hc*hidden], base [(2+hc)*hc], scale [3] */
     const float *hc_attn_fn, *hc_attn_base, *hc_attn_scale;
     const float *hc_ffn_fn, *hc_ffn_base, *hc_ffn_scale;
-    /* the indexer: glm5_next's DSA (blocks/dsa.c) of a WPI_INDEX_FULL layer, deepseek_v4's
-     * CSA lightning indexer (blocks/attention_csa.c) */
+    /* the indexer: glm5_next's DSA of a WPI_INDEX_FULL layer, deepseek_v4's CSA
+     * lightning indexer (both bound by their arch files) */
     wpi_wmat idx_q;                               /* [index_heads*index_head_dim, q_lora_rank] */
     wpi_wmat idx_w;                               /* [index_heads, hidden] */
     wpi_wmat idx_gate;                            /* glm5 [ihd, H]; v4 [2ihd, H] */
@@ -66,7 +59,7 @@ typedef struct wpi_layer {
     const float *idx_k_norm, *idx_k_norm_b;       /* glm5: LayerNorm [index_head_dim] */
     const float *idx_ape;                         /* glm5: [index_kpool, index_head_dim] */
     uint32_t kv_slot;             /* this layer's block of the KV cache (or of kda_state) */
-    /* deepseek_v4 (blocks/attention_csa.c, blocks/moe_v4.c); q is wq_a, q_a_norm, wq_b */
+    /* deepseek_v4 (arch/deepseek_v4.c binds them); q is wq_a, q_a_norm, wq_b */
     wpi_wmat wkv, wo_a, wo_b;                     /* kv [hd, H], o_a [g*r, nh*hd/g], o_b */
     const float *kv_norm;                         /* [head_dim] */
     wpi_wmat cmp_kv, cmp_gate;                    /* compressor [w, H], w = hd (HCA), 2hd (CSA) */
@@ -74,7 +67,7 @@ typedef struct wpi_layer {
     wpi_wmat idx_kv;                              /* indexer compressor kv [2ihd, H] */
     const float *idx_bias, *idx_norm;             /* [rate, 2ihd], [ihd] */
     const float *hash_ids;                        /* [vocab, top_k] expert ids as f32, or NULL */
-    float *cstate;                                /* this layer's state block (attention_csa.c) */
+    float *cstate;                                /* this layer's state block (deepseek_v4) */
     uint32_t idx_slot;            /* this layer's block of idx_cache (WPI_INDEX_FULL) */
 } wpi_layer;
 
@@ -136,14 +129,24 @@ typedef struct wpi_model {
     size_t err_cap;
 } wpi_model;
 
-/* forward.c: binds tensors and carves buffers (kv and scratch as sized above). */
-wp_status wpi_model_init(wpi_model *mdl, const wpi_container *c, void *kv, void *scratch,
-                         uint32_t ctx, uint32_t chunk);
-/* Evaluates tokens[0..n) (n <= chunk) at positions pos..pos+n. logits (may be NULL)
- * receives vocab floats per token for all n tokens when all_logits, else for the last. */
-wp_status wpi_model_forward(wpi_model *mdl, const wpi_arch *arch,
-                            const int32_t *tokens, uint32_t n, uint32_t pos,
-                            float *logits, int all_logits);
+/* forward.c: one allocation carved into buffers, each rounded up to 64 bytes; with base
+ * NULL the walk only measures (off is the total). */
+typedef struct wpi_carve {
+    char *base;
+    uint64_t off;
+} wpi_carve;
+/* count elements of size bytes each; NULL while measuring. */
+void *wpi_carve_take(wpi_carve *cv, uint64_t count, size_t size);
+/* m->field = count elements of type (m may be NULL while measuring). */
+#define WPI_CARVE(cv, m, field, type, count)                                  \
+    do {                                                                      \
+        void *p_ = wpi_carve_take((cv), (uint64_t)(count), sizeof(type));     \
+        if (p_) (m)->field = (type *)p_;                                      \
+    } while (0)
+/* A layer tensor by the name fmt % l ("blk.%u.attn_q.weight"), as a matrix (zeroed when
+ * absent) or an f32 vector (NULL when absent). */
+wpi_wmat wpi_bind_mat(const wpi_container *c, const char *fmt, uint32_t l);
+const float *wpi_bind_vec(const wpi_container *c, const char *fmt, uint32_t l);
 
 /* y[t*ldy + r] = W x_t for rows r0..r1 of several matrices sharing one input, split by
  * row blocks across the pool (inline when small). */
@@ -155,13 +158,16 @@ typedef struct wpi_mm {
 void wpi_matmul(wpi_model *mdl, const wpi_mm *jobs, uint32_t n_jobs,
                 const float *x, size_t ldx, uint32_t n_tok);
 
-/* Tensor checks for arch check functions: err names the tensor. A matrix must have a
+/* checks.c: tensor checks for arch check functions: err names the tensor. A matrix must have a
  * dtype with a matmul kernel; a vector must be f32. */
 wp_status wpi_need_matrix(const wpi_container *c, const char *name, uint64_t rows,
                           uint64_t cols, char *err, size_t cap);
 wp_status wpi_need_vector(const wpi_container *c, const char *name, uint64_t n,
                           char *err, size_t cap);
-/* The same when present; absent is fine. */
+/* A matrix that must be f32 (read by the block itself, not by a matmul kernel). */
+wp_status wpi_need_f32_matrix(const wpi_container *c, const char *name, uint64_t rows,
+                              uint64_t cols, char *err, size_t cap);
+/* A vector the same way when present; absent is fine. */
 wp_status wpi_opt_vector(const wpi_container *c, const char *name, uint64_t n,
                          char *err, size_t cap);
 /* Checks what every decoder shares: embeddings, norms, rope, q/k/v/o (+ biases present),

@@ -24,4 +24,8 @@ static wp_status layer_forward(wpi_model *m, uint32_t l, uint32_t n, uint32_t po
     return WP_OK;
 }
 
-const wpi_arch wpi_arch_llama = {"llama", check, layer_forward};
+const wpi_arch wpi_arch_llama = {
+    .name = "llama",
+    .check = check,
+    .layer_forward = layer_forward,
+};

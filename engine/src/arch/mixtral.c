@@ -18,4 +18,8 @@ static wp_status check(const wpi_container *c, char *err, size_t cap)
     return wpi_check_decoder(c, err, cap);
 }
 
-const wpi_arch wpi_arch_mixtral = {"mixtral", check, wpi_moe_decoder_layer};
+const wpi_arch wpi_arch_mixtral = {
+    .name = "mixtral",
+    .check = check,
+    .layer_forward = wpi_moe_decoder_layer,
+};

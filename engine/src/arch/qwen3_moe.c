@@ -16,4 +16,8 @@ static wp_status check(const wpi_container *c, char *err, size_t cap)
     return wpi_check_decoder(c, err, cap);
 }
 
-const wpi_arch wpi_arch_qwen3_moe = {"qwen3_moe", check, wpi_moe_decoder_layer};
+const wpi_arch wpi_arch_qwen3_moe = {
+    .name = "qwen3_moe",
+    .check = check,
+    .layer_forward = wpi_moe_decoder_layer,
+};

@@ -46,6 +46,11 @@ uint64_t wpi_kda_scratch_floats(const wpi_hparams *hp, uint32_t chunk)
     return (uint64_t)chunk * (6 * D + 2 * d + hp->kda_heads);
 }
 
+const char *wpi_kda_no_truncate(const wpi_hparams *hp)
+{
+    return wpi_kda_layers(hp) ? "a recurrent (KDA) state" : NULL;
+}
+
 typedef struct kda_ctx {
     const wpi_model *m;
     const wpi_layer *L;
