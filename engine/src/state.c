@@ -15,8 +15,8 @@
  *            gives them; by default K rows [0, position) then V rows [0, position), f32
  *            [n_kv_heads * head_dim] each. MLA (blocks/mla.c) saves one latent row
  *            [kv_lora_rank + rope_dim] per position and no V rows, a KDA layer its
- *            recurrent state whatever the position (blocks/kda.c); deepseek_v4 and
- *            glm5_next describe theirs in their arch files.
+ *            recurrent state whatever the position (blocks/kda.c); an architecture
+ *            with a state of its own describes it in its arch file.
  *   trailer: u32 CRC32C of the payload
  * A header of another model or shape is WP_E_STATE; anything truncated or garbled is
  * WP_E_FORMAT, found before the context is touched (the payload CRC is checked in a

@@ -75,9 +75,9 @@ static wp_status hparams(const struct wpi_json *h, wpi_hparams *hp, char *err, s
 
 /* ---- attention ----------------------------------------------------------------------
  *
- * Shared-KV multi-query attention
- * over a sliding window, plus compressed keys: heavily compressed (HCA, every causal
- * entry) or compressed sparse (CSA, the lightning indexer's top-k entries).
+ * Shared-KV multi-query attention with sinks over a sliding window, plus compressed keys:
+ * heavily compressed (HCA, every causal entry) or compressed sparse (CSA, the lightning
+ * indexer's top-k entries).
  *
  * Per token at position p, with x the block input (normed), hd = head_dim, RD = rope_dim
  * (the trailing RD dims of a head rotate, GPT-J pairs), rope "main" on sliding-only layers
@@ -107,6 +107,7 @@ static wp_status hparams(const struct wpi_json *h, wpi_hparams *hp, char *err, s
  * Everything read is a function of the position, so nothing is reset at position 0.
  * Tasks are (token, head) pairs and tokens; the thread count never changes a result.
  */
+
 static uint32_t cmp_rate(const wpi_hparams *hp, uint32_t l)
 {
     return hp->layer_compress[l] == WPI_CMP_CSA   ? hp->compress_rate_csa
@@ -517,6 +518,7 @@ static void v4_attention(wpi_model *m, uint32_t l, const float *x, uint32_t n, u
  * prefetched (timing only): a hash layer's exactly from the token id, a top-k layer's
  * as its router picks them on an approximation of its input (v4_lookahead).
  */
+
 /* out = down(silu(min(g, lim)) * clamp(u, -lim, lim)) for cnt tokens (rows H apart). */
 static void clamped_swiglu(wpi_model *m, const wpi_wmat *gate, const wpi_wmat *up,
                            const wpi_wmat *down, const float *xs, uint32_t cnt, float *out)

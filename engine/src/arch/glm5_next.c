@@ -92,7 +92,6 @@ static wp_status hparams(const struct wpi_json *h, wpi_hparams *hp, char *err, s
 
 /* ---- the DSA indexer: which key pools each token attends --------------------------------
  *
- *
  * Keys are grouped in pools of P = index_kpool consecutive positions (pool j holds
  * jP..jP+P-1). Per token, from x (the layer's normed input) and q_resid (mla_qa, the
  * rmsnorm'd q_a projection), with D = index_head_dim and NI = index_heads:
@@ -110,6 +109,7 @@ static wp_status hparams(const struct wpi_json *h, wpi_hparams *hp, char *err, s
  * (3D floats), so decoding scores the cached pool keys and recomputes nothing. Tokens
  * are independent tasks, so thread count never changes a result.
  */
+
 #define LN_EPS 1e-6f
 
 static uint64_t dsa_row_floats(const wpi_hparams *hp)

@@ -14,8 +14,8 @@
 
 /* ---- mixture of experts ---------------------------------------------------------------
  *
- * a router with a bias, softmax over the
- * top-k router logits, and experts with biases and a clamped SwiGLU:
+ * A router with a bias, softmax over the top-k router logits, and experts with biases
+ * and a clamped SwiGLU:
  *   g = min(Wg x + bg, limit);  u = clamp(Wu x + bu, -limit, limit)
  *   y = Wd ((u + 1) * g * sigmoid(alpha * g)) + bd
  * Expert matrices stream through wpi_experts_* exactly as in moe.c (distinct experts of a
@@ -23,6 +23,7 @@
  * in router order, so results never depend on cache state). The biases are trunk tensors
  * (docs/FORMAT.md section 4), so expert records keep their three matrices.
  */
+
 /* Router logits (with bias) of n tokens into out [n, n_experts]. */
 static void route(wpi_model *m, const wpi_layer *L, const float *xs, uint32_t n, float *out)
 {
