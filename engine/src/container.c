@@ -19,7 +19,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "internal.h"
+#include "container.h"
 #include "json.h"
 
 #define MANIFEST "manifest.json"
@@ -39,21 +39,9 @@ typedef struct ectx {
     size_t cap;
 } ectx;
 
-static const struct {
-    const char *name;
-    int id;
-} dtypes[] = {
-    {"f32", WPI_F32}, {"f16", WPI_F16}, {"bf16", WPI_BF16},
-    {"q8_0", WPI_Q8_0}, {"q4_0", WPI_Q4_0}, {"q4_1", WPI_Q4_1},
-};
-
-static const char *dtype_name(int id)
-{
-    for (size_t k = 0; k < sizeof(dtypes) / sizeof(dtypes[0]); k++)
-        if (dtypes[k].id == id)
-            return dtypes[k].name;
-    return "unknown";
-}
+/* dtype ids are GGUF's ggml_type numbers, all below this; their names are the kernels'
+ * (wpi_dtype_name), the one table of them. */
+#define DTYPE_ID_END 64
 
 /* ---- typed lookups: each names "where.key" in its error ------------------------- */
 
@@ -170,9 +158,9 @@ static wp_status get_dtype(ectx *e, const wpi_json *obj, const char *where, int3
     wp_status st = need(e, obj, where, "dtype", WPI_JSON_STRING, &v);
     if (st != WP_OK)
         return st;
-    for (size_t k = 0; k < sizeof(dtypes) / sizeof(dtypes[0]); k++) {
-        if (!strcmp(v->str, dtypes[k].name)) {
-            *out = dtypes[k].id;
+    for (int id = 0; id < DTYPE_ID_END; id++) {
+        if (wpi_dtype_valid(id) && !strcmp(v->str, wpi_dtype_name(id))) {
+            *out = id;
             return WP_OK;
         }
     }
@@ -216,7 +204,7 @@ static wp_status shape_bytes(ectx *e, const char *where, int32_t dtype, uint32_t
     if (rb == 0)
         return wpi_fail(e->err, e->cap, WP_E_FORMAT,
                         MANIFEST ": %s: %llu columns cannot be stored as %s (blocks of 32)",
-                        where, (unsigned long long)cols, dtype_name(dtype));
+                        where, (unsigned long long)cols, wpi_dtype_name(dtype));
     if (__builtin_mul_overflow((uint64_t)rb, rows, &b))
         return wpi_fail(e->err, e->cap, WP_E_FORMAT, MANIFEST ": %s: size overflows", where);
     *out = b;
@@ -291,17 +279,40 @@ static wp_status read_manifest(ectx *e, const char *path, char **out, size_t *ou
 
 /* ---- hparams ----------------------------------------------------------------------- */
 
-/* The one table of bounds on the integer hparams every architecture has. parse_hparams
- * reads each key with them and wpi_hparams_check re-applies them, with the relations
- * between keys, to a parsed struct (arch checks call it through wpi_check_decoder), so
- * the two can never disagree. */
+#define W MANIFEST ": hparams"
+
+wp_status wpi_hparam_num(const struct wpi_json *h, const char *key, double lo, double hi,
+                         float *out, int *present, char *err, size_t cap)
+{
+    const wpi_json *v = wpi_json_get(h, key);
+    double d;
+    *out = 0;
+    if (present) *present = 0;
+    if (!v || v->type == WPI_JSON_NULL) return WP_OK;
+    if (!wpi_json_num(v, &d) || !(d >= lo && d <= hi))
+        return wpi_fail(err, cap, WP_E_FORMAT, W ".%s: expected a number in [%g, %g]", key,
+                        lo, hi);
+    *out = (float)d;
+    if (present) *present = 1;
+    return WP_OK;
+}
+
+
+
+/* The one table of bounds on the integer hparams. parse_hparams reads each required key
+ * with them, wpi_hparam_u32 each optional one (for the blocks and architectures that read
+ * it), and wpi_hparams_check re-applies them all, with the relations between keys, to a
+ * parsed struct (arch checks call it through wpi_check_decoder), so no two can disagree
+ * and no arch check repeats a limit. An optional key reads 0 when absent or null. */
 typedef struct hp_bound {
     const char *key;
     size_t off; /* of the uint32_t field in wpi_hparams */
     uint32_t lo, hi;
+    int optional;
 } hp_bound;
 
-#define HPB(key, lo, hi) {#key, offsetof(wpi_hparams, key), lo, hi}
+#define HPB(key, lo, hi) {#key, offsetof(wpi_hparams, key), lo, hi, 0}
+#define OPT(key, lo, hi) {#key, offsetof(wpi_hparams, key), lo, hi, 1}
 static const hp_bound hp_bounds[] = {
     HPB(vocab_size, 1, MAX_VOCAB),
     HPB(hidden_size, 1, MAX_HIDDEN),
@@ -316,9 +327,56 @@ static const hp_bound hp_bounds[] = {
     HPB(shared_expert_intermediate_size, 0, MAX_FFN),
     HPB(rope_dim, 0, MAX_HEAD_DIM),         /* and even, at most head_dim */
     HPB(max_position_embeddings, 1, MAX_POSITIONS),
+    /* optional: MLA and routing (blocks/mla.c, route_noaux.c) */
+    OPT(q_lora_rank, 0, 1u << 16),
+    OPT(kv_lora_rank, 0, WPI_MAX_LORA_RANK),
+    OPT(qk_nope_head_dim, 0, MAX_HEAD_DIM),
+    OPT(v_head_dim, 0, MAX_HEAD_DIM),
+    OPT(n_group, 0, 4096),
+    OPT(topk_group, 0, 4096),
+    /* hyper-connections (hyper.c) and the indexers' shape */
+    OPT(hc_mult, 0, WPI_HC_MAX),
+    OPT(hc_sinkhorn_iters, 0, 10000),
+    OPT(index_heads, 0, 4096),
+    OPT(index_head_dim, 0, MAX_HEAD_DIM),
+    OPT(index_topk, 0, 1u << 20),
+    /* sliding window, KDA (kda.c) */
+    OPT(sliding_window, 1, 1u << 30),
+    OPT(kda_heads, 1, MAX_HEADS),
+    OPT(kda_head_dim, 1, 1024),
+    OPT(kda_conv, 1, 64),
+    /* deepseek_v4 */
+    OPT(o_groups, 0, 4096),
+    OPT(o_lora_rank, 0, 1u << 16),
+    OPT(compress_rate_csa, 0, 1u << 16),
+    OPT(compress_rate_hca, 0, 1u << 16),
+    /* glm5_next */
+    OPT(index_kpool, 1, 4096),
 };
+#undef OPT
 #undef HPB
 #define N_BOUNDS (sizeof hp_bounds / sizeof hp_bounds[0])
+
+wp_status wpi_hparam_u32(const struct wpi_json *h, const char *key, wpi_hparams *hp, char *err,
+                         size_t cap)
+{
+    const hp_bound *b = NULL;
+    for (size_t i = 0; i < N_BOUNDS && !b; i++)
+        if (hp_bounds[i].optional && !strcmp(hp_bounds[i].key, key)) b = &hp_bounds[i];
+    if (!b) return wpi_fail(err, cap, WP_E_ARG, W ".%s: not an optional integer key", key);
+    const wpi_json *v = wpi_json_get(h, key);
+    int64_t x;
+    uint32_t u = 0;
+    if (v && v->type != WPI_JSON_NULL) {
+        if (!wpi_json_int(v, &x) || x < b->lo || x > b->hi)
+            return wpi_fail(err, cap, WP_E_FORMAT, W ".%s: expected an integer in [%u, %u]",
+                            key, b->lo, b->hi);
+        u = (uint32_t)x;
+    }
+    memcpy((char *)hp + b->off, &u, sizeof u);
+    return WP_OK;
+}
+#undef W
 
 static uint32_t hp_field(const wpi_hparams *hp, const hp_bound *b)
 {
@@ -333,6 +391,7 @@ wp_status wpi_hparams_check(const wpi_hparams *hp, char *err, size_t cap)
     if (!(cond)) return wpi_fail(err, cap, WP_E_FORMAT, MANIFEST ": hparams." key ": " __VA_ARGS__)
     for (size_t i = 0; i < N_BOUNDS; i++) {
         const uint32_t v = hp_field(hp, &hp_bounds[i]);
+        if (hp_bounds[i].optional && v == 0) continue; /* absent */
         if (v < hp_bounds[i].lo || v > hp_bounds[i].hi)
             return wpi_fail(err, cap, WP_E_FORMAT,
                             MANIFEST ": hparams.%s: %u is out of range [%u, %u]",
@@ -382,7 +441,7 @@ static wp_status parse_hparams(ectx *e, const wpi_json *h, wpi_hparams *hp)
 {
     const char *w = "hparams";
     wp_status st;
-    for (size_t i = 0; i < N_BOUNDS; i++) {
+    for (size_t i = 0; i < N_BOUNDS && !hp_bounds[i].optional; i++) {
         uint32_t v;
         if ((st = get_u32(e, h, w, hp_bounds[i].key, hp_bounds[i].lo, hp_bounds[i].hi, &v)) !=
             WP_OK)
@@ -461,7 +520,7 @@ static wp_status parse_hparams(ectx *e, const wpi_json *h, wpi_hparams *hp)
     }
     if ((st = wpi_hparams_check(hp, e->err, e->cap)) != WP_OK)
         return st;
-    return wpi_hparams_ext(h, hp, e->err, e->cap);
+    return wpi_arch_hparams(hp->model_type, h, hp, e->err, e->cap);
 }
 
 /* ---- trunk --------------------------------------------------------------------------- */
@@ -533,7 +592,7 @@ static wp_status parse_trunk(ectx *e, const wpi_json *root, wpi_container *c)
         if (x->bytes != want)
             return wpi_fail(e->err, e->cap, WP_E_FORMAT,
                             MANIFEST ": %s: bytes %llu, but %s of this shape is %llu bytes",
-                            where, (unsigned long long)x->bytes, dtype_name(x->dtype),
+                            where, (unsigned long long)x->bytes, wpi_dtype_name(x->dtype),
                             (unsigned long long)want);
         if (x->offset % 64)
             return wpi_fail(e->err, e->cap, WP_E_FORMAT,
@@ -664,7 +723,7 @@ static wp_status parse_bank(ectx *e, const wpi_json *b, size_t idx, wpi_containe
         else if (dtype != bk->dtype)
             return wpi_fail(e->err, e->cap, WP_E_FORMAT,
                             MANIFEST ": %s: dtype %s differs from gate's %s", tw,
-                            dtype_name(dtype), dtype_name(bk->dtype));
+                            wpi_dtype_name(dtype), wpi_dtype_name(bk->dtype));
         uint64_t r = k == 2 ? hp->hidden_size : hp->moe_intermediate_size;
         uint64_t cl = k == 2 ? hp->moe_intermediate_size : hp->hidden_size;
         if (nd != 2 || s[0] != r || s[1] != cl)
@@ -676,7 +735,7 @@ static wp_status parse_bank(ectx *e, const wpi_json *b, size_t idx, wpi_containe
         if (bytes != want)
             return wpi_fail(e->err, e->cap, WP_E_FORMAT,
                             MANIFEST ": %s: bytes %llu, but %s of this shape is %llu bytes", tw,
-                            (unsigned long long)bytes, dtype_name(dtype),
+                            (unsigned long long)bytes, wpi_dtype_name(dtype),
                             (unsigned long long)want);
         if (off != next)
             return wpi_fail(e->err, e->cap, WP_E_FORMAT,

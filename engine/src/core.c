@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "ctx.h"
 
 #define STR2(x) #x
 #define STR(x) STR2(x)
@@ -60,10 +60,7 @@ int wp_version_number(void)
     return WP_VERSION_MAJOR * 10000 + WP_VERSION_MINOR * 100 + WP_VERSION_PATCH;
 }
 
-/* Sets ctx's detail and returns status. */
-static wp_status fail(wp_ctx *ctx, wp_status st, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static wp_status fail(wp_ctx *ctx, wp_status st, const char *fmt, ...)
+wp_status wpi_ctx_fail(wp_ctx *ctx, wp_status st, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -97,12 +94,12 @@ static wp_status open_ctx(wp_ctx *ctx, const char *path, const wp_cfg *cfg)
     const wpi_hparams *hp = &ctx->c->hp;
     ctx->arch = wpi_arch_find(hp->model_type);
     if (!ctx->arch)
-        return fail(ctx, WP_E_UNSUPPORTED, "model_type '%s' is not supported; supported: %s",
+        return wpi_ctx_fail(ctx, WP_E_UNSUPPORTED, "model_type '%s' is not supported; supported: %s",
                     hp->model_type, wpi_arch_names());
     if ((st = ctx->arch->check(ctx->c, err, cap)) != WP_OK) return st;
     const wpi_kernels *k = wpi_kernels_get(cfg->isa);
     if (!k)
-        return fail(ctx, WP_E_UNSUPPORTED, "isa %d is not supported by this CPU", cfg->isa);
+        return wpi_ctx_fail(ctx, WP_E_UNSUPPORTED, "isa %d is not supported by this CPU", cfg->isa);
     if ((st = wpi_plan(ctx->c, cfg, &ctx->plan, err, cap)) != WP_OK) return st;
     if ((st = wpi_container_load_trunk(ctx->c, &ctx->mem, err, cap)) != WP_OK) return st;
     /* Again with the tensors resident, for the checks of their values (hash tables). */
@@ -112,22 +109,22 @@ static wp_status open_ctx(wp_ctx *ctx, const char *path, const wp_cfg *cfg)
         return st;
 
     const uint32_t n_ctx = ctx->plan.ctx_tokens, chunk = resolved_chunk(cfg);
-    if (n_ctx == 0) return fail(ctx, WP_E_ARG, "context length resolved to 0");
+    if (n_ctx == 0) return wpi_ctx_fail(ctx, WP_E_ARG, "context length resolved to 0");
     ctx->kv_bytes = wpi_kv_bytes(hp, n_ctx);
     ctx->scratch_bytes = wpi_scratch_bytes(hp, chunk, n_ctx);
     ctx->kv = wpi_alloc(&ctx->mem, WPI_BUF_ALIGN, ctx->kv_bytes);
     if (!ctx->kv)
-        return fail(ctx, WP_E_OOM, "KV cache of %llu bytes",
+        return wpi_ctx_fail(ctx, WP_E_OOM, "KV cache of %llu bytes",
                     (unsigned long long)ctx->kv_bytes);
     ctx->scratch = wpi_alloc(&ctx->mem, WPI_BUF_ALIGN, ctx->scratch_bytes);
     if (!ctx->scratch)
-        return fail(ctx, WP_E_OOM, "scratch of %llu bytes",
+        return wpi_ctx_fail(ctx, WP_E_OOM, "scratch of %llu bytes",
                     (unsigned long long)ctx->scratch_bytes);
     if ((st = wpi_pool_open(cfg->n_threads, &ctx->pool)) != WP_OK)
-        return fail(ctx, st, "could not start %u compute threads", cfg->n_threads);
+        return wpi_ctx_fail(ctx, st, "could not start %u compute threads", cfg->n_threads);
 
     wpi_model *m = &ctx->mdl;
-    if ((st = wpi_model_init(m, ctx->c, ctx->kv, ctx->scratch, n_ctx, chunk)) != WP_OK)
+    if ((st = wpi_model_init(m, ctx->arch, ctx->c, ctx->kv, ctx->scratch, n_ctx, chunk)) != WP_OK)
         return st;
     m->k = k;
     m->pool = ctx->pool;
@@ -202,20 +199,20 @@ wp_status wp_eval(wp_ctx *ctx, const int32_t *tokens, uint32_t n, int all_logits
     if (!ctx) return WP_E_ARG;
     ctx->err[0] = '\0';
     const wpi_hparams *hp = &ctx->c->hp;
-    if (n == 0) return fail(ctx, WP_E_ARG, "n must be at least 1");
-    if (!tokens) return fail(ctx, WP_E_ARG, "tokens is NULL");
+    if (n == 0) return wpi_ctx_fail(ctx, WP_E_ARG, "n must be at least 1");
+    if (!tokens) return wpi_ctx_fail(ctx, WP_E_ARG, "tokens is NULL");
     if ((uint64_t)ctx->pos + n > ctx->mdl.ctx)
-        return fail(ctx, WP_E_CONTEXT_FULL, "position %u + %u tokens exceeds the context of %u",
+        return wpi_ctx_fail(ctx, WP_E_CONTEXT_FULL, "position %u + %u tokens exceeds the context of %u",
                     ctx->pos, n, ctx->mdl.ctx);
     for (uint32_t i = 0; i < n; i++)
         if (tokens[i] < 0 || (uint32_t)tokens[i] >= hp->vocab_size)
-            return fail(ctx, WP_E_ARG, "token %u is %d, outside the vocabulary [0, %u)", i,
+            return wpi_ctx_fail(ctx, WP_E_ARG, "token %u is %d, outside the vocabulary [0, %u)", i,
                         tokens[i], hp->vocab_size);
     size_t need = (size_t)(all_logits ? n : 1) * hp->vocab_size;
     if (!logits && logits_cap != 0)
-        return fail(ctx, WP_E_ARG, "logits is NULL but logits_cap is %zu", logits_cap);
+        return wpi_ctx_fail(ctx, WP_E_ARG, "logits is NULL but logits_cap is %zu", logits_cap);
     if (logits && logits_cap < need)
-        return fail(ctx, WP_E_ARG, "logits_cap %zu is short: %zu floats are needed",
+        return wpi_ctx_fail(ctx, WP_E_ARG, "logits_cap %zu is short: %zu floats are needed",
                     logits_cap, need);
 
     double t0 = wpi_now();
@@ -255,15 +252,11 @@ wp_status wp_state_truncate(wp_ctx *ctx, uint32_t pos)
     if (!ctx) return WP_E_ARG;
     ctx->err[0] = '\0';
     if (pos > ctx->pos)
-        return fail(ctx, WP_E_ARG, "truncate to %u beyond the position %u", pos, ctx->pos);
-    if (pos > 0 && pos < ctx->pos && wpi_kda_layers(&ctx->c->hp))
-        return fail(ctx, WP_E_STATE,
-                    "a recurrent (KDA) state cannot be truncated to %u of %u tokens; reset",
+        return wpi_ctx_fail(ctx, WP_E_ARG, "truncate to %u beyond the position %u", pos, ctx->pos);
+    const char *why = ctx->arch->no_truncate ? ctx->arch->no_truncate(&ctx->c->hp) : NULL;
+    if (pos > 0 && pos < ctx->pos && why)
+        return wpi_ctx_fail(ctx, WP_E_STATE, "%s cannot be truncated to %u of %u tokens; reset", why,
                     pos, ctx->pos);
-    if (pos > 0 && pos < ctx->pos && ctx->c->hp.v4_state)
-        return fail(ctx, WP_E_STATE,
-                    "a sliding-window and compressed state cannot be truncated to %u of %u "
-                    "tokens; reset", pos, ctx->pos);
     ctx->pos = pos;
     return WP_OK;
 }
@@ -294,7 +287,7 @@ wp_status wp_hotlist_save(wp_ctx *ctx, const char *path)
 {
     if (!ctx) return WP_E_ARG;
     ctx->err[0] = '\0';
-    if (!path) return fail(ctx, WP_E_ARG, "path is NULL");
-    if (!ctx->experts) return fail(ctx, WP_E_UNSUPPORTED, "the model has no experts");
+    if (!path) return wpi_ctx_fail(ctx, WP_E_ARG, "path is NULL");
+    if (!ctx->experts) return wpi_ctx_fail(ctx, WP_E_UNSUPPORTED, "the model has no experts");
     return wpi_experts_hotlist_save(ctx->experts, path, ctx->err, sizeof ctx->err);
 }

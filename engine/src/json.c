@@ -20,7 +20,7 @@
 #endif
 #endif
 
-#include "internal.h"
+#include "util.h"
 #include "json.h"
 
 typedef struct parser {

@@ -17,7 +17,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "internal.h"
+#include "pool.h"
+#include "util.h"
 
 /* Long enough to cover the single-threaded gaps between the matmuls of one token (norms,
  * rope, router, expert waits are short), short enough not to burn a core between calls. */

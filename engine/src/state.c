@@ -11,23 +11,21 @@
  *     84  u32 weights fingerprint (CRC32C over trunk tensor names and CRCs)
  *     88  u32 position                 92..123 zero
  *     124 u32 CRC32C of bytes 0..123
- *   payload: per layer, K rows [0, position) then V rows [0, position), f32
- *            [n_kv_heads * head_dim] each; an MLA model (kv_lora_rank > 0) has one latent
- *            row [kv_lora_rank + rope_dim] per position and no V rows; a KDA layer
- *            (kimi_linear) has its recurrent state instead (kda.c), whatever the position;
- *            a deepseek_v4 layer its whole state block (attention_csa.c), likewise
- *            an MLA layer with a DSA indexer (glm5_next) adds its indexer rows
- *            [0, position) of 3 * index_head_dim floats (dsa.c) where V rows would be
+ *   payload: per layer its part 0 then its part 1, as the architecture's state_part hook
+ *            gives them; by default K rows [0, position) then V rows [0, position), f32
+ *            [n_kv_heads * head_dim] each. MLA (blocks/mla.c) saves one latent row
+ *            [kv_lora_rank + rope_dim] per position and no V rows, a KDA layer its
+ *            recurrent state whatever the position (blocks/kda.c); an architecture
+ *            with a state of its own describes it in its arch file.
  *   trailer: u32 CRC32C of the payload
  * A header of another model or shape is WP_E_STATE; anything truncated or garbled is
  * WP_E_FORMAT, found before the context is touched (the payload CRC is checked in a
  * first pass), so a failed load leaves the context as it was.
  */
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
-#include "internal.h"
+#include "ctx.h"
 
 #define HDR 128
 #define VERSION 1
@@ -79,81 +77,34 @@ static void make_header(const wp_ctx *ctx, uint32_t pos, unsigned char *h)
     put32(h + 124, wpi_crc32c(0, h, 124));
 }
 
-static wp_status fail(wp_ctx *ctx, wp_status st, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static wp_status fail(wp_ctx *ctx, wp_status st, const char *fmt, ...)
+/* Saved bytes of layer l's part v at position pos, and where they live: the arch's
+ * state_part hook, by default K rows (v = 0) or V rows (v = 1) [0, pos). */
+static size_t part(wp_ctx *ctx, uint32_t l, int v, uint32_t pos, float **at)
 {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(ctx->err, sizeof ctx->err, fmt, ap);
-    va_end(ap);
-    return st;
-}
-
-/* Bytes of one K (v = 0) or V (v = 1) row: MLA keeps one latent row and no V. */
-static size_t row_bytes(const wpi_hparams *hp, int v)
-{
-    if (hp->kv_lora_rank) return v ? 0 : (size_t)(hp->kv_lora_rank + hp->rope_dim) * sizeof(float);
-    return (size_t)hp->n_kv_heads * hp->head_dim * sizeof(float);
-}
-
-/* Rows of layer l, K or V, from row 0. */
-static float *kv_rows(wp_ctx *ctx, uint32_t l, int v)
-{
-    size_t kvd = row_bytes(&ctx->c->hp, v) / sizeof(float);
-    return (v ? ctx->mdl.vcache : ctx->mdl.kcache) +
-           (size_t)ctx->mdl.layers[l].kv_slot * ctx->mdl.ctx * kvd;
-}
-
-/* An MLA layer with its own DSA indexer (glm5_next): its indexer rows are its part 1. */
-static int is_indexer(const wpi_hparams *hp, uint32_t l)
-{
-    return hp->kv_lora_rank && hp->layer_index[l] == WPI_INDEX_FULL &&
-           hp->layer_attn[l] != WPI_ATTN_KDA;
-}
-
-/* Saved bytes of layer l's part v at position pos, and where they live: a KDA layer
- * (kimi_linear, glm5_next) saves its recurrent state (kda.c) as part 0, whatever the
- * position; an indexer layer its indexer rows [0, position) (dsa.c) as part 1. */
-static size_t part_bytes(wp_ctx *ctx, uint32_t l, int v, uint32_t pos)
-{
-    const wpi_hparams *hp = &ctx->c->hp;
-    if (hp->layer_attn[l] == WPI_ATTN_KDA) return v ? 0 : wpi_kda_state_floats(hp) * sizeof(float);
-    if (hp->v4_state) /* deepseek_v4: the layer's whole state block (attention_csa.c) */
-        return v ? 0 : wpi_v4_layer_state_floats(hp, l, ctx->mdl.ctx) * sizeof(float);
-    if (v && is_indexer(hp, l)) return wpi_dsa_row_floats(hp) * sizeof(float) * pos;
-    return row_bytes(hp, v) * pos;
-}
-
-static float *part_ptr(wp_ctx *ctx, uint32_t l, int v)
-{
-    if (ctx->c->hp.v4_state) return ctx->mdl.layers[l].cstate;
-    if (ctx->c->hp.layer_attn[l] == WPI_ATTN_KDA)
-        return ctx->mdl.kda_state +
-               (size_t)ctx->mdl.layers[l].kv_slot * wpi_kda_state_floats(&ctx->c->hp);
-    if (v && is_indexer(&ctx->c->hp, l))
-        return ctx->mdl.idx_cache +
-               (size_t)ctx->mdl.layers[l].idx_slot * ctx->mdl.ctx * wpi_dsa_row_floats(&ctx->c->hp);
-    return kv_rows(ctx, l, v);
+    const wpi_model *m = &ctx->mdl;
+    if (ctx->arch->state_part) return ctx->arch->state_part(m, l, v, pos, at);
+    const size_t kvd = (size_t)m->hp->n_kv_heads * m->hp->head_dim;
+    *at = (v ? m->vcache : m->kcache) + (size_t)m->layers[l].kv_slot * m->ctx * kvd;
+    return kvd * sizeof(float) * pos;
 }
 
 wp_status wp_state_save(wp_ctx *ctx, const char *path)
 {
     if (!ctx) return WP_E_ARG;
     ctx->err[0] = '\0';
-    if (!path) return fail(ctx, WP_E_ARG, "path is NULL");
+    if (!path) return wpi_ctx_fail(ctx, WP_E_ARG, "path is NULL");
     const wpi_hparams *hp = &ctx->c->hp;
     unsigned char h[HDR], b[4];
     make_header(ctx, ctx->pos, h);
     FILE *f = fopen(path, "wb");
-    if (!f) return fail(ctx, WP_E_IO, "cannot create state file '%s'", path);
+    if (!f) return wpi_ctx_fail(ctx, WP_E_IO, "cannot create state file '%s'", path);
     int ok = fwrite(h, 1, HDR, f) == HDR;
     uint32_t crc = 0;
     for (uint32_t l = 0; ok && l < hp->n_layers; l++)
         for (int v = 0; ok && v < 2; v++) {
-            size_t bytes = part_bytes(ctx, l, v, ctx->pos);
+            float *p;
+            size_t bytes = part(ctx, l, v, ctx->pos, &p);
             if (!bytes) continue;
-            const float *p = part_ptr(ctx, l, v);
             crc = wpi_crc32c(crc, p, bytes);
             ok = fwrite(p, 1, bytes, f) == bytes;
         }
@@ -162,7 +113,7 @@ wp_status wp_state_save(wp_ctx *ctx, const char *path)
     ok = (fclose(f) == 0) && ok;
     if (!ok) {
         remove(path);
-        return fail(ctx, WP_E_IO, "cannot write state file '%s'", path);
+        return wpi_ctx_fail(ctx, WP_E_IO, "cannot write state file '%s'", path);
     }
     return WP_OK;
 }
@@ -177,12 +128,12 @@ static wp_status match_header(wp_ctx *ctx, const unsigned char *h, uint32_t pos)
     unsigned char mine[HDR];
     make_header(ctx, pos, mine);
     if (memcmp(h + 8, mine + 8, 32) != 0)
-        return fail(ctx, WP_E_STATE, "state is of model_type '%.31s', this model is '%s'",
+        return wpi_ctx_fail(ctx, WP_E_STATE, "state is of model_type '%.31s', this model is '%s'",
                     (const char *)h + 8, ctx->c->hp.model_type);
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         uint32_t a = get32(h + 40 + 4 * i), b = get32(mine + 40 + 4 * i);
         if (a != b)
-            return fail(ctx, WP_E_STATE, "state %s differs: file %u, this model %u", names[i],
+            return wpi_ctx_fail(ctx, WP_E_STATE, "state %s differs: file %u, this model %u", names[i],
                         a, b);
     }
     return WP_OK;
@@ -192,50 +143,51 @@ wp_status wp_state_load(wp_ctx *ctx, const char *path)
 {
     if (!ctx) return WP_E_ARG;
     ctx->err[0] = '\0';
-    if (!path) return fail(ctx, WP_E_ARG, "path is NULL");
+    if (!path) return wpi_ctx_fail(ctx, WP_E_ARG, "path is NULL");
     const wpi_hparams *hp = &ctx->c->hp;
-    const size_t row = row_bytes(hp, 0) + row_bytes(hp, 1); /* K and V of one token */
     unsigned char h[HDR], b[4];
     FILE *f = fopen(path, "rb");
-    if (!f) return fail(ctx, WP_E_IO, "cannot open state file '%s'", path);
+    if (!f) return wpi_ctx_fail(ctx, WP_E_IO, "cannot open state file '%s'", path);
     wp_status st = WP_OK;
     unsigned char *buf = NULL;
     if (fread(h, 1, HDR, f) != HDR) {
-        st = fail(ctx, WP_E_FORMAT, "state file '%s' is truncated (header)", path);
+        st = wpi_ctx_fail(ctx, WP_E_FORMAT, "state file '%s' is truncated (header)", path);
         goto out;
     }
     if (memcmp(h, "WPST", 4) != 0) {
-        st = fail(ctx, WP_E_FORMAT, "'%s' is not a state file", path);
+        st = wpi_ctx_fail(ctx, WP_E_FORMAT, "'%s' is not a state file", path);
         goto out;
     }
     if (get32(h + 4) != VERSION) {
-        st = fail(ctx, WP_E_FORMAT, "state file version %u, expected %u", get32(h + 4), VERSION);
+        st = wpi_ctx_fail(ctx, WP_E_FORMAT, "state file version %u, expected %u", get32(h + 4), VERSION);
         goto out;
     }
     if (get32(h + 124) != wpi_crc32c(0, h, 124)) {
-        st = fail(ctx, WP_E_FORMAT, "state file header checksum mismatch");
+        st = wpi_ctx_fail(ctx, WP_E_FORMAT, "state file header checksum mismatch");
         goto out;
     }
     uint32_t pos = get32(h + 88);
     if ((st = match_header(ctx, h, pos)) != WP_OK) goto out;
     if (pos > ctx->mdl.ctx) {
-        st = fail(ctx, WP_E_FORMAT, "state position %u exceeds the context %u", pos,
+        st = wpi_ctx_fail(ctx, WP_E_FORMAT, "state position %u exceeds the context %u", pos,
                   ctx->mdl.ctx);
         goto out;
     }
     uint64_t payload = 0;
     for (uint32_t l = 0; l < hp->n_layers; l++)
-        payload += part_bytes(ctx, l, 0, pos) + part_bytes(ctx, l, 1, pos);
-    (void)row;
+        for (int v = 0; v < 2; v++) {
+            float *p;
+            payload += part(ctx, l, v, pos, &p);
+        }
     if (fseeko(f, 0, SEEK_END) != 0 || (uint64_t)ftello(f) != HDR + payload + 4) {
-        st = fail(ctx, WP_E_FORMAT, "state file is %lld bytes, expected %llu",
+        st = wpi_ctx_fail(ctx, WP_E_FORMAT, "state file is %lld bytes, expected %llu",
                   (long long)ftello(f), (unsigned long long)(HDR + payload + 4));
         goto out;
     }
     /* Pass 1: the payload CRC, without touching the cache. */
     buf = wpi_alloc(&ctx->mem, 64, IO_BUF);
     if (!buf) {
-        st = fail(ctx, WP_E_OOM, "state read buffer");
+        st = wpi_ctx_fail(ctx, WP_E_OOM, "state read buffer");
         goto out;
     }
     uint32_t crc = 0;
@@ -243,24 +195,25 @@ wp_status wp_state_load(wp_ctx *ctx, const char *path)
     for (uint64_t left = payload; left > 0;) {
         size_t n = left < IO_BUF ? (size_t)left : IO_BUF;
         if (fread(buf, 1, n, f) != n) {
-            st = fail(ctx, WP_E_IO, "short read from state file '%s'", path);
+            st = wpi_ctx_fail(ctx, WP_E_IO, "short read from state file '%s'", path);
             goto out;
         }
         crc = wpi_crc32c(crc, buf, n);
         left -= n;
     }
     if (fread(b, 1, 4, f) != 4 || get32(b) != crc) {
-        st = fail(ctx, WP_E_FORMAT, "state file payload checksum mismatch");
+        st = wpi_ctx_fail(ctx, WP_E_FORMAT, "state file payload checksum mismatch");
         goto out;
     }
     /* Pass 2: into the cache. A failure here leaves an unusable cache: reset. */
     fseeko(f, HDR, SEEK_SET);
     for (uint32_t l = 0; l < hp->n_layers; l++)
         for (int v = 0; v < 2; v++) {
-            size_t bytes = part_bytes(ctx, l, v, pos);
-            if (bytes && fread(part_ptr(ctx, l, v), 1, bytes, f) != bytes) {
+            float *p;
+            size_t bytes = part(ctx, l, v, pos, &p);
+            if (bytes && fread(p, 1, bytes, f) != bytes) {
                 ctx->pos = 0;
-                st = fail(ctx, WP_E_IO, "short read from state file '%s'; context reset", path);
+                st = wpi_ctx_fail(ctx, WP_E_IO, "short read from state file '%s'; context reset", path);
                 goto out;
             }
         }

@@ -18,7 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "internal.h"
+#include "util.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <nmmintrin.h>

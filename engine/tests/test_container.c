@@ -25,7 +25,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "internal.h"
+#include "arch.h"
 #include "json.h"
 
 #include "tiny_container.h"

@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "check.h"
-#include "internal.h"
+#include "arch.h"
 
 /* Matmul and SwiGLU outputs at 1, 2 and 4 threads are byte-identical, per dtype. */
 static void test_pool_determinism(void)

@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "check.h"
-#include "internal.h"
+#include "blocks.h"
 
 /* transformers' outputs for hc 4, dim 8, 2 tokens, 20 Sinkhorn iterations, eps 1e-6. */
 static const float want_post[8] = {1.820071220e+00f, 1.057177544e+00f, 8.174493313e-01f, 1.059411883e+00f, 1.817765355e+00f, 6.302236319e-01f, 5.839439631e-01f, 1.776676774e-01f};

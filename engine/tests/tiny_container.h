@@ -5,7 +5,7 @@
 #include <stdint.h>
 #include <stddef.h>
 
-#include "internal.h"
+#include "container.h"
 
 typedef struct tspec {
     const char *kinds;     /* one char per layer: 'd' dense, 'm' moe */

@@ -2,31 +2,630 @@
  * deepseek_v4.c -- DeepseekV4ForCausalLM (DeepSeek V4 / V4.1 Flash).
  *   The residual is hc_mult hyper-connection streams (blocks/hyper.c): the embedding is
  *   copied into every stream; per layer
- *     a = attention(rmsnorm(collapse_attn(h)))      blocks/attention_csa.c: sliding window,
+ *     a = attention(rmsnorm(collapse_attn(h)))      attention below: sliding window,
  *     h = post_attn * a + comb_attn^T h              plus HCA or CSA compressed keys
- *     f = moe(rmsnorm(collapse_ffn(h)))              blocks/moe_v4.c: hash or top-k routing,
+ *     f = moe(rmsnorm(collapse_ffn(h)))              MoE below: hash or top-k routing,
  *     h = post_ffn * f + comb_ffn^T h                sqrtsoftplus scores, shared expert
  *   and after the last layer the hyper head collapses the streams into x, which the common
  *   walk (forward.c) normalizes and projects to logits. Tensors: docs/FORMAT.md section 4.
  *   The multi-token-prediction head is not used.
  */
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
-#include "internal.h"
+#include "arch.h"
+#include "json.h"
 
-/* attention_csa.c */
-void wpi_v4_hc_buffers(wpi_model *m, float **streams, float **post, float **comb,
-                       float **hcs, float **coll, float **y);
+/* ---- hparams: the keys only deepseek_v4 reads ---------------------------------------- */
 
-static wp_status need_f32(const wpi_container *c, const char *name, uint64_t rows,
-                          uint64_t cols, char *err, size_t cap)
+#define W "manifest.json: hparams"
+
+/* The grouped output projection (o_groups, o_lora_rank), the compression rates
+ * (compress_rate_csa, compress_rate_hca), the per-layer attention compression
+ * (compress_kinds: "none", "csa" or "hca") and hash-routed MoE layers (hash_layers:
+ * booleans), after the shared blocks' keys. Absent means zero (off). */
+static wp_status hparams(const struct wpi_json *h, wpi_hparams *hp, char *err, size_t cap)
 {
-    TRY(wpi_need_matrix(c, name, rows, cols, err, cap));
-    if (wpi_container_tensor(c, name)->dtype != WPI_F32)
-        return wpi_fail(err, cap, WP_E_UNSUPPORTED, "tensor '%s' must be f32", name);
+    wp_status st;
+    TRY(wpi_hparams_shared(h, hp, err, cap));
+    memset(hp->layer_compress, WPI_CMP_NONE, sizeof hp->layer_compress);
+    memset(hp->layer_hash, 0, sizeof hp->layer_hash);
+    if ((st = wpi_hparam_u32(h, "o_groups", hp, err, cap)) != WP_OK ||
+        (st = wpi_hparam_u32(h, "o_lora_rank", hp, err, cap)) != WP_OK ||
+        (st = wpi_hparam_u32(h, "compress_rate_csa", hp, err, cap)) != WP_OK ||
+        (st = wpi_hparam_u32(h, "compress_rate_hca", hp, err, cap)) != WP_OK)
+        return st;
+    const wpi_json *v;
+    v = wpi_json_get(h, "compress_kinds");
+    if (v && v->type != WPI_JSON_NULL) {
+        if (v->type != WPI_JSON_ARRAY || v->len != hp->n_layers)
+            return wpi_fail(err, cap, WP_E_FORMAT, W ".compress_kinds: expected %u strings",
+                            hp->n_layers);
+        for (uint32_t l = 0; l < hp->n_layers; l++) {
+            const char *k = wpi_json_str(&v->items[l]);
+            if (k && !strcmp(k, "none"))
+                hp->layer_compress[l] = WPI_CMP_NONE;
+            else if (k && !strcmp(k, "csa") && hp->compress_rate_csa)
+                hp->layer_compress[l] = WPI_CMP_CSA;
+            else if (k && !strcmp(k, "hca") && hp->compress_rate_hca)
+                hp->layer_compress[l] = WPI_CMP_HCA;
+            else
+                return wpi_fail(err, cap, WP_E_FORMAT,
+                                W ".compress_kinds[%u]: expected \"none\", \"csa\" (with "
+                                  "compress_rate_csa) or \"hca\" (with compress_rate_hca)", l);
+        }
+    }
+    v = wpi_json_get(h, "hash_layers");
+    if (v && v->type != WPI_JSON_NULL) {
+        if (v->type != WPI_JSON_ARRAY || v->len != hp->n_layers)
+            return wpi_fail(err, cap, WP_E_FORMAT, W ".hash_layers: expected %u booleans",
+                            hp->n_layers);
+        for (uint32_t l = 0; l < hp->n_layers; l++) {
+            int b;
+            if (!wpi_json_bool(&v->items[l], &b))
+                return wpi_fail(err, cap, WP_E_FORMAT, W ".hash_layers[%u]: expected a boolean", l);
+            hp->layer_hash[l] = (uint8_t)b;
+        }
+    }
     return WP_OK;
 }
+
+#undef W
+
+/* ---- attention ----------------------------------------------------------------------
+ *
+ * Shared-KV multi-query attention with sinks over a sliding window, plus compressed keys:
+ * heavily compressed (HCA, every causal entry) or compressed sparse (CSA, the lightning
+ * indexer's top-k entries).
+ *
+ * Per token at position p, with x the block input (normed), hd = head_dim, RD = rope_dim
+ * (the trailing RD dims of a head rotate, GPT-J pairs), rope "main" on sliding-only layers
+ * and "compress" (rope_freqs_c) on CSA/HCA layers:
+ *   qr = rmsnorm(Wq_a x; q_a_norm)                         [q_lora_rank]
+ *   q  = rope(rmsnorm_h(Wq_b qr))  per head, unweighted    [n_heads, hd]
+ *   kv = rope(rmsnorm(Wkv x; kv_norm))                     [hd]  (key = value)
+ *   keys: kv of positions p-W+1..p (W = sliding_window), then compressed entries
+ *   o_h = sum_k softmax([q_h.k * scale, sink_h])_k k       (the sink takes weight, no value)
+ *   o_h = rope^-1(o_h) at p; out = Wo_b [Wo_a,g o_g for each of o_groups groups]
+ * Compressor of rate m (HCA: width hd; CSA: 2hd, two series Ca = [:hd], Cb = [hd:]):
+ *   c = Wc x, z = Wz x per token; window w (tokens wm..wm+m-1) closes at p = wm+m-1:
+ *   HCA: e_w = sum_j softmax_j(z_j + B_j) c_j (per dim) over the window's m tokens
+ *   CSA: the same over 2m slots: Ca of window w-1 (weight 0 for w = 0) then Cb of window w
+ *   e_w = rope_c(rmsnorm(e_w; cmp_norm)) at position wm. A query at p sees entries
+ *   w < (p+1)/m (windows already closed).
+ * Indexer (CSA): its own compressor at index_head_dim (entries k_w); per query
+ *   qi = rope_c(Wiq qr) [ih, ihd]; wt = Wiw x / sqrt(ih);
+ *   score_w = sum_h relu(qi_h.k_w) / sqrt(ihd) * wt_h; the index_topk best causal entries
+ *   (ties to the lower index) are the CSA keys.
+ *
+ * State per layer (floats, layer_state_floats), fixed at ctx:
+ *   ring [W][hd]: kv of position q at row q % W
+ *   HCA: c, z [m][hd] (row q % m); entries [ctx / m][hd]
+ *   CSA: c, z [2m][2hd] (row q % 2m: the open window and the one before);
+ *        entries [ctx / m][hd]; indexer c, z [2m][2ihd], entries [ctx / m][ihd]
+ * Everything read is a function of the position, so nothing is reset at position 0.
+ * Tasks are (token, head) pairs and tokens; the thread count never changes a result.
+ */
+
+static uint32_t cmp_rate(const wpi_hparams *hp, uint32_t l)
+{
+    return hp->layer_compress[l] == WPI_CMP_CSA   ? hp->compress_rate_csa
+           : hp->layer_compress[l] == WPI_CMP_HCA ? hp->compress_rate_hca
+                                                  : 0;
+}
+
+/* Offsets (floats) of the parts of a layer's state. */
+typedef struct v4_state {
+    size_t ring, c, z, ent, ic, iz, ient, total;
+    uint32_t m, slots, cw, n_ent; /* rate, ring rows of c/z, width of c/z, entry capacity */
+} v4_state;
+
+static v4_state state_of(const wpi_hparams *hp, uint32_t l, uint32_t ctx)
+{
+    v4_state s;
+    memset(&s, 0, sizeof s);
+    const size_t hd = hp->head_dim, ihd = hp->index_head_dim;
+    size_t off = (size_t)hp->sliding_window * hd;
+    s.m = cmp_rate(hp, l);
+    if (s.m) {
+        const int csa = hp->layer_compress[l] == WPI_CMP_CSA;
+        s.slots = csa ? 2 * s.m : s.m;
+        s.cw = (uint32_t)(csa ? 2 * hd : hd);
+        s.n_ent = ctx / s.m;
+        s.c = off;
+        off += (size_t)s.slots * s.cw;
+        s.z = off;
+        off += (size_t)s.slots * s.cw;
+        s.ent = off;
+        off += (size_t)s.n_ent * hd;
+        if (csa) {
+            s.ic = off;
+            off += (size_t)s.slots * 2 * ihd;
+            s.iz = off;
+            off += (size_t)s.slots * 2 * ihd;
+            s.ient = off;
+            off += (size_t)s.n_ent * ihd;
+        }
+    }
+    s.total = off;
+    return s;
+}
+
+static uint64_t layer_state_floats(const wpi_hparams *hp, uint32_t l, uint32_t ctx)
+{
+    return state_of(hp, l, ctx).total;
+}
+
+
+/* Scratch carve, in floats: the hyper-connection buffers first (used by the arch file),
+ * then the attention's. */
+typedef struct v4_scr {
+    float *streams, *post, *comb, *hcs, *coll, *y;        /* arch/deepseek_v4.c */
+    float *kv, *cc, *cs, *ckv, *cz, *ikv, *iz, *iq, *iw, *selw, *oa;
+    int32_t *sel;
+} v4_scr;
+
+static uint64_t carve(const wpi_hparams *hp, uint32_t C, float *b, v4_scr *o)
+{
+    const uint64_t H = hp->hidden_size, hc = hp->hc_mult, hd = hp->head_dim;
+    const uint64_t ihd = hp->index_head_dim, ih = hp->index_heads, KI = hp->index_topk;
+    const wpi_hc_dims d = {hp->hc_mult, hp->hidden_size, hp->hc_sinkhorn_iters, hp->hc_eps,
+                           hp->rms_norm_eps};
+    uint64_t off = 0;
+#define PART(field, count)                                          \
+    do {                                                            \
+        if (b) o->field = (void *)(b + off);                        \
+        off += ((uint64_t)(count) + 15) / 16 * 16;                  \
+    } while (0)
+    PART(streams, C * hc * H);
+    PART(post, C * hc);
+    PART(comb, C * hc * hc);
+    PART(hcs, wpi_hc_scratch_floats(&d, C));
+    PART(coll, C * H);
+    PART(y, C * H);
+    PART(kv, C * hd);
+    PART(cc, C * (hp->rope_dim / 2));
+    PART(cs, C * (hp->rope_dim / 2));
+    PART(ckv, C * 2 * hd);
+    PART(cz, C * 2 * hd);
+    PART(ikv, C * 2 * ihd);
+    PART(iz, C * 2 * ihd);
+    PART(iq, C * ih * ihd);
+    PART(iw, C * ih);
+    PART(sel, C * KI);
+    PART(selw, C * KI);
+    PART(oa, C * hp->o_groups * hp->o_lora_rank);
+#undef PART
+    return off;
+}
+
+static uint64_t scratch_floats(const wpi_hparams *hp, uint32_t chunk)
+{
+    return carve(hp, chunk, NULL, NULL);
+}
+
+/* The layer's view of the same carve. */
+static void hc_buffers(wpi_model *m, float **streams, float **post, float **comb,
+                       float **hcs, float **coll, float **y)
+{
+    v4_scr s;
+    carve(m->hp, m->chunk, m->v4_buf, &s);
+    *streams = s.streams;
+    *post = s.post;
+    *comb = s.comb;
+    *hcs = s.hcs;
+    *coll = s.coll;
+    *y = s.y;
+}
+
+/* ---- rope --------------------------------------------------------------------------- */
+
+static void rope_at(const float *freqs, uint32_t half, uint32_t p, float *c, float *s)
+{
+    for (uint32_t i = 0; i < half; i++) {
+        float a = (float)p * freqs[i];
+        c[i] = (float)cos((double)a);
+        s[i] = (float)sin((double)a);
+    }
+}
+
+/* Rotates the trailing rd dims of n vectors of width w (stride w), GPT-J pairs; sign -1
+ * rotates backwards. */
+static void rope_tail(float *v, uint32_t n, uint32_t w, uint32_t rd, const float *c,
+                      const float *s, float sign)
+{
+    for (uint32_t h = 0; h < n; h++) {
+        float *x = v + (size_t)h * w + (w - rd);
+        for (uint32_t i = 0; i < rd / 2; i++) {
+            float a = x[2 * i], b = x[2 * i + 1], sn = sign * s[i];
+            x[2 * i] = a * c[i] - b * sn;
+            x[2 * i + 1] = b * c[i] + a * sn;
+        }
+    }
+}
+
+/* ---- compressor ----------------------------------------------------------------------- */
+
+/* Entry of window w from the c/z ring (rows q % slots, cw floats each): per dim, a
+ * softmax over the window's slots of z + bias weighting c; with overlap (CSA) the slots
+ * are Ca of window w-1 (none for w = 0) then Cb of window w. */
+#define WPI_V4_MAX_RATE 1024
+
+static void compress_window(const float *ring_c, const float *ring_z, uint32_t slots,
+                            uint32_t cw, uint32_t m, uint32_t hd, int overlap, uint32_t w,
+                            const float *bias, const float *norm, float eps,
+                            const float *freqs, uint32_t rd, float *out)
+{
+    float cbuf[512], sbuf[512];
+    float g[2 * WPI_V4_MAX_RATE], v[2 * WPI_V4_MAX_RATE];
+    for (uint32_t d = 0; d < hd; d++) {
+        uint32_t ns = 0;
+        if (overlap && w > 0)
+            for (uint32_t j = 0; j < m; j++) {
+                size_t row = ((size_t)(w - 1) * m + j) % slots * cw;
+                g[ns] = ring_z[row + d] + bias[(size_t)j * cw + d];
+                v[ns++] = ring_c[row + d];
+            }
+        const uint32_t off = overlap ? hd : 0;
+        for (uint32_t j = 0; j < m; j++) {
+            size_t row = ((size_t)w * m + j) % slots * cw;
+            g[ns] = ring_z[row + off + d] + bias[(size_t)j * cw + off + d];
+            v[ns++] = ring_c[row + off + d];
+        }
+        float mx = -INFINITY, sum = 0, acc = 0;
+        for (uint32_t i = 0; i < ns; i++)
+            if (g[i] > mx) mx = g[i];
+        for (uint32_t i = 0; i < ns; i++) sum += (g[i] = expf(g[i] - mx));
+        for (uint32_t i = 0; i < ns; i++) acc += v[i] * (g[i] / sum);
+        out[d] = acc;
+    }
+    wpi_rmsnorm(out, out, norm, hd, eps);
+    rope_at(freqs, rd / 2, w * m, cbuf, sbuf);
+    rope_tail(out, 1, hd, rd, cbuf, sbuf, 1.0f);
+}
+
+/* Feeds the chunk's projected rows (c, z: [n][cw]) through the ring, closing windows. */
+static void compressor_feed(const wpi_hparams *hp, float *ring_c, float *ring_z,
+                            float *entries, const v4_state *s, uint32_t hd, int overlap,
+                            const float *c, const float *z, uint32_t n, uint32_t pos,
+                            const float *bias, const float *norm, const float *freqs)
+{
+    for (uint32_t t = 0; t < n; t++) {
+        uint32_t p = pos + t;
+        memcpy(ring_c + (size_t)(p % s->slots) * s->cw, c + (size_t)t * s->cw,
+               sizeof(float) * s->cw);
+        memcpy(ring_z + (size_t)(p % s->slots) * s->cw, z + (size_t)t * s->cw,
+               sizeof(float) * s->cw);
+        if ((p + 1) % s->m == 0) {
+            uint32_t w = (p + 1) / s->m - 1;
+            if (w < s->n_ent)
+                compress_window(ring_c, ring_z, s->slots, s->cw, s->m, hd, overlap, w, bias,
+                                norm, hp->rms_norm_eps, freqs, hp->rope_dim,
+                                entries + (size_t)w * hd);
+        }
+    }
+}
+
+/* ---- indexer selection ------------------------------------------------------------------ */
+
+typedef struct idx_ctx {
+    const wpi_model *m;
+    const float *iq, *iw, *ient;
+    int32_t *sel;
+    float *selw;
+    uint32_t pos, rate;
+} idx_ctx;
+
+static void idx_task(void *arg, uint32_t t)
+{
+    const idx_ctx *c = arg;
+    const wpi_hparams *hp = c->m->hp;
+    const uint32_t ih = hp->index_heads, ihd = hp->index_head_dim, K = hp->index_topk;
+    const uint32_t thr = (c->pos + t + 1) / c->rate;
+    const float scale = 1.0f / sqrtf((float)ihd);
+    int32_t *ids = c->sel + (size_t)t * K;
+    float *w = c->selw + (size_t)t * K;
+    uint32_t filled = 0;
+    for (uint32_t e = 0; e < thr; e++) {
+        const float *k = c->ient + (size_t)e * ihd;
+        float sc = 0;
+        for (uint32_t h = 0; h < ih; h++) {
+            const float *q = c->iq + ((size_t)t * ih + h) * ihd;
+            float dot = 0;
+            for (uint32_t i = 0; i < ihd; i++) dot += q[i] * k[i];
+            float r = (dot > 0 ? dot : 0) * scale;
+            sc += r * c->iw[(size_t)t * ih + h];
+        }
+        wpi_topk_insert(w, ids, K, &filled, sc, (int32_t)e);
+    }
+    for (uint32_t i = filled; i < K; i++) ids[i] = -1;
+}
+
+/* ---- attention core --------------------------------------------------------------------- */
+
+typedef struct att_ctx {
+    const wpi_model *m;
+    const wpi_layer *L;
+    const float *kv, *ring, *ent;
+    const int32_t *sel;
+    uint32_t n, pos, rate, csa;
+} att_ctx;
+
+static inline void online(float l, const float *v, uint32_t hd, float *mx, float *sum,
+                          float *acc)
+{
+    if (l > *mx) {
+        float r = expf(*mx - l);
+        *sum *= r;
+        for (uint32_t i = 0; i < hd; i++) acc[i] *= r;
+        *mx = l;
+    }
+    float e = expf(l - *mx);
+    *sum += e;
+    for (uint32_t i = 0; i < hd; i++) acc[i] += e * v[i];
+}
+
+static void att_task(void *arg, uint32_t task)
+{
+    const att_ctx *c = arg;
+    const wpi_hparams *hp = c->m->hp;
+    const uint32_t nh = hp->n_heads, hd = hp->head_dim, W = hp->sliding_window;
+    const uint32_t t = task / nh, h = task % nh, p = c->pos + t;
+    const float *q = c->m->q + ((size_t)t * nh + h) * hd;
+    float *acc = c->m->att + ((size_t)t * nh + h) * hd;
+    const float scale = hp->attn_scale;
+    const wpi_kernels *k = c->m->k;
+    float mx = -INFINITY, sum = 0;
+    memset(acc, 0, sizeof(float) * hd);
+    uint32_t k0 = p + 1 > W ? p + 1 - W : 0;
+    for (uint32_t kp = k0; kp <= p; kp++) {
+        const float *row = kp >= c->pos ? c->kv + (size_t)(kp - c->pos) * hd
+                                         : c->ring + (size_t)(kp % W) * hd;
+        online(k->dot_f32(q, row, hd) * scale, row, hd, &mx, &sum, acc);
+    }
+    if (c->rate) {
+        const uint32_t thr = (p + 1) / c->rate;
+        if (c->csa) {
+            const int32_t *ids = c->sel + (size_t)t * hp->index_topk;
+            for (uint32_t i = 0; i < hp->index_topk; i++) {
+                if (ids[i] < 0 || (uint32_t)ids[i] >= thr) continue;
+                const float *row = c->ent + (size_t)ids[i] * hd;
+                online(k->dot_f32(q, row, hd) * scale, row, hd, &mx, &sum, acc);
+            }
+        } else {
+            for (uint32_t e = 0; e < thr; e++) {
+                const float *row = c->ent + (size_t)e * hd;
+                online(k->dot_f32(q, row, hd) * scale, row, hd, &mx, &sum, acc);
+            }
+        }
+    }
+    /* the sink: a logit without a value */
+    float s = c->L->sinks ? c->L->sinks[h] : -INFINITY;
+    if (s > mx) {
+        float r = expf(mx - s);
+        sum *= r;
+        for (uint32_t i = 0; i < hd; i++) acc[i] *= r;
+        mx = s;
+    }
+    sum += expf(s - mx);
+    for (uint32_t i = 0; i < hd; i++) acc[i] /= sum;
+}
+
+static void v4_attention(wpi_model *m, uint32_t l, const float *x, uint32_t n, uint32_t pos,
+                      float *out)
+{
+    const wpi_hparams *hp = m->hp;
+    const wpi_layer *L = &m->layers[l];
+    const uint32_t H = hp->hidden_size, nh = hp->n_heads, hd = hp->head_dim;
+    const uint32_t QL = hp->q_lora_rank, RD = hp->rope_dim, half = RD / 2, W = hp->sliding_window;
+    const uint32_t ih = hp->index_heads, ihd = hp->index_head_dim;
+    const v4_state st = state_of(hp, l, m->ctx);
+    const int csa = hp->layer_compress[l] == WPI_CMP_CSA;
+    v4_scr s;
+    carve(hp, m->chunk, m->v4_buf, &s);
+    float *S = L->cstate;
+
+    /* rope of this layer at the chunk's positions */
+    const float *cosv = m->rope_cos, *sinv = m->rope_sin;
+    if (st.m) {
+        for (uint32_t t = 0; t < n; t++)
+            rope_at(m->rope_freqs_c, half, pos + t, s.cc + (size_t)t * half, s.cs + (size_t)t * half);
+        cosv = s.cc;
+        sinv = s.cs;
+    }
+
+    /* q, kv */
+    wpi_mm j1[2] = {{&L->wq_a, m->mla_qa, QL}, {&L->wkv, s.kv, hd}};
+    wpi_matmul(m, j1, 2, x, H, n);
+    for (uint32_t t = 0; t < n; t++) {
+        wpi_rmsnorm(m->mla_qa + (size_t)t * QL, m->mla_qa + (size_t)t * QL, L->q_a_norm, QL,
+                    hp->rms_norm_eps);
+        wpi_rmsnorm(s.kv + (size_t)t * hd, s.kv + (size_t)t * hd, L->kv_norm, hd, hp->rms_norm_eps);
+        rope_tail(s.kv + (size_t)t * hd, 1, hd, RD, cosv + (size_t)t * half, sinv + (size_t)t * half, 1.0f);
+    }
+    wpi_mm j2 = {&L->wq_b, m->q, (size_t)nh * hd};
+    wpi_matmul(m, &j2, 1, m->mla_qa, QL, n);
+    for (uint32_t t = 0; t < n; t++) {
+        float *q = m->q + (size_t)t * nh * hd;
+        for (uint32_t h = 0; h < nh; h++) wpi_rmsnorm(q + (size_t)h * hd, q + (size_t)h * hd, NULL, hd, hp->rms_norm_eps);
+        rope_tail(q, nh, hd, RD, cosv + (size_t)t * half, sinv + (size_t)t * half, 1.0f);
+    }
+
+    /* compressor (and indexer) */
+    if (st.m) {
+        wpi_mm jc[2] = {{&L->cmp_kv, s.ckv, st.cw}, {&L->cmp_gate, s.cz, st.cw}};
+        wpi_matmul(m, jc, 2, x, H, n);
+        compressor_feed(hp, S + st.c, S + st.z, S + st.ent, &st, hd, csa, s.ckv, s.cz, n, pos,
+                        L->cmp_bias, L->cmp_norm, m->rope_freqs_c);
+    }
+    if (csa) {
+        wpi_mm ji[3] = {{&L->idx_kv, s.ikv, 2 * ihd}, {&L->idx_gate, s.iz, 2 * ihd},
+                        {&L->idx_w, s.iw, ih}};
+        wpi_matmul(m, ji, 3, x, H, n);
+        v4_state is = st;
+        is.cw = 2 * ihd;
+        compressor_feed(hp, S + st.ic, S + st.iz, S + st.ient, &is, ihd, 1, s.ikv, s.iz, n, pos,
+                        L->idx_bias, L->idx_norm, m->rope_freqs_c);
+        wpi_mm jq = {&L->idx_q, s.iq, (size_t)ih * ihd};
+        wpi_matmul(m, &jq, 1, m->mla_qa, QL, n);
+        const float ws = 1.0f / sqrtf((float)ih);
+        for (uint32_t t = 0; t < n; t++) {
+            rope_tail(s.iq + (size_t)t * ih * ihd, ih, ihd, RD, cosv + (size_t)t * half,
+                      sinv + (size_t)t * half, 1.0f);
+            for (uint32_t h = 0; h < ih; h++) s.iw[(size_t)t * ih + h] *= ws;
+        }
+        idx_ctx ic = {m, s.iq, s.iw, S + st.ient, s.sel, s.selw, pos, st.m};
+        wpi_parallel_for(m->pool, n, idx_task, &ic);
+    }
+
+    /* attention */
+    att_ctx ac = {m, L, s.kv, S, st.m ? S + st.ent : NULL, s.sel, n, pos, st.m, (uint32_t)csa};
+    wpi_parallel_for(m->pool, n * nh, att_task, &ac);
+    /* the chunk's keys into the ring */
+    for (uint32_t t = (n > W ? n - W : 0); t < n; t++)
+        memcpy(S + (size_t)((pos + t) % W) * hd, s.kv + (size_t)t * hd, sizeof(float) * hd);
+
+    /* undo the values' rotation, grouped output projection */
+    for (uint32_t t = 0; t < n; t++)
+        rope_tail(m->att + (size_t)t * nh * hd, nh, hd, RD, cosv + (size_t)t * half,
+                  sinv + (size_t)t * half, -1.0f);
+    const uint32_t G = hp->o_groups, R = hp->o_lora_rank, gin = nh * hd / G;
+    for (uint32_t g = 0; g < G; g++) {
+        wpi_wmat wg = L->wo_a;
+        wg.data = (const char *)L->wo_a.data + (size_t)g * R * wpi_row_bytes(wg.dtype, gin);
+        wg.rows = R;
+        wpi_mm jo = {&wg, s.oa + (size_t)g * R, (size_t)G * R};
+        wpi_matmul(m, &jo, 1, m->att + (size_t)g * gin, (size_t)nh * hd, n);
+    }
+    wpi_mm jb = {&L->wo_b, out, H};
+    wpi_matmul(m, &jb, 1, s.oa, (size_t)G * R, n);
+}
+
+/* ---- mixture of experts ---------------------------------------------------------------
+ *
+ * On a block input x (normed):
+ *   scores = sqrt(softplus(router x))                      [n_experts] (softplus(y) = y > 20)
+ *   ids    = hash layer: the table hash_ids[token] (the token id picks its experts)
+ *            else the top_k of scores + exp_probs_b (ties to the lower id)
+ *   w      = scores[ids] / (sum + 1e-20) * routed_scaling_factor
+ *   out    = sum_j w_j expert_ids[j](x) + shared(x)
+ * Experts and the shared expert use the clamped SwiGLU
+ *   down(silu(min(gate x, limit)) * clamp(up x, -limit, limit))   (limit = swiglu_limit).
+ * Experts stream through wpi_experts_* as in moe.c (the chunk's distinct experts, each
+ * read once; outputs summed per token in router order), so results never depend on the
+ * cache state or the thread count. Decoding one token, the next layer's experts are
+ * prefetched (timing only): a hash layer's exactly from the token id, a top-k layer's
+ * as its router picks them on an approximation of its input (v4_lookahead).
+ */
+
+/* out = down(silu(min(g, lim)) * clamp(u, -lim, lim)) for cnt tokens (rows H apart). */
+static void clamped_swiglu(wpi_model *m, const wpi_wmat *gate, const wpi_wmat *up,
+                           const wpi_wmat *down, const float *xs, uint32_t cnt, float *out)
+{
+    const size_t H = m->hp->hidden_size, I = gate->rows;
+    const float lim = m->hp->swiglu_limit;
+    wpi_mm gu[2] = {{gate, m->ff_g, I}, {up, m->ff_u, I}};
+    wpi_matmul(m, gu, 2, xs, H, cnt);
+    for (uint32_t t = 0; t < cnt; t++) {
+        float *g = m->ff_g + t * I;
+        const float *u = m->ff_u + t * I;
+        for (size_t r = 0; r < I; r++) {
+            float a = g[r], b = u[r];
+            if (lim > 0) {
+                a = a > lim ? lim : a;
+                b = b > lim ? lim : (b < -lim ? -lim : b);
+            }
+            g[r] = a / (1.0f + expf(-a)) * b;
+        }
+    }
+    wpi_mm d = {down, out, H};
+    wpi_matmul(m, &d, 1, m->ff_g, I, cnt);
+}
+
+/* wpi_expert_apply_fn over a streamed expert's record. */
+static void routed_expert(void *arg, wpi_model *m, const wpi_expert_view *v, int32_t expert,
+                          const float *rows, uint32_t cnt, float *out)
+{
+    wpi_wmat gate = {v->gate, v->dtype, v->inter, v->hidden};
+    wpi_wmat up = {v->up, v->dtype, v->inter, v->hidden};
+    wpi_wmat down = {v->down, v->dtype, v->hidden, v->inter};
+    clamped_swiglu(m, &gate, &up, &down, rows, cnt, out);
+}
+
+static float sqrt_softplus(float y)
+{
+    float sp = y > 20.0f ? y : log1pf(expf(y));
+    return sqrtf(sp);
+}
+
+static wp_status v4_moe(wpi_model *m, uint32_t l, const float *x, uint32_t n, float *out)
+{
+    const wpi_hparams *hp = m->hp;
+    const wpi_layer *L = &m->layers[l];
+    const size_t H = hp->hidden_size, K = hp->top_k, E = hp->n_experts;
+
+    wpi_wmat r = {L->router, WPI_F32, hp->n_experts, hp->hidden_size};
+    wpi_mm job = {&r, m->probs, E};
+    wpi_matmul(m, &job, 1, x, H, n);
+    for (uint32_t t = 0; t < n; t++) {
+        float *sc = m->probs + t * E;
+        for (size_t e = 0; e < E; e++) sc[e] = sqrt_softplus(sc[e]);
+        int32_t *ids = m->topk_id + t * K;
+        float *w = m->topk_w + t * K;
+        if (L->hash_ids) {
+            const float *row = L->hash_ids + (size_t)m->tokens[t] * K;
+            for (size_t j = 0; j < K; j++) ids[j] = (int32_t)row[j];
+        } else {
+            float *ch = m->route_tmp;
+            for (size_t e = 0; e < E; e++) ch[e] = sc[e] + (L->exp_bias ? L->exp_bias[e] : 0.0f);
+            wpi_topk(ch, (uint32_t)E, (uint32_t)K, ids, w);
+        }
+        float s = 0;
+        for (size_t j = 0; j < K; j++) s += (w[j] = sc[ids[j]]);
+        s += 1e-20f;
+        for (size_t j = 0; j < K; j++) w[j] = w[j] / s * hp->routed_scaling_factor;
+    }
+
+    const uint32_t nd = wpi_moe_distinct_experts(m, n);
+    wp_status st = wpi_moe_for_each_expert(m, l, x, nd, routed_expert, NULL);
+    if (st != WP_OK) return st;
+
+    const int shared = L->sh_gate.data != NULL;
+    if (shared) clamped_swiglu(m, &L->sh_gate, &L->sh_up, &L->sh_down, x, n, m->yg);
+    for (uint32_t t = 0; t < n; t++) {
+        float *acc = out + t * H;
+        memset(acc, 0, H * sizeof(float));
+        for (size_t j = 0; j < K; j++)
+            m->k->axpy_f32(m->topk_w[t * K + j], m->eo + (t * K + j) * H, acc, H);
+        if (shared) m->k->axpy_f32(1.0f, m->yg + t * H, acc, H);
+    }
+    return WP_OK;
+}
+
+static void v4_lookahead(wpi_model *m, uint32_t l, const float *approx)
+{
+    const wpi_hparams *hp = m->hp;
+    const wpi_layer *N = &m->layers[l + 1];
+    const size_t H = hp->hidden_size, E = hp->n_experts, K = hp->top_k;
+    if (N->hash_ids) { /* the same token picks the next layer's experts: exact */
+        const float *row = N->hash_ids + (size_t)m->tokens[0] * K;
+        for (size_t j = 0; j < K; j++) m->la_ids[j] = (int32_t)row[j];
+    } else {
+        wpi_rmsnorm(m->xg, approx, N->ffn_norm, H, hp->rms_norm_eps);
+        wpi_wmat r = {N->router, WPI_F32, hp->n_experts, hp->hidden_size};
+        wpi_mm job = {&r, m->la_probs, E};
+        wpi_matmul(m, &job, 1, m->xg, H, 1);
+        for (size_t e = 0; e < E; e++)
+            m->la_probs[e] = sqrt_softplus(m->la_probs[e]) + (N->exp_bias ? N->exp_bias[e] : 0.0f);
+        wpi_topk(m->la_probs, (uint32_t)E, (uint32_t)K, m->la_ids, m->la_w);
+    }
+    wpi_experts_prefetch(m->experts, l + 1, m->la_ids, (uint32_t)K);
+}
+
+/* ---- checks and the layer ----------------------------------------------------------- */
+
+
 
 static wp_status check(const wpi_container *c, char *err, size_t cap)
 {
@@ -36,12 +635,10 @@ static wp_status check(const wpi_container *c, char *err, size_t cap)
     TRY(wpi_hparams_check(hp, err, cap));
     HP(hp->hc_mult >= 1 && hp->hc_mult <= WPI_HC_MAX && hp->hc_sinkhorn_iters >= 1,
        "hc_mult %u must be in 1..%u and hc_sinkhorn_iters >= 1", hp->hc_mult, WPI_HC_MAX);
-    HP(hp->n_heads > 0 && hp->n_heads <= 4096 && hp->n_kv_heads == 1,
-       "n_heads %u in 1..4096 sharing one key/value head (n_kv_heads %u)", hp->n_heads,
+    HP(hp->n_kv_heads == 1, "n_heads %u share one key/value head (n_kv_heads %u)", hp->n_heads,
        hp->n_kv_heads);
-    HP(hp->head_dim >= 2 && hp->head_dim <= 4096, "head_dim %u", hp->head_dim);
-    HP(hp->rope_dim % 2 == 0 && hp->rope_dim <= hp->head_dim && hp->rope_dim <= 1024,
-       "rope_dim %u must be even and <= head_dim %u", hp->rope_dim, hp->head_dim);
+    HP(hp->head_dim >= 2, "head_dim %u", hp->head_dim);
+    HP(hp->rope_dim <= 1024, "rope_dim %u must be <= 1024", hp->rope_dim);
     HP(hp->q_lora_rank > 0, "q_lora_rank must be > 0");
     HP(hp->sliding_window >= 1, "sliding_window must be >= 1");
     HP(hp->o_groups >= 1 && (hp->n_heads * hp->head_dim) % hp->o_groups == 0 &&
@@ -55,8 +652,8 @@ static wp_status check(const wpi_container *c, char *err, size_t cap)
            hp->top_k <= hp->n_experts && hp->moe_intermediate_size > 0,
        "n_experts %u, top_k %u, moe_intermediate_size %u", hp->n_experts, hp->top_k,
        hp->moe_intermediate_size);
-    HP(hp->compress_rate_csa <= 1024 && hp->compress_rate_hca <= 1024,
-       "compression rates must be <= 1024");
+    HP(hp->compress_rate_csa <= WPI_V4_MAX_RATE && hp->compress_rate_hca <= WPI_V4_MAX_RATE,
+       "compression rates must be <= %d", WPI_V4_MAX_RATE);
     int any_csa = 0, any_cmp = 0;
     for (uint32_t l = 0; l < hp->n_layers; l++) {
         any_csa |= hp->layer_compress[l] == WPI_CMP_CSA;
@@ -65,7 +662,7 @@ static wp_status check(const wpi_container *c, char *err, size_t cap)
     }
     if (any_csa)
         HP(hp->index_heads >= 1 && hp->index_head_dim >= hp->rope_dim &&
-               hp->index_head_dim <= 4096 && hp->index_topk >= 1,
+               hp->index_topk >= 1,
            "CSA layers need index_heads, index_head_dim >= rope_dim and index_topk");
     const uint64_t H = hp->hidden_size, NH = hp->n_heads, hd = hp->head_dim;
     const uint64_t QL = hp->q_lora_rank, hc = hp->hc_mult, R = (2 + hc) * hc;
@@ -77,7 +674,7 @@ static wp_status check(const wpi_container *c, char *err, size_t cap)
         TRY(wpi_need_matrix(c, "output.weight", hp->vocab_size, H, err, cap));
     TRY(wpi_need_vector(c, "rope_freqs", hp->rope_dim / 2, err, cap));
     if (any_cmp) TRY(wpi_need_vector(c, "rope_freqs_compress", hp->rope_dim / 2, err, cap));
-    TRY(need_f32(c, "hc_head.fn", hc, hc * H, err, cap));
+    TRY(wpi_need_f32_matrix(c, "hc_head.fn", hc, hc * H, err, cap));
     TRY(wpi_need_vector(c, "hc_head.base", hc, err, cap));
     TRY(wpi_need_vector(c, "hc_head.scale", 1, err, cap));
     char n[96];
@@ -85,10 +682,10 @@ static wp_status check(const wpi_container *c, char *err, size_t cap)
 #define NAME(s) (snprintf(n, sizeof n, "blk.%u." s, l), n)
         TRY(wpi_need_vector(c, NAME("attn_norm.weight"), H, err, cap));
         TRY(wpi_need_vector(c, NAME("ffn_norm.weight"), H, err, cap));
-        TRY(need_f32(c, NAME("hc_attn.fn"), R, hc * H, err, cap));
+        TRY(wpi_need_f32_matrix(c, NAME("hc_attn.fn"), R, hc * H, err, cap));
         TRY(wpi_need_vector(c, NAME("hc_attn.base"), R, err, cap));
         TRY(wpi_need_vector(c, NAME("hc_attn.scale"), 3, err, cap));
-        TRY(need_f32(c, NAME("hc_ffn.fn"), R, hc * H, err, cap));
+        TRY(wpi_need_f32_matrix(c, NAME("hc_ffn.fn"), R, hc * H, err, cap));
         TRY(wpi_need_vector(c, NAME("hc_ffn.base"), R, err, cap));
         TRY(wpi_need_vector(c, NAME("hc_ffn.scale"), 3, err, cap));
         TRY(wpi_need_matrix(c, NAME("attn_q_a.weight"), QL, H, err, cap));
@@ -116,9 +713,9 @@ static wp_status check(const wpi_container *c, char *err, size_t cap)
                 TRY(wpi_need_matrix(c, NAME("attn_idx_w.weight"), ih, H, err, cap));
             }
         }
-        TRY(need_f32(c, NAME("ffn_gate_inp.weight"), hp->n_experts, H, err, cap));
+        TRY(wpi_need_f32_matrix(c, NAME("ffn_gate_inp.weight"), hp->n_experts, H, err, cap));
         if (hp->layer_hash[l]) {
-            TRY(need_f32(c, NAME("ffn_hash_ids"), hp->vocab_size, hp->top_k, err, cap));
+            TRY(wpi_need_f32_matrix(c, NAME("ffn_hash_ids"), hp->vocab_size, hp->top_k, err, cap));
             const float *t = wpi_container_tensor(c, NAME("ffn_hash_ids"))->data;
             if (t) /* resident once loaded: every id names an expert */
                 for (uint64_t i = 0; i < (uint64_t)hp->vocab_size * hp->top_k; i++)
@@ -155,7 +752,7 @@ static wp_status layer_forward(wpi_model *m, uint32_t l, uint32_t n, uint32_t po
     const size_t H = hp->hidden_size, hc = hp->hc_mult;
     const wpi_hc_dims d = dims(hp);
     float *streams, *post, *comb, *hcs, *coll, *y;
-    wpi_v4_hc_buffers(m, &streams, &post, &comb, &hcs, &coll, &y);
+    hc_buffers(m, &streams, &post, &comb, &hcs, &coll, &y);
     if (l == 0)
         for (uint32_t t = 0; t < n; t++)
             for (size_t k = 0; k < hc; k++)
@@ -165,14 +762,14 @@ static wp_status layer_forward(wpi_model *m, uint32_t l, uint32_t n, uint32_t po
                n, post, comb, coll, H, hcs);
     for (uint32_t t = 0; t < n; t++)
         wpi_rmsnorm(m->xn + t * H, coll + t * H, L->attn_norm, H, hp->rms_norm_eps);
-    wpi_v4_attention(m, l, m->xn, n, pos, y);
+    v4_attention(m, l, m->xn, n, pos, y);
     wpi_hc_post(m->pool, &d, streams, y, H, post, comb, n);
 
     wpi_hc_pre(m->k, m->pool, &d, L->hc_ffn_fn, L->hc_ffn_base, L->hc_ffn_scale, streams, n,
                post, comb, coll, H, hcs);
     for (uint32_t t = 0; t < n; t++)
         wpi_rmsnorm(m->xn + t * H, coll + t * H, L->ffn_norm, H, hp->rms_norm_eps);
-    wp_status st = wpi_v4_moe(m, l, m->xn, n, y);
+    wp_status st = v4_moe(m, l, m->xn, n, y);
     if (st != WP_OK) return st;
     wpi_hc_post(m->pool, &d, streams, y, H, post, comb, n);
     if (m->lookahead && n == 1 && l + 1 < hp->n_layers && m->layers[l + 1].is_moe) {
@@ -180,7 +777,7 @@ static wp_status layer_forward(wpi_model *m, uint32_t l, uint32_t n, uint32_t po
          * and mixes skipped): enough for its router to name most of its experts */
         memset(y, 0, H * sizeof(float));
         for (size_t k = 0; k < hc; k++) m->k->axpy_f32(1.0f / (float)hc, streams + k * H, y, H);
-        wpi_v4_lookahead(m, l, y);
+        v4_lookahead(m, l, y);
     }
 
     if (l + 1 == hp->n_layers) {
@@ -190,4 +787,78 @@ static wp_status layer_forward(wpi_model *m, uint32_t l, uint32_t n, uint32_t po
     return WP_OK;
 }
 
-const wpi_arch wpi_arch_deepseek_v4 = {"deepseek_v4", check, layer_forward};
+
+/* ---- hooks: state, scratch, binding ----------------------------------------------------- */
+
+/* Per layer a window ring (WP_STATE_WINDOW), then its compressor state (CSA or HCA). */
+static void state_bytes(const wpi_hparams *hp, uint32_t ctx, uint64_t out[WP_STATE_KINDS])
+{
+    const uint64_t F = sizeof(float), win = (uint64_t)hp->sliding_window * hp->head_dim;
+    for (uint32_t l = 0; l < hp->n_layers; l++) {
+        const uint64_t rest = layer_state_floats(hp, l, ctx) - win;
+        out[WP_STATE_WINDOW] += win * F;
+        out[hp->layer_compress[l] == WPI_CMP_CSA   ? WP_STATE_CSA
+            : hp->layer_compress[l] == WPI_CMP_HCA ? WP_STATE_HCA
+                                                   : WP_STATE_WINDOW] += rest * F;
+    }
+}
+
+static void scratch(const wpi_hparams *hp, uint32_t chunk, wpi_model *m, wpi_carve *cv)
+{
+    WPI_CARVE(cv, m, v4_buf, float, scratch_floats(hp, chunk));
+}
+
+/* Its tensors, and kv as one state block per layer. */
+static void bind(wpi_model *m, const wpi_container *c, void *kv)
+{
+    const wpi_hparams *hp = m->hp;
+    size_t off = 0;
+    m->rope_freqs_c = wpi_bind_vec(c, "rope_freqs_compress", 0);
+    m->hc_head_fn = wpi_bind_vec(c, "hc_head.fn", 0);
+    m->hc_head_base = wpi_bind_vec(c, "hc_head.base", 0);
+    m->hc_head_scale = wpi_bind_vec(c, "hc_head.scale", 0);
+    for (uint32_t l = 0; l < hp->n_layers; l++) {
+        wpi_layer *L = &m->layers[l];
+        L->wkv = wpi_bind_mat(c, "blk.%u.attn_kv.weight", l);
+        L->kv_norm = wpi_bind_vec(c, "blk.%u.attn_kv_norm.weight", l);
+        L->wo_a = wpi_bind_mat(c, "blk.%u.attn_output_a.weight", l);
+        L->wo_b = wpi_bind_mat(c, "blk.%u.attn_output_b.weight", l);
+        L->cmp_kv = wpi_bind_mat(c, "blk.%u.attn_cmp_kv.weight", l);
+        L->cmp_gate = wpi_bind_mat(c, "blk.%u.attn_cmp_gate.weight", l);
+        L->cmp_bias = wpi_bind_vec(c, "blk.%u.attn_cmp_bias", l);
+        L->cmp_norm = wpi_bind_vec(c, "blk.%u.attn_cmp_norm.weight", l);
+        L->idx_kv = wpi_bind_mat(c, "blk.%u.attn_idx_kv.weight", l);
+        L->idx_gate = wpi_bind_mat(c, "blk.%u.attn_idx_gate.weight", l);
+        L->idx_q = wpi_bind_mat(c, "blk.%u.attn_idx_q.weight", l);
+        L->idx_w = wpi_bind_mat(c, "blk.%u.attn_idx_w.weight", l);
+        L->idx_bias = wpi_bind_vec(c, "blk.%u.attn_idx_bias", l);
+        L->idx_norm = wpi_bind_vec(c, "blk.%u.attn_idx_norm.weight", l);
+        L->hash_ids = hp->layer_hash[l] ? wpi_bind_vec(c, "blk.%u.ffn_hash_ids", l) : NULL;
+        L->cstate = (float *)kv + off;
+        off += layer_state_floats(hp, l, m->ctx);
+    }
+}
+
+/* A layer's whole state block is its part 0, whatever the position. */
+static size_t state_part(const wpi_model *m, uint32_t l, int v, uint32_t pos, float **at)
+{
+    *at = m->layers[l].cstate;
+    return v ? 0 : layer_state_floats(m->hp, l, m->ctx) * sizeof(float);
+}
+
+static const char *no_truncate(const wpi_hparams *hp)
+{
+    return "a sliding-window and compressed state";
+}
+
+const wpi_arch wpi_arch_deepseek_v4 = {
+    .name = "deepseek_v4",
+    .hparams = hparams,
+    .check = check,
+    .state_bytes = state_bytes,
+    .scratch = scratch,
+    .bind = bind,
+    .state_part = state_part,
+    .no_truncate = no_truncate,
+    .layer_forward = layer_forward,
+};

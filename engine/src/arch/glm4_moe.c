@@ -9,7 +9,7 @@
  */
 #include <stdio.h>
 
-#include "internal.h"
+#include "arch.h"
 
 static wp_status check(const wpi_container *c, char *err, size_t cap)
 {
@@ -32,4 +32,8 @@ static wp_status check(const wpi_container *c, char *err, size_t cap)
     return WP_OK;
 }
 
-const wpi_arch wpi_arch_glm4_moe = {"glm4_moe", check, wpi_moe_decoder_layer};
+const wpi_arch wpi_arch_glm4_moe = {
+    .name = "glm4_moe",
+    .check = check,
+    .layer_forward = wpi_moe_decoder_layer,
+};

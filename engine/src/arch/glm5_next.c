@@ -8,31 +8,242 @@
  *   Kimi Delta Attention, the forget gate bounded by kda_lower_bound when given
  *   (blocks/kda.c); "full" layers are MLA without positional encoding (blocks/mla.c,
  *   lora norms at rms_norm_eps) restricted to the key pools chosen by the DSA indexer
- *   (blocks/dsa.c): its own for an index_kinds "full" layer, the previous layer's for a
+ *   (below): its own for an index_kinds "full" layer, the previous layer's for a
  *   "shared" one. FFN (layer_kinds): dense, or
  *   MoE with sigmoid grouped routing, exp_probs_b for selection only, renormalized weights
  *   times routed_scaling_factor (route_noaux.c) and an ungated shared expert; every SwiGLU
  *   clamps gate <= swiglu_limit and |up| <= swiglu_limit when the limit is > 0 (ffn.c).
  */
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
-#include "internal.h"
+#include "arch.h"
+#include "json.h"
+
+#define MAX_SEL 1024 /* index_topk / index_kpool: pools one token may select */
+
+/* ---- hparams: the keys only glm5_next reads ----------------------------------------- */
+
+#define W "manifest.json: hparams"
+
+static wp_status index_kinds(const wpi_json *h, wpi_hparams *hp, char *err, size_t cap)
+{
+    memset(hp->layer_index, WPI_INDEX_NONE, sizeof hp->layer_index);
+    const wpi_json *v = wpi_json_get(h, "index_kinds");
+    if (!v || v->type == WPI_JSON_NULL) return WP_OK;
+    if (v->type != WPI_JSON_ARRAY || v->len != hp->n_layers)
+        return wpi_fail(err, cap, WP_E_FORMAT, W ".index_kinds: expected %u strings",
+                        hp->n_layers);
+    for (uint32_t l = 0; l < hp->n_layers; l++) {
+        const char *k = wpi_json_str(&v->items[l]);
+        if (k && !strcmp(k, "none"))
+            hp->layer_index[l] = WPI_INDEX_NONE;
+        else if (k && !strcmp(k, "full"))
+            hp->layer_index[l] = WPI_INDEX_FULL;
+        else if (k && !strcmp(k, "shared"))
+            hp->layer_index[l] = WPI_INDEX_SHARED;
+        else
+            return wpi_fail(err, cap, WP_E_FORMAT,
+                            W ".index_kinds[%u]: expected \"none\", \"full\" or \"shared\"", l);
+        if (hp->layer_index[l] != WPI_INDEX_NONE && !hp->index_heads)
+            return wpi_fail(err, cap, WP_E_FORMAT,
+                            W ".index_kinds[%u]: an indexer needs index_heads, index_head_dim, "
+                              "index_topk and index_kpool", l);
+        /* a shared layer reuses the selection of the layer right before it */
+        if (hp->layer_index[l] == WPI_INDEX_SHARED &&
+            (l == 0 || hp->layer_index[l - 1] != WPI_INDEX_FULL))
+            return wpi_fail(err, cap, WP_E_FORMAT,
+                            W ".index_kinds[%u]: \"shared\" must follow a \"full\" layer", l);
+    }
+    return WP_OK;
+}
+
+/* The DSA indexer's pools (index_kpool, index_tail, index_kinds), after the shared
+ * blocks' keys (which include the indexer's shape: index_heads, index_head_dim,
+ * index_topk). Absent means off. */
+static wp_status hparams(const struct wpi_json *h, wpi_hparams *hp, char *err, size_t cap)
+{
+    TRY(wpi_hparams_shared(h, hp, err, cap));
+    TRY(wpi_hparam_u32(h, "index_kpool", hp, err, cap));
+    if (hp->index_kpool && (!hp->index_heads || !hp->index_head_dim || !hp->index_topk))
+        return wpi_fail(err, cap, WP_E_FORMAT,
+                        W ": index_kpool needs index_heads, index_head_dim and index_topk");
+    if (hp->index_kpool) {
+        if (hp->index_topk % hp->index_kpool)
+            return wpi_fail(err, cap, WP_E_FORMAT,
+                            W ".index_topk: %u is not a multiple of index_kpool %u",
+                            hp->index_topk, hp->index_kpool);
+        if (hp->index_topk / hp->index_kpool > MAX_SEL)
+            return wpi_fail(err, cap, WP_E_FORMAT,
+                            W ".index_topk: more than %u pools per token", MAX_SEL);
+    }
+    hp->index_tail = hp->index_kpool > 0;
+    const wpi_json *v = wpi_json_get(h, "index_tail");
+    if (v && v->type != WPI_JSON_NULL) {
+        int b;
+        if (!wpi_json_bool(v, &b))
+            return wpi_fail(err, cap, WP_E_FORMAT, W ".index_tail: expected true or false");
+        hp->index_tail = b;
+    }
+    return index_kinds(h, hp, err, cap);
+}
+#undef W
+
+/* ---- the DSA indexer: which key pools each token attends --------------------------------
+ *
+ * Keys are grouped in pools of P = index_kpool consecutive positions (pool j holds
+ * jP..jP+P-1). Per token, from x (the layer's normed input) and q_resid (mla_qa, the
+ * rmsnorm'd q_a projection), with D = index_head_dim and NI = index_heads:
+ *   k    = LayerNorm(W_k x) (weight, bias, eps 1e-6)          [D]
+ *   gate = W_gate x                                           [D]
+ *   q_h  = (W_q_b q_resid)_h,  w_h = (W_w x)_h * NI^-1/2       [NI][D], [NI]
+ * A pool is a candidate once complete. Its key, per channel c, averages its tokens' k
+ * with the weights softmax_i(gate_i[c] + ape[i][c]). Its score for a token:
+ *   s_j = sum_h w_h * relu(q_h . key_j * D^-1/2)
+ * A token at position p selects the index_topk / P best complete pools ending at or
+ * before p (all of them when there are no more; ties to the lower pool), and mla.c adds
+ * its own incomplete pool when index_tail. A "shared" layer reuses the selection of the
+ * layer before it (idx_sel is left as it is).
+ * Cache per indexer layer and position: [k | gate | key of the pool that ends there]
+ * (3D floats), so decoding scores the cached pool keys and recomputes nothing. Tokens
+ * are independent tasks, so thread count never changes a result.
+ */
+
+#define LN_EPS 1e-6f
+
+static uint64_t dsa_row_floats(const wpi_hparams *hp)
+{
+    return hp->index_kpool ? 3ull * hp->index_head_dim : 0;
+}
+
+static uint32_t dsa_layers(const wpi_hparams *hp)
+{
+    uint32_t n = 0;
+    for (uint32_t l = 0; l < hp->n_layers; l++)
+        n += hp->layer_index[l] == WPI_INDEX_FULL && hp->layer_attn[l] != WPI_ATTN_KDA;
+    return n;
+}
+
+static void layer_norm(float *x, uint32_t n, const float *w, const float *b)
+{
+    float mean = 0, var = 0;
+    for (uint32_t i = 0; i < n; i++) mean += x[i];
+    mean /= (float)n;
+    for (uint32_t i = 0; i < n; i++) var += (x[i] - mean) * (x[i] - mean);
+    var /= (float)n;
+    const float inv = 1.0f / sqrtf(var + LN_EPS);
+    for (uint32_t i = 0; i < n; i++) x[i] = (x[i] - mean) * inv * w[i] + b[i];
+}
+
+/* The key of the pool ending at position p, from its tokens' rows, into row p. */
+static void pool_key(const wpi_hparams *hp, const float *ape, float *rows, uint32_t p)
+{
+    const uint32_t D = hp->index_head_dim, P = hp->index_kpool;
+    const size_t RW = 3 * (size_t)D;
+    const float *first = rows + (size_t)(p + 1 - P) * RW;
+    float *key = rows + (size_t)p * RW + 2 * D;
+    float e[4096];
+    for (uint32_t c = 0; c < D; c++) {
+        float mx = -INFINITY, sum = 0, acc = 0;
+        for (uint32_t i = 0; i < P; i++) {
+            e[i] = first[i * RW + D + c] + ape[(size_t)i * D + c];
+            if (e[i] > mx) mx = e[i];
+        }
+        for (uint32_t i = 0; i < P; i++) sum += (e[i] = expf(e[i] - mx));
+        for (uint32_t i = 0; i < P; i++) acc += e[i] / sum * first[i * RW + c];
+        key[c] = acc;
+    }
+}
+
+typedef struct sel_ctx {
+    wpi_model *m;
+    const float *rows; /* this layer's cache, position 0 */
+    uint32_t pos;
+} sel_ctx;
+
+static void select_task(void *arg, uint32_t t)
+{
+    const sel_ctx *a = arg;
+    wpi_model *m = a->m;
+    const wpi_hparams *hp = m->hp;
+    const uint32_t D = hp->index_head_dim, NI = hp->index_heads, P = hp->index_kpool;
+    const uint32_t per = hp->index_topk / P, p = a->pos + t, nvis = (p + 1) / P;
+    const size_t RW = 3 * (size_t)D;
+    int32_t *sel = m->idx_sel + (size_t)t * per;
+    if (nvis <= per) {
+        for (uint32_t j = 0; j < nvis; j++) sel[j] = (int32_t)j;
+        m->idx_nsel[t] = (int32_t)nvis;
+        return;
+    }
+    const float *q = m->idx_q + (size_t)t * NI * D, *w = m->idx_wt + (size_t)t * NI;
+    const float scale = 1.0f / sqrtf((float)D);
+    float best[MAX_SEL];
+    int32_t ids[MAX_SEL];
+    uint32_t filled = 0;
+    for (uint32_t j = 0; j < nvis; j++) {
+        const float *key = a->rows + ((size_t)(j + 1) * P - 1) * RW + 2 * D;
+        float s = 0;
+        for (uint32_t h = 0; h < NI; h++) {
+            float d = m->k->dot_f32(q + (size_t)h * D, key, D) * scale;
+            if (d > 0) s += w[h] * d;
+        }
+        wpi_topk_insert(best, ids, per, &filled, s, (int32_t)j);
+    }
+    for (uint32_t i = 1; i < per; i++) /* ascending pools: mla.c walks keys in order */
+        for (uint32_t k = i; k > 0 && ids[k - 1] > ids[k]; k--) {
+            int32_t tmp = ids[k];
+            ids[k] = ids[k - 1];
+            ids[k - 1] = tmp;
+        }
+    memcpy(sel, ids, per * sizeof(int32_t));
+    m->idx_nsel[t] = (int32_t)per;
+}
+
+static void dsa_index(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
+{
+    const wpi_hparams *hp = m->hp;
+    const wpi_layer *L = &m->layers[l];
+    const uint32_t D = hp->index_head_dim, NI = hp->index_heads, P = hp->index_kpool;
+    const size_t H = hp->hidden_size, RW = 3 * (size_t)D;
+    float *rows = m->idx_cache + (size_t)L->idx_slot * m->ctx * RW;
+    float *r0 = rows + (size_t)pos * RW;
+
+    wpi_mm a[3] = {{&L->idx_k, r0, RW}, {&L->idx_gate, r0 + D, RW}, {&L->idx_w, m->idx_wt, NI}};
+    wpi_matmul(m, a, 3, m->xn, H, n);
+    wpi_mm b = {&L->idx_q, m->idx_q, (size_t)NI * D};
+    wpi_matmul(m, &b, 1, m->mla_qa, hp->q_lora_rank, n);
+    const float ws = 1.0f / sqrtf((float)NI);
+    for (uint32_t t = 0; t < n; t++) {
+        layer_norm(r0 + t * RW, D, L->idx_k_norm, L->idx_k_norm_b);
+        for (uint32_t h = 0; h < NI; h++) m->idx_wt[(size_t)t * NI + h] *= ws;
+        if ((pos + t + 1) % P == 0) pool_key(hp, L->idx_ape, rows, pos + t);
+    }
+
+    sel_ctx c = {m, rows, pos};
+    uint64_t work = (uint64_t)n * ((pos + n) / P + 1) * NI * D;
+    if (work < (1u << 15) || wpi_pool_threads(m->pool) <= 1) {
+        for (uint32_t t = 0; t < n; t++) select_task(&c, t);
+    } else {
+        wpi_parallel_for(m->pool, n, select_task, &c);
+    }
+}
+
+/* ---- checks and the layer ----------------------------------------------------------- */
 
 static wp_status check_hparams(const wpi_hparams *hp, char *err, size_t cap)
 {
 #define HP(cond, ...) \
     if (!(cond)) return wpi_fail(err, cap, WP_E_FORMAT, "glm5_next: " __VA_ARGS__)
-    HP(hp->kv_lora_rank && hp->kv_lora_rank <= 4096, "kv_lora_rank %u must be in 1..4096",
-       hp->kv_lora_rank);
+    HP(hp->kv_lora_rank, "kv_lora_rank is required (> 0)");
     HP(hp->q_lora_rank > 0, "q_lora_rank is required (the indexer reads the q lora)");
     HP(hp->rope_dim == 0 && hp->qk_nope_head_dim == hp->head_dim && hp->v_head_dim,
        "attention has no positional encoding: rope_dim 0, head_dim = qk_nope_head_dim");
     HP(hp->qk_norm == WPI_QK_NONE && hp->clip_qkv == 0 && !hp->shared_expert_gate,
        "no qk_norm, clip_qkv or shared expert gate");
     HP(hp->hc_mult >= 1 && hp->hc_sinkhorn_iters >= 1, "hc_mult and hc_sinkhorn_iters are needed");
-    HP(hp->kda_heads && hp->kda_head_dim && hp->kda_head_dim <= 1024 && hp->kda_conv,
-       "kda_heads, kda_head_dim (<= 1024) and kda_conv are needed");
+    HP(hp->kda_heads && hp->kda_head_dim && hp->kda_conv,
+       "kda_heads, kda_head_dim and kda_conv are needed");
     HP(hp->swiglu_alpha == 0, "no swiglu_alpha (the SwiGLU clamp is swiglu_limit alone)");
     HP(hp->index_kpool && hp->index_tail,
        "the DSA indexer (index_*) with index_tail is needed");
@@ -111,7 +322,7 @@ static wp_status layer_forward(wpi_model *m, uint32_t l, uint32_t n, uint32_t po
         wpi_kda_block(m, l, n, pos);
     } else {
         wpi_mla_project(m, l, n, pos);
-        if (hp->layer_index[l] == WPI_INDEX_FULL) wpi_dsa_index(m, l, n, pos);
+        if (hp->layer_index[l] == WPI_INDEX_FULL) dsa_index(m, l, n, pos);
         wpi_mla_attend(m, l, n, pos, 1);
     }
     wpi_hc_post(m->pool, &d, m->hc_x, m->xn, H, m->hc_post, m->hc_comb, n);
@@ -132,4 +343,79 @@ static wp_status layer_forward(wpi_model *m, uint32_t l, uint32_t n, uint32_t po
     return WP_OK;
 }
 
-const wpi_arch wpi_arch_glm5_next = {"glm5_next", check, layer_forward};
+
+/* ---- hooks: state, scratch, binding ----------------------------------------------------- */
+
+/* An MLA layer with its own indexer (index_kinds "full"). */
+static int is_indexer(const wpi_hparams *hp, uint32_t l)
+{
+    return hp->layer_index[l] == WPI_INDEX_FULL && hp->layer_attn[l] != WPI_ATTN_KDA;
+}
+
+/* MLA latent rows and KDA states (mla.c), then a row per position of every indexer layer. */
+static void state_bytes(const wpi_hparams *hp, uint32_t ctx, uint64_t out[WP_STATE_KINDS])
+{
+    wpi_mla_state_bytes(hp, ctx, out);
+    out[WP_STATE_INDEXER] = (uint64_t)dsa_layers(hp) * ctx * dsa_row_floats(hp) * sizeof(float);
+}
+
+/* The hyper-connection streams and weights, the indexer's chunk buffers. */
+static void scratch(const wpi_hparams *hp, uint32_t chunk, wpi_model *m, wpi_carve *cv)
+{
+    const uint64_t C = chunk, H = hp->hidden_size, HC = hp->hc_mult;
+    const wpi_hc_dims hd = {hp->hc_mult, hp->hidden_size, hp->hc_sinkhorn_iters, 0, 0};
+    const uint64_t NI = hp->index_kpool ? hp->index_heads : 0;
+    const uint64_t SEL = hp->index_kpool ? hp->index_topk / hp->index_kpool : 0;
+    WPI_CARVE(cv, m, hc_x, float, C * HC * H);
+    WPI_CARVE(cv, m, hc_post, float, C * HC);
+    WPI_CARVE(cv, m, hc_comb, float, C * HC * HC);
+    WPI_CARVE(cv, m, hc_scr, float, HC ? wpi_hc_scratch_floats(&hd, chunk) : 0);
+    WPI_CARVE(cv, m, idx_q, float, C * NI * hp->index_head_dim);
+    WPI_CARVE(cv, m, idx_wt, float, C * NI);
+    WPI_CARVE(cv, m, idx_sel, int32_t, C * SEL);
+    WPI_CARVE(cv, m, idx_nsel, int32_t, SEL ? C : 0);
+}
+
+/* kv as MLA's (mla.c), then the indexer rows; the indexer tensors of its layers. */
+static void bind(wpi_model *m, const wpi_container *c, void *kv)
+{
+    const wpi_hparams *hp = m->hp;
+    uint32_t n_idx = 0;
+    wpi_mla_bind(m, c, kv);
+    m->idx_cache = m->kda_state + (size_t)wpi_kda_layers(hp) * wpi_kda_state_floats(hp);
+    for (uint32_t l = 0; l < hp->n_layers; l++) {
+        wpi_layer *L = &m->layers[l];
+        if (!is_indexer(hp, l)) continue;
+        L->idx_slot = n_idx++;
+        L->idx_q = wpi_bind_mat(c, "blk.%u.attn_idx_q.weight", l);
+        L->idx_k = wpi_bind_mat(c, "blk.%u.attn_idx_k.weight", l);
+        L->idx_gate = wpi_bind_mat(c, "blk.%u.attn_idx_gate.weight", l);
+        L->idx_w = wpi_bind_mat(c, "blk.%u.attn_idx_w.weight", l);
+        L->idx_k_norm = wpi_bind_vec(c, "blk.%u.attn_idx_k_norm.weight", l);
+        L->idx_k_norm_b = wpi_bind_vec(c, "blk.%u.attn_idx_k_norm.bias", l);
+        L->idx_ape = wpi_bind_vec(c, "blk.%u.attn_idx_ape", l);
+    }
+}
+
+/* An indexer layer saves its indexer rows [0, pos) as part 1; the rest as MLA does. */
+static size_t state_part(const wpi_model *m, uint32_t l, int v, uint32_t pos, float **at)
+{
+    const wpi_hparams *hp = m->hp;
+    if (v && is_indexer(hp, l)) {
+        *at = m->idx_cache + (size_t)m->layers[l].idx_slot * m->ctx * dsa_row_floats(hp);
+        return dsa_row_floats(hp) * sizeof(float) * pos;
+    }
+    return wpi_mla_state_part(m, l, v, pos, at);
+}
+
+const wpi_arch wpi_arch_glm5_next = {
+    .name = "glm5_next",
+    .hparams = hparams,
+    .check = check,
+    .state_bytes = state_bytes,
+    .scratch = scratch,
+    .bind = bind,
+    .state_part = state_part,
+    .no_truncate = wpi_kda_no_truncate,
+    .layer_forward = layer_forward,
+};

@@ -4,21 +4,135 @@
  *   RoPE (cos/sin scaled by rope_attn_factor), one learned sink logit per head, and a
  *   sliding window on the layers hparams.attn_kinds marks "sliding"; then
  *   x = h + moe(rmsnorm(h)): router with bias, softmax over the top-k logits, experts with
- *   biases and the clamped SwiGLU (swiglu_alpha, swiglu_limit). Every layer is MoE.
+ *   biases and the clamped SwiGLU (swiglu_alpha, swiglu_limit), below. Every layer is MoE.
  */
+#include <math.h>
 #include <stdio.h>
+#include <string.h>
 
-#include "internal.h"
+#include "arch.h"
 
-static wp_status need_f32(const wpi_container *c, const char *name, uint64_t rows,
-                          uint64_t cols, char *err, size_t cap)
+/* ---- mixture of experts ---------------------------------------------------------------
+ *
+ * A router with a bias, softmax over the top-k router logits, and experts with biases
+ * and a clamped SwiGLU:
+ *   g = min(Wg x + bg, limit);  u = clamp(Wu x + bu, -limit, limit)
+ *   y = Wd ((u + 1) * g * sigmoid(alpha * g)) + bd
+ * Expert matrices stream through wpi_experts_* exactly as in moe.c (distinct experts of a
+ * chunk, each read once and applied to every token that chose it; outputs summed per token
+ * in router order, so results never depend on cache state). The biases are trunk tensors
+ * (docs/FORMAT.md section 4), so expert records keep their three matrices.
+ */
+
+/* Router logits (with bias) of n tokens into out [n, n_experts]. */
+static void route(wpi_model *m, const wpi_layer *L, const float *xs, uint32_t n, float *out)
 {
-    wp_status st = wpi_need_matrix(c, name, rows, cols, err, cap);
+    const wpi_hparams *hp = m->hp;
+    wpi_wmat r = {L->router, WPI_F32, hp->n_experts, hp->hidden_size};
+    wpi_mm job = {&r, out, hp->n_experts};
+    wpi_matmul(m, &job, 1, xs, hp->hidden_size, n);
+    if (L->router_b)
+        for (uint32_t t = 0; t < n; t++)
+            for (uint32_t e = 0; e < hp->n_experts; e++)
+                out[(size_t)t * hp->n_experts + e] += L->router_b[e];
+}
+
+/* Top-k of the logits, then softmax over the k selected values. */
+static void select_topk(const wpi_hparams *hp, const float *logits, int32_t *ids, float *w)
+{
+    wpi_topk(logits, hp->n_experts, hp->top_k, ids, w);
+    const float mx = w[0];
+    float s = 0;
+    for (uint32_t j = 0; j < hp->top_k; j++) {
+        w[j] = expf(w[j] - mx);
+        s += w[j];
+    }
+    for (uint32_t j = 0; j < hp->top_k; j++) w[j] /= s;
+}
+
+/* out[i] = expert(x_i) for cnt tokens (rows of xs, H apart). */
+static void expert_ffn(wpi_model *m, const wpi_layer *L, const wpi_expert_view *v, int32_t id,
+                       const float *xs, uint32_t cnt, float *out)
+{
+    const wpi_hparams *hp = m->hp;
+    const size_t H = hp->hidden_size, I = v->inter;
+    const float alpha = hp->swiglu_alpha, lim = hp->swiglu_limit;
+    wpi_wmat gate = {v->gate, v->dtype, v->inter, v->hidden};
+    wpi_wmat up = {v->up, v->dtype, v->inter, v->hidden};
+    wpi_wmat down = {v->down, v->dtype, v->hidden, v->inter};
+    wpi_mm gu[2] = {{&gate, m->ff_g, I}, {&up, m->ff_u, I}};
+    wpi_matmul(m, gu, 2, xs, H, cnt);
+    const float *bg = L->exp_gate_b ? L->exp_gate_b + (size_t)id * I : NULL;
+    const float *bu = L->exp_up_b ? L->exp_up_b + (size_t)id * I : NULL;
+    for (uint32_t t = 0; t < cnt; t++) {
+        float *g = m->ff_g + t * I;
+        const float *u = m->ff_u + t * I;
+        for (size_t r = 0; r < I; r++) {
+            float a = g[r] + (bg ? bg[r] : 0.0f);
+            float b = u[r] + (bu ? bu[r] : 0.0f);
+            a = a > lim ? lim : a;
+            b = b > lim ? lim : (b < -lim ? -lim : b);
+            g[r] = (b + 1.0f) * (a / (1.0f + expf(-a * alpha)));
+        }
+    }
+    wpi_mm d = {&down, out, H};
+    wpi_matmul(m, &d, 1, m->ff_g, I, cnt);
+    if (L->exp_down_b) {
+        const float *bd = L->exp_down_b + (size_t)id * H;
+        for (uint32_t t = 0; t < cnt; t++)
+            for (size_t i = 0; i < H; i++) out[t * H + i] += bd[i];
+    }
+}
+
+/* wpi_expert_apply_fn: arg is the layer (its expert biases). */
+static void routed_expert(void *arg, wpi_model *m, const wpi_expert_view *v, int32_t expert,
+                          const float *rows, uint32_t cnt, float *out)
+{
+    expert_ffn(m, (const wpi_layer *)arg, v, expert, rows, cnt, out);
+}
+
+static void lookahead(wpi_model *m, uint32_t l)
+{
+    const wpi_hparams *hp = m->hp;
+    const wpi_layer *N = &m->layers[l + 1];
+    wpi_rmsnorm(m->xg, m->x, N->ffn_norm, hp->hidden_size, hp->rms_norm_eps);
+    route(m, N, m->xg, 1, m->la_probs);
+    wpi_topk(m->la_probs, hp->n_experts, hp->top_k, m->la_ids, m->la_w);
+    wpi_experts_prefetch(m->experts, l + 1, m->la_ids, hp->top_k);
+}
+
+static wp_status moe_block(wpi_model *m, uint32_t l, uint32_t n)
+{
+    const wpi_hparams *hp = m->hp;
+    const wpi_layer *L = &m->layers[l];
+    const size_t H = hp->hidden_size, K = hp->top_k, E = hp->n_experts;
+
+    for (uint32_t t = 0; t < n; t++)
+        wpi_rmsnorm(m->xn + t * H, m->x + t * H, L->ffn_norm, H, hp->rms_norm_eps);
+    route(m, L, m->xn, n, m->probs);
+    for (uint32_t t = 0; t < n; t++)
+        select_topk(hp, m->probs + t * E, m->topk_id + t * K, m->topk_w + t * K);
+
+    const uint32_t nd = wpi_moe_distinct_experts(m, n);
+    wp_status st = wpi_moe_for_each_expert(m, l, m->xn, nd, routed_expert, (void *)L);
     if (st != WP_OK) return st;
-    if (wpi_container_tensor(c, name)->dtype != WPI_F32)
-        return wpi_fail(err, cap, WP_E_UNSUPPORTED, "tensor '%s' must be f32", name);
+
+    for (uint32_t t = 0; t < n; t++) {
+        float *acc = m->moe_out + t * H;
+        memset(acc, 0, H * sizeof(float));
+        for (size_t j = 0; j < K; j++)
+            m->k->axpy_f32(m->topk_w[t * K + j], m->eo + (t * K + j) * H, acc, H);
+        float *x = m->x + t * H;
+        for (size_t i = 0; i < H; i++) x[i] += acc[i];
+    }
+
+    if (m->lookahead && n == 1 && l + 1 < hp->n_layers && m->layers[l + 1].is_moe)
+        lookahead(m, l);
     return WP_OK;
 }
+
+/* ---- checks and the layer ----------------------------------------------------------- */
+
 
 static wp_status check(const wpi_container *c, char *err, size_t cap)
 {
@@ -42,11 +156,11 @@ static wp_status check(const wpi_container *c, char *err, size_t cap)
 #define NAME(s) (snprintf(n, sizeof n, "blk.%u." s, l), n)
         if ((st = wpi_need_vector(c, NAME("attn_sinks"), hp->n_heads, err, cap)) != WP_OK ||
             (st = wpi_need_vector(c, NAME("ffn_gate_inp.bias"), hp->n_experts, err, cap)) != WP_OK ||
-            (st = need_f32(c, NAME("ffn_gate_exps.bias"), hp->n_experts,
+            (st = wpi_need_f32_matrix(c, NAME("ffn_gate_exps.bias"), hp->n_experts,
                            hp->moe_intermediate_size, err, cap)) != WP_OK ||
-            (st = need_f32(c, NAME("ffn_up_exps.bias"), hp->n_experts,
+            (st = wpi_need_f32_matrix(c, NAME("ffn_up_exps.bias"), hp->n_experts,
                            hp->moe_intermediate_size, err, cap)) != WP_OK ||
-            (st = need_f32(c, NAME("ffn_down_exps.bias"), hp->n_experts, hp->hidden_size, err,
+            (st = wpi_need_f32_matrix(c, NAME("ffn_down_exps.bias"), hp->n_experts, hp->hidden_size, err,
                            cap)) != WP_OK)
             return st;
 #undef NAME
@@ -59,7 +173,25 @@ static wp_status layer_forward(wpi_model *m, uint32_t l, uint32_t n, uint32_t po
     const wpi_hparams *hp = m->hp;
     wpi_attention_sw_block(m, l, n, pos,
                            hp->layer_attn[l] == WPI_ATTN_SLIDING ? hp->sliding_window : 0);
-    return wpi_moe_oss_block(m, l, n);
+    return moe_block(m, l, n);
 }
 
-const wpi_arch wpi_arch_gpt_oss = {"gpt_oss", check, layer_forward};
+/* The router bias and the experts' biases of every layer (all are MoE). */
+static void bind(wpi_model *m, const wpi_container *c, void *kv)
+{
+    for (uint32_t l = 0; l < m->hp->n_layers; l++) {
+        wpi_layer *L = &m->layers[l];
+        if (!L->is_moe) continue;
+        L->router_b = wpi_bind_vec(c, "blk.%u.ffn_gate_inp.bias", l);
+        L->exp_gate_b = wpi_bind_vec(c, "blk.%u.ffn_gate_exps.bias", l);
+        L->exp_up_b = wpi_bind_vec(c, "blk.%u.ffn_up_exps.bias", l);
+        L->exp_down_b = wpi_bind_vec(c, "blk.%u.ffn_down_exps.bias", l);
+    }
+}
+
+const wpi_arch wpi_arch_gpt_oss = {
+    .name = "gpt_oss",
+    .check = check,
+    .bind = bind,
+    .layer_forward = layer_forward,
+};

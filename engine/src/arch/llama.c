@@ -4,7 +4,7 @@
  *   logits = lm_head(rmsnorm(x)). q/k/v/o biases when the checkpoint has attention_bias,
  *   gate/up/down biases when it has mlp_bias.
  */
-#include "internal.h"
+#include "arch.h"
 
 static wp_status check(const wpi_container *c, char *err, size_t cap)
 {
@@ -24,4 +24,8 @@ static wp_status layer_forward(wpi_model *m, uint32_t l, uint32_t n, uint32_t po
     return WP_OK;
 }
 
-const wpi_arch wpi_arch_llama = {"llama", check, layer_forward};
+const wpi_arch wpi_arch_llama = {
+    .name = "llama",
+    .check = check,
+    .layer_forward = layer_forward,
+};

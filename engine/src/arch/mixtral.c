@@ -3,7 +3,7 @@
  *   Llama attention; every layer is MoE: softmax over all experts, top-k, weights
  *   renormalized to sum 1 (the converter sets norm_topk_prob).
  */
-#include "internal.h"
+#include "arch.h"
 
 static wp_status check(const wpi_container *c, char *err, size_t cap)
 {
@@ -18,4 +18,8 @@ static wp_status check(const wpi_container *c, char *err, size_t cap)
     return wpi_check_decoder(c, err, cap);
 }
 
-const wpi_arch wpi_arch_mixtral = {"mixtral", check, wpi_moe_decoder_layer};
+const wpi_arch wpi_arch_mixtral = {
+    .name = "mixtral",
+    .check = check,
+    .layer_forward = wpi_moe_decoder_layer,
+};

@@ -4,7 +4,7 @@
  *   projection, then q, k, v are clamped to +-clip_qkv when set, then RoPE; every layer
  *   is MoE with softmax top-k, renormalized only when norm_topk_prob.
  */
-#include "internal.h"
+#include "arch.h"
 
 static wp_status check(const wpi_container *c, char *err, size_t cap)
 {
@@ -16,4 +16,8 @@ static wp_status check(const wpi_container *c, char *err, size_t cap)
     return wpi_check_decoder(c, err, cap);
 }
 
-const wpi_arch wpi_arch_olmoe = {"olmoe", check, wpi_moe_decoder_layer};
+const wpi_arch wpi_arch_olmoe = {
+    .name = "olmoe",
+    .check = check,
+    .layer_forward = wpi_moe_decoder_layer,
+};

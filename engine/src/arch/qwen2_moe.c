@@ -5,7 +5,7 @@
  *   sigmoid(w . x); the layers hparams.attn_kinds marks "sliding" attend within
  *   sliding_window.
  */
-#include "internal.h"
+#include "arch.h"
 
 static wp_status check(const wpi_container *c, char *err, size_t cap)
 {
@@ -15,4 +15,8 @@ static wp_status check(const wpi_container *c, char *err, size_t cap)
     return wpi_check_decoder(c, err, cap);
 }
 
-const wpi_arch wpi_arch_qwen2_moe = {"qwen2_moe", check, wpi_moe_decoder_layer};
+const wpi_arch wpi_arch_qwen2_moe = {
+    .name = "qwen2_moe",
+    .check = check,
+    .layer_forward = wpi_moe_decoder_layer,
+};

@@ -4,7 +4,7 @@
  *   layers (per layer_kinds) route softmax top-k, renormalized when norm_topk_prob;
  *   the other layers are dense SwiGLU.
  */
-#include "internal.h"
+#include "arch.h"
 
 static wp_status check(const wpi_container *c, char *err, size_t cap)
 {
@@ -16,4 +16,8 @@ static wp_status check(const wpi_container *c, char *err, size_t cap)
     return wpi_check_decoder(c, err, cap);
 }
 
-const wpi_arch wpi_arch_qwen3_moe = {"qwen3_moe", check, wpi_moe_decoder_layer};
+const wpi_arch wpi_arch_qwen3_moe = {
+    .name = "qwen3_moe",
+    .check = check,
+    .layer_forward = wpi_moe_decoder_layer,
+};

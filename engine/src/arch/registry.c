@@ -1,32 +1,36 @@
 /*
  * registry.c -- the only list of supported architectures, by checkpoint model_type.
- * Adding a model: one arch/<model_type>.c exporting a wpi_arch, and one line here.
+ *
+ * Adding a model: one arch/<model_type>.c defining `const wpi_arch wpi_arch_<model_type>`
+ * (its hooks, arch.h; NULL takes the shared default) with everything only it uses kept
+ * static there, and one line X(<model_type>) in ARCHS below. Nothing else in the engine
+ * names an architecture: forward.c, state.c and core.c reach it through its hooks, and
+ * the container reads its optional hparams keys through wpi_arch_hparams.
  */
 #include <pthread.h>
 #include <string.h>
 
-#include "internal.h"
+#include "arch.h"
 
-extern const wpi_arch wpi_arch_llama, wpi_arch_mixtral, wpi_arch_olmoe, wpi_arch_qwen2_moe,
-    wpi_arch_qwen3_moe;
-extern const wpi_arch wpi_arch_gpt_oss, wpi_arch_kimi_linear;
-extern const wpi_arch wpi_arch_deepseek_v3, wpi_arch_glm4_moe;
-extern const wpi_arch wpi_arch_deepseek_v4;
-extern const wpi_arch wpi_arch_glm5_next;
+#define ARCHS(X)     \
+    X(llama)         \
+    X(mixtral)       \
+    X(olmoe)         \
+    X(qwen2_moe)     \
+    X(qwen3_moe)     \
+    X(gpt_oss)       \
+    X(kimi_linear)   \
+    X(deepseek_v3)   \
+    X(glm4_moe)      \
+    X(deepseek_v4)   \
+    X(glm5_next)
 
-static const wpi_arch *const archs[] = {
-    &wpi_arch_llama,
-    &wpi_arch_mixtral,
-    &wpi_arch_olmoe,
-    &wpi_arch_qwen2_moe,
-    &wpi_arch_qwen3_moe,
-    &wpi_arch_gpt_oss,
-    &wpi_arch_kimi_linear,
-    &wpi_arch_deepseek_v3,
-    &wpi_arch_glm4_moe,
-    &wpi_arch_deepseek_v4,
-    &wpi_arch_glm5_next,
-};
+#define DECLARE(name) extern const wpi_arch wpi_arch_##name;
+#define ENTRY(name) &wpi_arch_##name,
+ARCHS(DECLARE)
+static const wpi_arch *const archs[] = {ARCHS(ENTRY)};
+#undef ENTRY
+#undef DECLARE
 #define N_ARCHS (sizeof archs / sizeof archs[0])
 
 const wpi_arch *wpi_arch_find(const char *model_type)
@@ -35,6 +39,13 @@ const wpi_arch *wpi_arch_find(const char *model_type)
     for (size_t i = 0; i < N_ARCHS; i++)
         if (strcmp(archs[i]->name, model_type) == 0) return archs[i];
     return NULL;
+}
+
+wp_status wpi_arch_hparams(const char *model_type, const struct wpi_json *h, wpi_hparams *hp,
+                           char *err, size_t cap)
+{
+    const wpi_arch *a = wpi_arch_find(model_type);
+    return a && a->hparams ? a->hparams(h, hp, err, cap) : wpi_hparams_shared(h, hp, err, cap);
 }
 
 static char names[256];

@@ -11,7 +11,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "internal.h"
+#include "blocks.h"
 
 #define KEY_BLOCK 256
 

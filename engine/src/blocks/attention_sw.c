@@ -13,7 +13,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "internal.h"
+#include "blocks.h"
 
 
 typedef struct sw_ctx {

@@ -9,7 +9,7 @@
  */
 #include <math.h>
 
-#include "internal.h"
+#include "blocks.h"
 
 #define ROW_BLOCK 16
 
@@ -48,7 +48,7 @@ static void gu_task(void *arg, uint32_t task)
 
 float wpi_swiglu_clamp(const wpi_hparams *hp)
 {
-    return hp->swiglu_alpha == 0 ? hp->swiglu_limit : 0; /* gpt_oss clamps in moe_oss.c */
+    return hp->swiglu_alpha == 0 ? hp->swiglu_limit : 0; /* gpt_oss clamps in its own MoE */
 }
 
 static void swiglu(wpi_model *m, const wpi_wmat *gate, const wpi_wmat *up,

@@ -27,7 +27,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "internal.h"
+#include "blocks.h"
 
 #define COL_BLOCK 256 /* columns of x' computed on the stack at once in wpi_hc_post */
 

@@ -22,7 +22,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "internal.h"
+#include "blocks.h"
 
 uint64_t wpi_kda_state_floats(const wpi_hparams *hp)
 {
@@ -44,6 +44,11 @@ uint64_t wpi_kda_scratch_floats(const wpi_hparams *hp, uint32_t chunk)
     const uint64_t d = hp->kda_head_dim, D = (uint64_t)hp->kda_heads * d;
     /* mixed [3D], g [D], gate [D], o [D], fa [d], ga [d], beta [heads] per token */
     return (uint64_t)chunk * (6 * D + 2 * d + hp->kda_heads);
+}
+
+const char *wpi_kda_no_truncate(const wpi_hparams *hp)
+{
+    return wpi_kda_layers(hp) ? "a recurrent (KDA) state" : NULL;
 }
 
 typedef struct kda_ctx {

@@ -14,19 +14,20 @@
  * RoPE: HF rotate_half pairing, or GPT-J pairs (2i, 2i+1) when rope_interleave; k is
  * rotated before it enters the cache, and cos/sin carry rope_attn_factor as in
  * attention.c. Sparse (glm5_next's DSA layers): a token attends only to the key pools its
- * indexer selected and its own incomplete pool (dsa.c). Each (token, head) attention task
+ * indexer selected and its own incomplete pool (arch/glm5_next.c). Each (token, head) attention task
  * streams keys in fixed blocks with a running maximum, so thread count never changes
  * a result.
  */
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
-#include "internal.h"
+#include "blocks.h"
 
 #define KEY_BLOCK 256
 #define LORA_EPS 1e-6f
-#define MAX_RANK 4096 /* kv_lora_rank bound (a row buffer on the task's stack) */
-#define MAX_RANGES 1025 /* selected pools (hparams_glm5.c bound) + the incomplete pool */
+#define MAX_RANK WPI_MAX_LORA_RANK /* a row buffer on the task's stack */
+#define MAX_RANGES 1025 /* selected pools (the bound arch/glm5_next.c reads) + the incomplete pool */
 
 void wpi_rope_apply_interleaved(float *v, uint32_t n_heads, uint32_t head_dim,
                                 uint32_t rope_dim, const float *cos_, const float *sin_)
@@ -62,7 +63,7 @@ typedef struct mla_ctx {
     const float *cache;  /* this layer's latent rows, row 0 */
     uint32_t n, pos;
     wpi_matmul_fn fn;    /* kv_b matmul */
-    int sparse;          /* keys from idx_sel (dsa.c) */
+    int sparse;          /* keys from idx_sel (glm5_next's indexer) */
 } mla_ctx;
 
 /* Task h: the absorbed query of head h for all n tokens. */
@@ -93,7 +94,7 @@ static void absorb_task(void *arg, uint32_t h)
 }
 
 /* The keys token t attends, as ranges [r0, r1) in ascending order: all of 0..pos+t, or
- * (sparse) its selected pools and then its incomplete pool (blocks/dsa.c). */
+ * (sparse) its selected pools and then its incomplete pool (arch/glm5_next.c). */
 static uint32_t key_ranges(const mla_ctx *a, uint32_t t, uint32_t *r0, uint32_t *r1)
 {
     const wpi_hparams *hp = a->m->hp;
@@ -247,4 +248,70 @@ void wpi_mla_block(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
 {
     wpi_mla_project(m, l, n, pos);
     wpi_mla_attend(m, l, n, pos, 0);
+}
+
+/* ---- buffers and state --------------------------------------------------------------- */
+
+void wpi_mla_scratch(const wpi_hparams *hp, uint32_t chunk, wpi_model *m, wpi_carve *cv)
+{
+    const uint64_t C = chunk, NH = hp->n_heads, R = hp->kv_lora_rank;
+    WPI_CARVE(cv, m, mla_qa, float, C * hp->q_lora_rank);
+    WPI_CARVE(cv, m, mla_q, float, R ? C * NH * (R + hp->rope_dim) : 0);
+    WPI_CARVE(cv, m, mla_o, float, C * NH * R);
+}
+
+void wpi_mla_state_bytes(const wpi_hparams *hp, uint32_t ctx, uint64_t out[WP_STATE_KINDS])
+{
+    const uint64_t F = sizeof(float), kda = wpi_kda_layers(hp);
+    out[WP_STATE_MLA_LATENT] = (hp->n_layers - kda) * ctx *
+                               (uint64_t)(hp->kv_lora_rank + hp->rope_dim) * F;
+    out[WP_STATE_RECURRENT] = kda * wpi_kda_state_floats(hp) * F;
+}
+
+void wpi_mla_bind(wpi_model *m, const wpi_container *c, void *kv)
+{
+    const wpi_hparams *hp = m->hp;
+    m->kcache = kv; /* the latent rows */
+    m->vcache = NULL;
+    m->kda_state = (float *)kv + (size_t)(hp->n_layers - wpi_kda_layers(hp)) * m->ctx *
+                                     (hp->kv_lora_rank + hp->rope_dim);
+}
+
+size_t wpi_mla_state_part(const wpi_model *m, uint32_t l, int v, uint32_t pos, float **at)
+{
+    const wpi_hparams *hp = m->hp;
+    const wpi_layer *L = &m->layers[l];
+    if (hp->layer_attn[l] == WPI_ATTN_KDA) {
+        *at = m->kda_state + (size_t)L->kv_slot * wpi_kda_state_floats(hp);
+        return v ? 0 : wpi_kda_state_floats(hp) * sizeof(float);
+    }
+    const size_t row = (size_t)hp->kv_lora_rank + hp->rope_dim;
+    *at = m->kcache + (size_t)L->kv_slot * m->ctx * row;
+    return v ? 0 : row * sizeof(float) * pos;
+}
+
+wp_status wpi_mla_check_layer(const wpi_container *c, uint32_t l, char *err, size_t cap)
+{
+    const wpi_hparams *hp = &c->hp;
+    const uint64_t H = hp->hidden_size, NH = hp->n_heads, R = hp->kv_lora_rank;
+    const uint64_t QL = hp->q_lora_rank, QD = NH * hp->head_dim;
+    char n[96];
+#define NAME(s) (snprintf(n, sizeof n, "blk.%u." s, l), n)
+    if (QL) {
+        TRY(wpi_need_matrix(c, NAME("attn_q_a.weight"), QL, H, err, cap));
+        TRY(wpi_opt_vector(c, NAME("attn_q_a.bias"), QL, err, cap));
+        TRY(wpi_need_vector(c, NAME("attn_q_a_norm.weight"), QL, err, cap));
+        TRY(wpi_need_matrix(c, NAME("attn_q_b.weight"), QD, QL, err, cap));
+    } else {
+        TRY(wpi_need_matrix(c, NAME("attn_q.weight"), QD, H, err, cap));
+    }
+    TRY(wpi_need_matrix(c, NAME("attn_kv_a_mqa.weight"), R + hp->rope_dim, H, err, cap));
+    TRY(wpi_opt_vector(c, NAME("attn_kv_a_mqa.bias"), R + hp->rope_dim, err, cap));
+    TRY(wpi_need_vector(c, NAME("attn_kv_a_norm.weight"), R, err, cap));
+    TRY(wpi_need_matrix(c, NAME("attn_kv_b.weight"),
+                        NH * (hp->qk_nope_head_dim + hp->v_head_dim), R, err, cap));
+    TRY(wpi_need_matrix(c, NAME("attn_output.weight"), H, NH * hp->v_head_dim, err, cap));
+    TRY(wpi_opt_vector(c, NAME("attn_output.bias"), H, err, cap));
+#undef NAME
+    return WP_OK;
 }

@@ -14,7 +14,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "internal.h"
+#include "blocks.h"
 
 void wpi_topk(const float *p, uint32_t n, uint32_t k, int32_t *ids, float *w)
 {
@@ -331,4 +331,18 @@ wp_status wpi_moe_decoder_layer(wpi_model *m, uint32_t l, uint32_t n, uint32_t p
         return WP_OK;
     }
     return wpi_moe_block(m, l, n);
+}
+
+void wpi_topk_insert(float *w, int32_t *ids, uint32_t k, uint32_t *filled, float s, int32_t id)
+{
+    if (*filled == k && !(s > w[k - 1])) return;
+    uint32_t i = *filled < k ? *filled : k - 1;
+    while (i > 0 && w[i - 1] < s) {
+        w[i] = w[i - 1];
+        ids[i] = ids[i - 1];
+        i--;
+    }
+    w[i] = s;
+    ids[i] = id;
+    if (*filled < k) (*filled)++;
 }

@@ -10,7 +10,7 @@
  */
 #include <math.h>
 
-#include "internal.h"
+#include "blocks.h"
 
 int wpi_route_noaux_used(const wpi_hparams *hp, const wpi_layer *L)
 {

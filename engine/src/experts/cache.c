@@ -29,7 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "experts.h"
 
 #define NONE UINT32_MAX
 #define LFRU_SAMPLES 16

@@ -22,7 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "arch.h"
 
 #define GIB (1024.0 * 1024.0 * 1024.0)
 #define DEFAULT_CTX 4096

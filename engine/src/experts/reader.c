@@ -25,7 +25,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "internal.h"
+#include "experts.h"
 
 #define MAX_READER_THREADS 8
 /* Threads when cfg->reader_threads is 0. A reader spends its time blocked in pread, so

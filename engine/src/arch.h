@@ -1,0 +1,66 @@
+/*
+ * arch.h -- an architecture (arch/<model_type>.c): its hooks, found by model_type in the
+ * registry (arch/registry.c); and what calls them: the sizes and the walk of forward.c.
+ * Included by arch/, forward.c, ctx.h (core.c, state.c) and experts/plan.c, which plans
+ * with the sizes an architecture's hooks give.
+ */
+#ifndef WPI_ARCH_H
+#define WPI_ARCH_H
+
+#include "blocks.h"
+
+/* arch/registry.c: an architecture is found by its model_type. Everything that varies
+ * between architectures goes through these hooks; NULL takes the shared default, so a
+ * llama-shaped model needs only check and layer_forward. forward.c, state.c and core.c
+ * call the hooks and know no architecture by name or by its fields. */
+struct wpi_arch {
+    const char *name;
+    /* The optional hparams keys after the required ones (container.c reads those), with
+     * the relations between them: WP_E_FORMAT naming the key. NULL: wpi_hparams_shared,
+     * the keys of the shared blocks; a hook reads those too (it calls wpi_hparams_shared). */
+    wp_status (*hparams)(const struct wpi_json *h, wpi_hparams *hp, char *err, size_t cap);
+    /* Checks hparams and the presence and shape of every tensor this arch needs. */
+    wp_status (*check)(const wpi_container *c, char *err, size_t cap);
+    /* Its state bytes at ctx tokens by WP_STATE_* kind (out is zeroed before). NULL: K and
+     * V rows of every layer (WP_STATE_KV). */
+    void (*state_bytes)(const wpi_hparams *hp, uint32_t ctx, uint64_t out[WP_STATE_KINDS]);
+    /* Carves the scratch buffers it needs beyond the shared ones (wpi_carve); m is NULL
+     * while only measuring. NULL: none. */
+    void (*scratch)(const wpi_hparams *hp, uint32_t chunk, wpi_model *m, wpi_carve *cv);
+    /* After the shared binding (every shared block's tensors by name, K and V rows carved
+     * from kv): its own tensors and its layout of kv (wpi_state_bytes). NULL: nothing. */
+    void (*bind)(wpi_model *m, const wpi_container *c, void *kv);
+    /* The state file's part v (0 or 1) of layer l at position pos: its bytes, and where
+     * they live in *at. NULL: K rows then V rows [0, pos). */
+    size_t (*state_part)(const wpi_model *m, uint32_t l, int v, uint32_t pos, float **at);
+    /* What forbids truncating a state to a shorter prefix ("a recurrent (KDA) state"), or
+     * NULL when it can be truncated. NULL hook: always possible. */
+    const char *(*no_truncate)(const wpi_hparams *hp);
+    /* One decoder layer over a chunk of n tokens at positions pos..pos+n, updating
+     * mdl->x in place. Errors: WP_E_IO (an expert read), with mdl->err filled. */
+    wp_status (*layer_forward)(wpi_model *mdl, uint32_t layer, uint32_t n, uint32_t pos);
+};
+
+const wpi_arch *wpi_arch_find(const char *model_type);
+/* Comma-separated names of every supported model_type. */
+const char *wpi_arch_names(void);
+
+/* forward.c: bytes of the KV cache (all the state) at ctx tokens, the same by WP_STATE_*
+ * kind (they sum to wpi_kv_bytes), and of the scratch buffers for chunks of `chunk`
+ * tokens at ctx tokens, each through the hooks of hp->model_type's architecture (the
+ * defaults for an unknown one). plan.c uses exactly what the forward allocates (chunk =
+ * cfg->prefill_chunk, 0 meaning 64). */
+uint64_t wpi_kv_bytes(const wpi_hparams *hp, uint32_t ctx);
+void wpi_state_bytes(const wpi_hparams *hp, uint32_t ctx, uint64_t out[WP_STATE_KINDS]);
+uint64_t wpi_scratch_bytes(const wpi_hparams *hp, uint32_t chunk, uint32_t ctx);
+
+/* forward.c: binds tensors and carves buffers (kv and scratch as sized above). */
+wp_status wpi_model_init(wpi_model *mdl, const wpi_arch *arch, const wpi_container *c,
+                         void *kv, void *scratch, uint32_t ctx, uint32_t chunk);
+/* Evaluates tokens[0..n) (n <= chunk) at positions pos..pos+n. logits (may be NULL)
+ * receives vocab floats per token for all n tokens when all_logits, else for the last. */
+wp_status wpi_model_forward(wpi_model *mdl, const wpi_arch *arch,
+                            const int32_t *tokens, uint32_t n, uint32_t pos,
+                            float *logits, int all_logits);
+
+#endif /* WPI_ARCH_H */

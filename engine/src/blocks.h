@@ -1,0 +1,162 @@
+/*
+ * blocks.h -- the blocks of a layer that two or more architectures compose (blocks/);
+ * a block only one architecture uses is static in its arch file instead.
+ *   attention.c     GQA with RoPE, q/k norm, clip, biases (the llama-shaped families)
+ *   attention_sw.c  attention with sinks over a sliding window (gpt_oss, qwen2_moe)
+ *   ffn.c           SwiGLU, dense layers, the clamped variant
+ *   moe.c           routing, the expert driver, the llama-shaped MoE decoder layer
+ *   route_noaux.c   grouped, biased selection (deepseek_v3, glm4_moe, kimi_linear, glm5_next)
+ *   mla.c           multi-head latent attention and its state (deepseek_v3, kimi_linear,
+ *                   glm5_next)
+ *   kda.c           Kimi Delta Attention (kimi_linear, glm5_next)
+ *   hyper.c         hyper-connections (deepseek_v4, glm5_next)
+ *   hparams.c       the optional hparams keys of these blocks
+ */
+#ifndef WPI_BLOCKS_H
+#define WPI_BLOCKS_H
+
+#include "model.h"
+
+/* hparams.c: the optional hparams keys of the shared blocks (MLA and routing, hyper-
+ * connections, the indexers' shape, KDA, sliding window and attn_kinds, clamped SwiGLU):
+ * the default hparams hook of wpi_arch, and the first call of every other. */
+wp_status wpi_hparams_shared(const struct wpi_json *h, wpi_hparams *hp, char *err, size_t cap);
+
+/* blocks/: one block of a layer over a chunk of n tokens at positions pos..pos+n. Each
+ * reads x, writes the residual sum back into x. */
+/* attention.c: the online softmax of one query over cached keys [lo, end) (rows kvd
+ * apart), in fixed blocks so thread count never changes a result: out = the
+ * unnormalized sum of exp(score - *mx) v; returns the sum of those weights. */
+float wpi_attend_keys(const wpi_model *m, const float *q, const float *kc, const float *vc,
+                      size_t kvd, uint32_t lo, uint32_t end, float *out, float *mx);
+/* The two halves every attention variant shares: attn_norm, q/k/v projections into the
+ * KV cache at pos (biases, q/k norm, clip, rope) -- and the output projection (+ bias)
+ * added to the residual stream. */
+void wpi_attention_project(wpi_model *mdl, uint32_t layer, uint32_t n, uint32_t pos);
+void wpi_attention_output(wpi_model *mdl, uint32_t layer, uint32_t n);
+void wpi_attention_block(wpi_model *mdl, uint32_t layer, uint32_t n, uint32_t pos);
+void wpi_ffn_block(wpi_model *mdl, uint32_t layer, uint32_t n);
+/* The distinct experts of a chunk's top-k picks, in order of first use (token-major,
+ * router order), into m->ex_ids; for each, the picks (token * top_k + slot) that chose
+ * it in m->ex_pick[m->ex_start[s] .. m->ex_start[s + 1]). Returns how many. */
+uint32_t wpi_moe_distinct_experts(wpi_model *mdl, uint32_t n);
+wp_status wpi_moe_block(wpi_model *mdl, uint32_t layer, uint32_t n);
+/* Runs every distinct expert of the chunk (wpi_moe_distinct_experts) through
+ * fn(arg, mdl, view, expert, rows, cnt, out) in groups the cache can pin: the rows of xs
+ * that picked it are gathered into cnt rows (at most mdl->chunk per call: a hash row may
+ * pick one expert twice), and fn's out rows are scattered to m->eo at each pick. The
+ * shared driver of the MoE blocks with their own expert FFN. */
+typedef void (*wpi_expert_apply_fn)(void *arg, wpi_model *mdl, const wpi_expert_view *v,
+                                    int32_t expert, const float *rows, uint32_t cnt,
+                                    float *out);
+wp_status wpi_moe_for_each_expert(wpi_model *mdl, uint32_t layer, const float *xs,
+                                  uint32_t nd, wpi_expert_apply_fn fn, void *arg);
+/* A layer of the llama-shaped MoE families (qwen2_moe, qwen3_moe, mixtral, olmoe,
+ * glm4_moe): wpi_attention_block, then wpi_moe_block on MoE layers and wpi_ffn_block on
+ * dense ones; the arch's hparams decide routing, shared expert and qk norm. */
+wp_status wpi_moe_decoder_layer(wpi_model *mdl, uint32_t layer, uint32_t n, uint32_t pos);
+/* attention_sw.c: attention with per-head sinks (layer's attn_sinks, if any) over keys
+ * p-window+1..p of each position p (window 0: all); biases, RoPE, no qk norm. */
+void wpi_attention_sw_block(wpi_model *mdl, uint32_t layer, uint32_t n, uint32_t pos,
+                            uint32_t window);
+/* out[t] = down(silu(gate x_t) * up x_t) for m tokens (ffn.c). */
+void wpi_swiglu(wpi_model *mdl, const wpi_wmat *gate, const wpi_wmat *up,
+                const wpi_wmat *down, const float *x, size_t ldx, uint32_t m,
+                float *out, size_t ldo);
+/* The clamp of wpi_swiglu's gate (at most) and up (both signs), 0 for none (ffn.c). */
+float wpi_swiglu_clamp(const wpi_hparams *hp);
+/* Rope cos/sin of the chunk's positions into mdl->rope_cos/sin (attention.c). */
+void wpi_rope_prepare(wpi_model *mdl, uint32_t n, uint32_t pos);
+/* Rotates the first rope_dim dims of n_heads heads of head_dim (HF rotate_half). */
+void wpi_rope_apply(float *v, uint32_t n_heads, uint32_t head_dim, uint32_t rope_dim,
+                    const float *cos, const float *sin);
+/* Inserts (s, id) into the descending list w[0..*filled), ids alike, of at most k >= 1
+ * entries: after every score >= s (ties to the earlier), the last dropped when full; a
+ * score not above a full list's last (or NaN) is not taken (moe.c). */
+void wpi_topk_insert(float *w, int32_t *ids, uint32_t k, uint32_t *filled, float s, int32_t id);
+/* Router top-k of probs[n] (ties to the lower id), in descending order (moe.c). */
+void wpi_topk(const float *probs, uint32_t n, uint32_t k, int32_t *ids, float *w);
+/* kda.c: Kimi Delta Attention block (recurrent state zeroed at pos 0); its state floats
+ * per KDA layer; the number of KDA layers; its scratch floats for chunks of `chunk`. */
+void wpi_kda_block(wpi_model *mdl, uint32_t layer, uint32_t n, uint32_t pos);
+uint64_t wpi_kda_state_floats(const wpi_hparams *hp);
+uint32_t wpi_kda_layers(const wpi_hparams *hp);
+uint64_t wpi_kda_scratch_floats(const wpi_hparams *hp, uint32_t chunk);
+/* Its refusal to truncate a state ("a recurrent (KDA) state") when hp has KDA layers,
+ * else NULL: an arch's no_truncate hook. */
+const char *wpi_kda_no_truncate(const wpi_hparams *hp);
+/* Checks a KDA layer's tensors (q/k/v/o, gates, conv, dt_bias, a_log, o_norm) and shapes. */
+wp_status wpi_kda_check_layer(const wpi_container *c, uint32_t l, char *err, size_t cap);
+/* The MLA hooks: mla_qa, mla_q, mla_o in the scratch (carved for every architecture,
+ * empty without q_lora_rank / kv_lora_rank); the state (a latent row [kv_lora_rank +
+ * rope_dim] per position of every non-KDA layer, then every KDA layer's recurrent state,
+ * kda.c) by kind, its carve of kv and the state file's parts of layer l. */
+void wpi_mla_scratch(const wpi_hparams *hp, uint32_t chunk, wpi_model *m, wpi_carve *cv);
+void wpi_mla_state_bytes(const wpi_hparams *hp, uint32_t ctx, uint64_t out[WP_STATE_KINDS]);
+void wpi_mla_bind(wpi_model *m, const wpi_container *c, void *kv);
+size_t wpi_mla_state_part(const wpi_model *m, uint32_t l, int v, uint32_t pos, float **at);
+/* Those hooks in a wpi_arch initializer, for an architecture whose state is MLA's (with
+ * KDA layers, if any, which forbid truncation). */
+#define WPI_MLA_HOOKS                                                                 \
+    .state_bytes = wpi_mla_state_bytes, .bind = wpi_mla_bind,                         \
+    .state_part = wpi_mla_state_part, .no_truncate = wpi_kda_no_truncate
+/* Multi-head latent attention over the latent KV cache, absorbed up-projections (mla.c). */
+/* Checks an MLA layer's tensors: q (q_a, q_a_norm, q_b with q_lora_rank, else q), kv_a,
+ * kv_a_norm, kv_b, output and their optional biases. */
+wp_status wpi_mla_check_layer(const wpi_container *c, uint32_t l, char *err, size_t cap);
+void wpi_mla_block(wpi_model *mdl, uint32_t layer, uint32_t n, uint32_t pos);
+/* Its two halves: attn_norm, q (q_a rmsnorm'd into mla_qa, then q), the latent row into the
+ * cache -- and the attention plus output projection, into xn and added to x. sparse: each
+ * token attends only to the pools in idx_sel / idx_nsel (glm5_next's DSA indexer) and its
+ * incomplete pool. */
+void wpi_mla_project(wpi_model *mdl, uint32_t layer, uint32_t n, uint32_t pos);
+void wpi_mla_attend(wpi_model *mdl, uint32_t layer, uint32_t n, uint32_t pos, int sparse);
+/* Rotates rope_dim dims of n_heads heads, head_dim apart, in GPT-J pairs (2i, 2i+1). */
+void wpi_rope_apply_interleaved(float *v, uint32_t n_heads, uint32_t head_dim,
+                                uint32_t rope_dim, const float *cos, const float *sin);
+/* route_noaux.c: 1 when hparams or the layer need wpi_route_noaux instead of plain top-k. */
+int wpi_route_noaux_used(const wpi_hparams *hp, const wpi_layer *L);
+/* Selection of top_k experts from scores[n_experts] (sigmoid or softmax, unbiased):
+ * choice = scores + bias (bias may be NULL); with n_group > 1 only the experts of the
+ * topk_group groups with the largest sums of their two best choices compete; top_k by
+ * choice (ties to the lower id); weights = the unbiased scores, renormalized when
+ * norm_topk_prob (sum + 1e-20), times routed_scaling_factor. tmp: 2 * n_experts floats. */
+void wpi_route_noaux(const wpi_hparams *hp, const float *scores, const float *bias,
+                     float *tmp, int32_t *ids, float *w);
+
+/* hyper.c: manifold-constrained hyper-connections (transformers' DeepseekV4HyperConnection
+ * and DeepseekV4HyperHead; glm5_next reuses them). A token's residual is hc streams of dim
+ * floats, x[hc][dim], contiguous; n tokens are hc * dim floats apart. Generic: weights by
+ * pointer (f32), dimensions in wpi_hc_dims; the pool may be NULL (inline). */
+typedef struct wpi_hc_dims {
+    uint32_t hc;             /* streams (hc_mult), 1..WPI_HC_MAX */
+    uint32_t dim;            /* floats per stream (hidden_size) */
+    uint32_t sinkhorn_iters; /* hc_sinkhorn_iters (>= 1) */
+    float hc_eps;            /* hc_eps */
+    float norm_eps;          /* eps of the unweighted RMSNorm over hc * dim (rms_norm_eps) */
+} wpi_hc_dims;
+/* Rows of fn: (2 + hc) * hc (pre, post, comb). */
+uint32_t wpi_hc_mix_count(const wpi_hc_dims *d);
+/* Scratch floats wpi_hc_pre / wpi_hc_head need for n tokens. */
+uint64_t wpi_hc_scratch_floats(const wpi_hc_dims *d, uint32_t n);
+/* Before a block, for n tokens of x: post [n][hc], comb [n][hc][hc] (comb[j][k]: weight of
+ * input stream j in output stream k, doubly stochastic after Sinkhorn) and, when collapsed
+ * is not NULL, the block input collapsed[t * ldc + i] = sum_k pre[k] x[k][i].
+ * fn [(2 + hc) * hc][hc * dim], base [(2 + hc) * hc], scale [3]. */
+void wpi_hc_pre(const wpi_kernels *k, wpi_pool *pool, const wpi_hc_dims *d,
+                const float *fn, const float *base, const float *scale,
+                const float *x, uint32_t n, float *post, float *comb,
+                float *collapsed, size_t ldc, float *scratch);
+/* After a block with output out[t * ldo + i]: in place,
+ * x[k] = post[k] * out + sum_j comb[j][k] x[j] per token. */
+void wpi_hc_post(wpi_pool *pool, const wpi_hc_dims *d, float *x, const float *out,
+                 size_t ldo, const float *post, const float *comb, uint32_t n);
+/* Final collapse y[t * ldy + i] = sum_k w[k] x[k][i] with
+ * w = sigmoid((fn . x / rms(x)) * scale[0] + base) + hc_eps, fn [hc][hc * dim], base [hc],
+ * scale [1]; fn NULL: the mean of the streams (base, scale, scratch unused). */
+void wpi_hc_head(const wpi_kernels *k, wpi_pool *pool, const wpi_hc_dims *d,
+                 const float *fn, const float *base, const float *scale,
+                 const float *x, uint32_t n, float *y, size_t ldy, float *scratch);
+
+
+#endif /* WPI_BLOCKS_H */

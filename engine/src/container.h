@@ -1,0 +1,156 @@
+/*
+ * container.h -- a warp container (container.c): manifest.json (json.c) -> hparams, the
+ * trunk tensor index and the expert banks (docs/FORMAT.md). Knows no architecture.
+ */
+#ifndef WPI_CONTAINER_H
+#define WPI_CONTAINER_H
+
+#include "util.h"
+#include "kernels/kernels.h"
+
+enum { WPI_QK_NONE = 0, WPI_QK_HEAD = 1, WPI_QK_FULL = 2 };
+
+#define WPI_HC_MAX 16            /* hc_mult: hyper-connection streams (blocks/hyper.c) */
+#define WPI_MAX_LORA_RANK 4096   /* kv_lora_rank (a row buffer of blocks/mla.c) */
+
+/* Normalized hyperparameters (docs/FORMAT.md section 3). */
+typedef struct wpi_hparams {
+    char model_type[32];
+    uint32_t vocab_size, hidden_size, n_layers;
+    uint32_t n_heads, n_kv_heads, head_dim;
+    uint32_t intermediate_size, moe_intermediate_size;
+    uint32_t n_experts, top_k;
+    uint32_t shared_expert_intermediate_size;
+    int32_t shared_expert_gate;             /* bool */
+    int32_t norm_topk_prob;                 /* bool */
+    uint8_t layer_is_moe[WPI_MAX_LAYERS];   /* [n_layers] */
+    float rms_norm_eps;
+    uint32_t rope_dim;
+    float rope_theta, rope_attn_factor;
+    int32_t qk_norm;                        /* WPI_QK_* */
+    float attn_scale;
+    uint32_t max_position_embeddings;
+    int32_t tie_word_embeddings;            /* bool */
+    int32_t bos_token_id;                   /* -1 if none */
+    uint32_t n_eos;
+    int32_t eos_token_ids[WPI_MAX_EOS];
+    float clip_qkv;                         /* clamp q, k, v to +-clip_qkv; 0 = none */
+    /* Optional keys (blocks/hparams.c), zero when absent. attn_kinds gives layer_attn. */
+    uint32_t sliding_window;                /* keys a WPI_ATTN_SLIDING layer sees, incl. its own */
+    uint8_t layer_attn[WPI_MAX_LAYERS];     /* WPI_ATTN_* per layer */
+    float swiglu_alpha, swiglu_limit;       /* gpt_oss clamped SwiGLU of the experts */
+    uint32_t kda_heads, kda_head_dim, kda_conv; /* kimi_linear KDA layers */
+    /* Multi-head latent attention (blocks/hparams.c, blocks/mla.c) when kv_lora_rank > 0:
+     * head_dim is the q/k head width qk_nope_head_dim + rope_dim; the KV cache holds per
+     * token and layer the latent (kv_lora_rank normed + rope_dim rotated key floats). */
+    uint32_t q_lora_rank, kv_lora_rank, qk_nope_head_dim, v_head_dim;
+    int32_t rope_interleave;                /* bool: rope pairs (2i, 2i+1) (GPT-J) */
+    /* Routing (blocks/route_noaux.c): scores, group-limited selection on scores plus the
+     * layer's exp_probs_b bias, weights from the unbiased scores. */
+    int32_t scoring;                        /* WPI_SCORE_*; softmax when absent */
+    uint32_t n_group, topk_group;           /* 0 or 1 group: no group limit */
+    float routed_scaling_factor;            /* multiplies the routed weights; 1 when absent */
+    /* hyper-connections (blocks/hyper.c; deepseek_v4 and glm5_next), 0 when absent:
+     * hc_mult > 0 makes the residual hc_mult streams */
+    uint32_t hc_mult, hc_sinkhorn_iters;
+    float hc_eps;
+    uint32_t index_heads, index_head_dim, index_topk; /* indexer: CSA (v4) or DSA (glm5) */
+    /* deepseek_v4 (read and used by arch/deepseek_v4.c); 0 when absent */
+    uint32_t o_groups, o_lora_rank;         /* grouped output projection */
+    uint32_t compress_rate_csa, compress_rate_hca;
+    uint8_t layer_compress[WPI_MAX_LAYERS]; /* WPI_CMP_* per layer */
+    uint8_t layer_hash[WPI_MAX_LAYERS];     /* 1: experts chosen by token id (hash routing) */
+    /* zero when absent: the KDA forget gate with a lower bound (kda.c), the eps of the MLA
+     * lora norms (mla.c), and glm5_next's DSA indexer (arch/glm5_next.c) of its MLA layers,
+     * per layer WPI_INDEX_*. */
+    int32_t kda_safe_gate;                  /* bool: g = kda_lower_bound * sigmoid(...) */
+    float kda_lower_bound;
+    float lora_norm_eps;                    /* 0: 1e-6 */
+    uint32_t index_kpool;
+    int32_t index_tail;                     /* bool: the incomplete pool is always attended */
+    uint8_t layer_index[WPI_MAX_LAYERS];    /* WPI_INDEX_* per layer */
+} wpi_hparams;
+
+enum { WPI_SCORE_SOFTMAX = 0, WPI_SCORE_SIGMOID = 1, WPI_SCORE_SQRTSOFTPLUS = 2 };
+enum { WPI_CMP_NONE = 0, WPI_CMP_CSA = 1, WPI_CMP_HCA = 2 };
+enum { WPI_INDEX_NONE = 0, WPI_INDEX_FULL = 1, WPI_INDEX_SHARED = 2 };
+
+enum { WPI_ATTN_FULL = 0, WPI_ATTN_SLIDING = 1, WPI_ATTN_KDA = 2 };
+
+/* A trunk tensor. shape[0] = rows (or length of a vector), shape[1] = cols (1 for a vector). */
+typedef struct wpi_tensor {
+    char *name;
+    int32_t dtype;
+    uint32_t n_dims;        /* 1 or 2 */
+    uint64_t shape[2];
+    uint64_t offset;        /* in trunk.bin */
+    uint64_t bytes;
+    uint32_t crc32c;
+    void *data;             /* resident copy after wpi_container_load_trunk, else NULL */
+} wpi_tensor;
+
+/* One MoE layer's expert bank (experts-L{layer}.bin). */
+typedef struct wpi_bank {
+    uint32_t layer;
+    char *path;
+    uint32_t n_experts;
+    uint64_t record_bytes;  /* multiple of WPI_DISK_ALIGN */
+    int32_t dtype;          /* of gate, up and down */
+    uint32_t inter;         /* gate/up rows, down cols */
+    uint32_t hidden;        /* gate/up cols, down rows */
+    uint64_t gate_offset, up_offset, down_offset; /* from the record start */
+    uint64_t payload_bytes; /* end of down - WPI_RECORD_HEADER_BYTES */
+} wpi_bank;
+
+typedef struct wpi_container {
+    char *dir;
+    wpi_hparams hp;
+    wpi_tensor *tensors;
+    uint32_t n_tensors;
+    char *trunk_path;
+    uint64_t trunk_bytes;         /* sum of tensor bytes */
+    uint64_t bytes_read;          /* trunk bytes read from disk so far (not expert records) */
+    wpi_bank *banks;
+    uint32_t n_banks;
+    int32_t bank_of_layer[WPI_MAX_LAYERS]; /* index into banks, -1 for a dense layer */
+    uint64_t experts_total_bytes;
+    uint64_t max_record_bytes;
+} wpi_container;
+
+/* Parses and validates manifest.json and the sizes of every file it names. Loads no
+ * tensor data. Errors: WP_E_IO (missing/unreadable file), WP_E_FORMAT (anything
+ * malformed; err names the key, tensor or file). */
+wp_status wpi_container_open(const char *dir, wpi_container **out, char *err, size_t cap);
+
+/* Reads every trunk tensor into memory accounted to m, tensor by tensor with pread,
+ * checking each CRC32C, and adds the bytes read to c->bytes_read. Errors: WP_E_IO, WP_E_FORMAT (CRC mismatch names the tensor), OOM. */
+wp_status wpi_container_load_trunk(wpi_container *c, wpi_mem *m, char *err, size_t cap);
+
+struct wpi_json;
+
+/* container.c: the bounds every architecture's hparams share (one table, also applied
+ * while the manifest is read) and the relations between them: heads vs kv heads, rope_dim
+ * vs head_dim, top_k vs n_experts, layer kinds vs FFN sizes, token ids vs vocab_size.
+ * WP_E_FORMAT with a detail naming the key. */
+wp_status wpi_hparams_check(const wpi_hparams *hp, char *err, size_t cap);
+/* container.c: an optional key of the hparams object (absent or null: 0, OK): an integer
+ * within its bounds in the one bounds table (container.c), into its field of hp; or a
+ * number in [lo, hi] (*present, when not NULL, says whether it was given). Anything else
+ * is WP_E_FORMAT naming the key. */
+wp_status wpi_hparam_u32(const struct wpi_json *h, const char *key, wpi_hparams *hp, char *err,
+                         size_t cap);
+wp_status wpi_hparam_num(const struct wpi_json *h, const char *key, double lo, double hi,
+                         float *out, int *present, char *err, size_t cap);
+/* The optional hparams keys of model_type's architecture, read from the object h into hp
+ * after the required ones: its hparams hook, else wpi_hparams_shared (blocks.h). Defined
+ * by arch/registry.c, the one place that knows the architectures; wpi_container_open
+ * calls it, so the container knows none. WP_E_FORMAT naming the key. */
+wp_status wpi_arch_hparams(const char *model_type, const struct wpi_json *h, wpi_hparams *hp,
+                           char *err, size_t cap);
+
+/* The tensor of that name, or NULL. */
+const wpi_tensor *wpi_container_tensor(const wpi_container *c, const char *name);
+
+void wpi_container_close(wpi_container *c, wpi_mem *m);
+
+#endif /* WPI_CONTAINER_H */

@@ -1,0 +1,180 @@
+/*
+ * model.h -- what the forward pass reads and writes: bound trunk tensors (wpi_layer), the
+ * buffers of one context (wpi_model), the scratch carve, binding by name and the
+ * row-parallel matmul (forward.c), and the tensor checks arch check functions use
+ * (checks.c).
+ */
+#ifndef WPI_MODEL_H
+#define WPI_MODEL_H
+
+#include "experts.h"
+#include "pool.h"
+
+/* ---- forward (core.c, forward.c, pool.c, blocks/, arch/) --------------------- */
+
+typedef struct wpi_arch wpi_arch;
+
+/* A weight matrix [rows, cols] in dtype layout (a trunk tensor or an expert matrix). */
+typedef struct wpi_wmat {
+    const void *data;
+    int32_t dtype;
+    uint32_t rows, cols;
+} wpi_wmat;
+
+/* Trunk tensors of one layer, bound by name; NULL when absent. */
+typedef struct wpi_layer {
+    const float *attn_norm, *ffn_norm;            /* [hidden] */
+    wpi_wmat wq, wk, wv, wo;                      /* see docs/FORMAT.md section 4 */
+    const float *bq, *bk, *bv, *bo;               /* biases or NULL */
+    const float *q_norm, *k_norm;                 /* [head_dim] or full width, or NULL */
+    wpi_wmat ffn_gate, ffn_up, ffn_down;          /* dense layers */
+    const float *ffn_gate_b, *ffn_up_b, *ffn_down_b; /* their biases (mlp_bias) or NULL */
+    const float *router;                          /* [n_experts, hidden], MoE layers */
+    wpi_wmat sh_gate, sh_up, sh_down;             /* shared expert (data NULL if none) */
+    const float *sh_gate_inp;                     /* [hidden] or NULL */
+    uint8_t is_moe;
+    /* gpt_oss (NULL otherwise) */
+    const float *sinks;                           /* attn_sinks [n_heads] */
+    const float *router_b;                        /* ffn_gate_inp.bias [n_experts] */
+    const float *exp_gate_b, *exp_up_b, *exp_down_b; /* ffn_*_exps.bias [n_experts, I|H] */
+    /* MLA (blocks/mla.c): q = q_b(rmsnorm(q_a x)) or wq x; latent = kv_a x; kv_b up. */
+    wpi_wmat wq_a, wq_b, wkv_a, wkv_b;
+    const float *q_a_norm, *kv_a_norm;            /* [q_lora_rank], [kv_lora_rank] */
+    const float *bq_a, *bkv_a;                    /* biases or NULL */
+    const float *exp_bias;                        /* exp_probs_b [n_experts] or NULL */
+    /* kimi_linear KDA layers (blocks/kda.c); q/k/v/o are wq, wk, wv, wo [D, hidden] */
+    wpi_wmat kda_f_a, kda_f_b, kda_b, kda_g_a, kda_g_b;
+    const float *kda_conv;                        /* [3D, kda_conv] depthwise, f32 */
+    const float *kda_dt_bias, *kda_a_log, *kda_o_norm; /* [D], [kda_heads], [kda_head_dim] */
+    /* hyper-connections (blocks/hyper.c; deepseek_v4, glm5_next) around attention and FFN,
+     * f32: fn [(2+hc)*hc, hc*hidden], base [(2+hc)*hc], scale [3] */
+    const float *hc_attn_fn, *hc_attn_base, *hc_attn_scale;
+    const float *hc_ffn_fn, *hc_ffn_base, *hc_ffn_scale;
+    /* the indexer: glm5_next's DSA of a WPI_INDEX_FULL layer, deepseek_v4's CSA
+     * lightning indexer (both bound by their arch files) */
+    wpi_wmat idx_q;                               /* [index_heads*index_head_dim, q_lora_rank] */
+    wpi_wmat idx_w;                               /* [index_heads, hidden] */
+    wpi_wmat idx_gate;                            /* glm5 [ihd, H]; v4 [2ihd, H] */
+    wpi_wmat idx_k;                               /* glm5: [index_head_dim, hidden] */
+    const float *idx_k_norm, *idx_k_norm_b;       /* glm5: LayerNorm [index_head_dim] */
+    const float *idx_ape;                         /* glm5: [index_kpool, index_head_dim] */
+    uint32_t kv_slot;             /* this layer's block of the KV cache (or of kda_state) */
+    /* deepseek_v4 (arch/deepseek_v4.c binds them); q is wq_a, q_a_norm, wq_b */
+    wpi_wmat wkv, wo_a, wo_b;                     /* kv [hd, H], o_a [g*r, nh*hd/g], o_b */
+    const float *kv_norm;                         /* [head_dim] */
+    wpi_wmat cmp_kv, cmp_gate;                    /* compressor [w, H], w = hd (HCA), 2hd (CSA) */
+    const float *cmp_bias, *cmp_norm;             /* [rate, w], [head_dim] */
+    wpi_wmat idx_kv;                              /* indexer compressor kv [2ihd, H] */
+    const float *idx_bias, *idx_norm;             /* [rate, 2ihd], [ihd] */
+    const float *hash_ids;                        /* [vocab, top_k] expert ids as f32, or NULL */
+    float *cstate;                                /* this layer's state block (deepseek_v4) */
+    uint32_t idx_slot;            /* this layer's block of idx_cache (WPI_INDEX_FULL) */
+} wpi_layer;
+
+/* Everything the forward pass reads and writes. Buffers are carved from one scratch
+ * allocation of wpi_scratch_bytes and one KV allocation of wpi_kv_bytes. */
+typedef struct wpi_model {
+    const wpi_hparams *hp;
+    const wpi_kernels *k;
+    wpi_pool *pool;
+    wpi_experts *experts;
+    uint32_t ctx, chunk;         /* context length, tokens per chunk */
+    int lookahead;               /* decode-time prefetch of the next layer's experts */
+    const wpi_wmat *lm_head;     /* output.weight or token_embd.weight */
+    wpi_wmat tok_embd, output;
+    const float *out_norm;       /* [hidden] */
+    const float *rope_freqs;     /* [rope_dim/2] inverse frequencies */
+    wpi_layer *layers;           /* [n_layers] */
+    float *kcache, *vcache;      /* [n_layers][ctx][n_kv_heads*head_dim] */
+    /* scratch, per chunk of C tokens */
+    float *x;                    /* [C, hidden] residual stream */
+    float *xn;                   /* [C, hidden] normed input of a block */
+    float *q;                    /* [C, n_heads*head_dim] */
+    float *att;                  /* [C, n_heads*head_dim] attention output */
+    float *rope_cos, *rope_sin;  /* [C, rope_dim/2] at the chunk's positions */
+    float *ff_g, *ff_u;          /* [C, max ffn width] gate and up / hidden */
+    float *moe_out;              /* [C, hidden] routed + shared expert sum */
+    float *probs;                /* [C, n_experts] router softmax */
+    int32_t *topk_id;            /* [C, top_k] router order */
+    float *topk_w;               /* [C, top_k] */
+    float *eo;                   /* [C, top_k, hidden] one expert output per choice */
+    float *xg, *yg;              /* [C, hidden] tokens gathered for one expert */
+    int32_t *ex_ids;             /* [n_experts] distinct experts of a chunk */
+    int32_t *ex_start;           /* [n_experts + 1] */
+    int32_t *ex_pick;            /* [C * top_k] (token * top_k + slot) grouped by expert */
+    int32_t *ex_slot;            /* [n_experts] expert -> index in ex_ids, -1 */
+    float *sh_w;                 /* [C] shared expert gate */
+    float *la_probs;             /* [n_experts] lookahead router */
+    int32_t *la_ids;             /* [top_k] */
+    float *la_w;                 /* [top_k] */
+    float *route_tmp;            /* [2 * n_experts] grouped selection (route_noaux.c) */
+    float *mla_qa;               /* [C, q_lora_rank] */
+    float *mla_q;                /* [C, n_heads, kv_lora_rank + rope_dim] absorbed query */
+    float *mla_o;                /* [C, n_heads, kv_lora_rank] latent attention output */
+    float *kda_buf;              /* wpi_kda_scratch_floats (kda.c) */
+    float *kda_state;            /* [kda layers][wpi_kda_state_floats], after the KV rows */
+    const int32_t *tokens;       /* token ids of the chunk being evaluated (hash routing) */
+    float *v4_buf;               /* wpi_v4_scratch_floats (deepseek_v4) */
+    const float *rope_freqs_c;   /* [rope_dim/2] compressed-branch frequencies, or NULL */
+    const float *hc_head_fn, *hc_head_base, *hc_head_scale; /* final hyper head */
+    float *hc_x;                 /* [C, hc_mult, hidden] hyper-connection streams */
+    float *hc_post, *hc_comb;    /* [C, hc_mult], [C, hc_mult, hc_mult] */
+    float *hc_scr;               /* wpi_hc_scratch_floats(C) */
+    float *idx_q;                /* [C, index_heads * index_head_dim] indexer queries */
+    float *idx_wt;               /* [C, index_heads] indexer head weights */
+    int32_t *idx_sel;            /* [C, index_topk / index_kpool] selected pools, ascending */
+    int32_t *idx_nsel;           /* [C] */
+    float *idx_cache;            /* [indexer layers][ctx][wpi_dsa_row_floats], after kda_state */
+    char *err;                   /* detail of the last error */
+    size_t err_cap;
+} wpi_model;
+
+/* forward.c: one allocation carved into buffers, each rounded up to 64 bytes; with base
+ * NULL the walk only measures (off is the total). */
+typedef struct wpi_carve {
+    char *base;
+    uint64_t off;
+} wpi_carve;
+/* count elements of size bytes each; NULL while measuring. */
+void *wpi_carve_take(wpi_carve *cv, uint64_t count, size_t size);
+/* m->field = count elements of type (m may be NULL while measuring). */
+#define WPI_CARVE(cv, m, field, type, count)                                  \
+    do {                                                                      \
+        void *p_ = wpi_carve_take((cv), (uint64_t)(count), sizeof(type));     \
+        if (p_) (m)->field = (type *)p_;                                      \
+    } while (0)
+/* A layer tensor by the name fmt % l ("blk.%u.attn_q.weight"), as a matrix (zeroed when
+ * absent) or an f32 vector (NULL when absent). */
+wpi_wmat wpi_bind_mat(const wpi_container *c, const char *fmt, uint32_t l);
+const float *wpi_bind_vec(const wpi_container *c, const char *fmt, uint32_t l);
+
+/* y[t*ldy + r] = W x_t for rows r0..r1 of several matrices sharing one input, split by
+ * row blocks across the pool (inline when small). */
+typedef struct wpi_mm {
+    const wpi_wmat *w;
+    float *y;
+    size_t ldy;
+} wpi_mm;
+void wpi_matmul(wpi_model *mdl, const wpi_mm *jobs, uint32_t n_jobs,
+                const float *x, size_t ldx, uint32_t n_tok);
+
+/* checks.c: tensor checks for arch check functions: err names the tensor. A matrix must have a
+ * dtype with a matmul kernel; a vector must be f32. */
+wp_status wpi_need_matrix(const wpi_container *c, const char *name, uint64_t rows,
+                          uint64_t cols, char *err, size_t cap);
+wp_status wpi_need_vector(const wpi_container *c, const char *name, uint64_t n,
+                          char *err, size_t cap);
+/* A matrix that must be f32 (read by the block itself, not by a matmul kernel). */
+wp_status wpi_need_f32_matrix(const wpi_container *c, const char *name, uint64_t rows,
+                              uint64_t cols, char *err, size_t cap);
+/* A vector the same way when present; absent is fine. */
+wp_status wpi_opt_vector(const wpi_container *c, const char *name, uint64_t n,
+                         char *err, size_t cap);
+/* Checks what every decoder shares: embeddings, norms, rope, q/k/v/o (+ biases present),
+ * qk norms per hparams, dense FFN or router + expert bank per layer, shared expert. */
+wp_status wpi_check_decoder(const wpi_container *c, char *err, size_t cap);
+/* Checks layer l's expert bank: present, n_experts x [moe_intermediate_size, hidden_size],
+ * a dtype the kernels read. */
+wp_status wpi_check_expert_bank(const wpi_container *c, uint32_t l, char *err, size_t cap);
+
+#endif /* WPI_MODEL_H */
