@@ -886,14 +886,4 @@ def finish_plan(
     if unused:
         raise ConvertError(f"{s.dir}: scale tensor {unused[0]!r} belongs to no fp8 weight")
     files, tokenizer, chat = tokenizer_files(s.dir)
-    return Plan(
-        model_type=model_type,
-        source_config=cfg,
-        hparams=hp,
-        trunk=trunk,
-        experts=experts,
-        files=files,
-        tokenizer=tokenizer,
-        chat=chat,
-        source="hf",
-    )
+    return Plan(model_type, cfg, hp, trunk, experts, files, tokenizer, chat, source="hf")

@@ -43,6 +43,7 @@ from .base import (
     yarn_mscale,
 )
 from .plan import LAYER_TENSORS, ExpertLayerSrc, Plan, SrcTensor, layer_shapes, rope_freqs
+from .plan import hparams as plan_hparams
 from .quant import ConvertError
 
 __all__ = [
@@ -336,34 +337,19 @@ class Decoder:
         extra.update(self.routing(cfg, moe))
         attn_scale = self.attn_scale(head_dim, rope)
         extra.update(self.sliding(cfg, n_layers))
-        return extra | {
-            "vocab_size": vocab,
-            "hidden_size": hidden,
-            "n_layers": n_layers,
-            "n_heads": n_heads,
-            "n_kv_heads": n_kv,
-            "head_dim": head_dim,
-            "intermediate_size": inter,
-            "moe_intermediate_size": moe.moe_inter,
-            "n_experts": moe.n_experts,
-            "top_k": moe.top_k,
-            "norm_topk_prob": moe.norm_topk,
-            "shared_expert_intermediate_size": moe.shared,
-            "shared_expert_gate": self.shared_expert_gate(moe),
-            "layer_kinds": kinds,
-            "rms_norm_eps": eps,
-            "rope_dim": rope.dim,
-            "rope_theta": rope.theta,
-            "rope_attn_factor": rope.attn_factor,
-            "qk_norm": self.qk_norm(cfg),
-            "attn_scale": attn_scale,
-            "max_position_embeddings": rope.max_pos,
-            "tie_word_embeddings": get_flag(cfg, "tie_word_embeddings", False),
-            "bos_token_id": bos_l[0] if bos_l else None,
-            "eos_token_ids": eos,
-            "clip_qkv": clip,
-            "_rope": (rope.type, rope.params),
-        }
+        common = plan_hparams(
+            vocab_size=vocab, hidden_size=hidden, n_layers=n_layers, n_heads=n_heads,
+            n_kv_heads=n_kv, head_dim=head_dim, intermediate_size=inter,
+            moe_intermediate_size=moe.moe_inter, n_experts=moe.n_experts, top_k=moe.top_k,
+            norm_topk_prob=moe.norm_topk, shared_expert_intermediate_size=moe.shared,
+            shared_expert_gate=self.shared_expert_gate(moe), layer_kinds=kinds,
+            rms_norm_eps=eps, rope_dim=rope.dim, rope_theta=rope.theta,
+            rope_attn_factor=rope.attn_factor, qk_norm=self.qk_norm(cfg), attn_scale=attn_scale,
+            max_position_embeddings=rope.max_pos,
+            tie_word_embeddings=get_flag(cfg, "tie_word_embeddings", False),
+            bos_token_id=bos_l[0] if bos_l else None, eos_token_ids=eos, clip_qkv=clip,
+        )
+        return extra | common | {"_rope": (rope.type, rope.params)}
 
     def shared_expert_gate(self, moe: Moe) -> bool:
         """Whether a sigmoid gate scales the shared expert (qwen2_moe)."""

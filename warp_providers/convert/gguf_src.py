@@ -36,6 +36,7 @@ from .plan import (
     Plan,
     SrcTensor,
     expert_shapes,
+    hparams,
     layer_shapes,
     rope_freqs,
 )
@@ -573,35 +574,20 @@ def load_gguf(path: Path) -> Plan:
             raise ConvertError(f"{path}: bos/eos token id {i} is outside the vocabulary of {vocab}")
 
     kinds = ["moe" if n_experts else "dense"] * n_layers
-    hp: dict[str, Any] = {
-        "vocab_size": vocab,
-        "hidden_size": hidden,
-        "n_layers": n_layers,
-        "n_heads": n_heads,
-        "n_kv_heads": n_kv,
-        "head_dim": head_dim,
-        "intermediate_size": 0 if n_experts else ffn,
-        "moe_intermediate_size": moe_inter,
-        "n_experts": n_experts,
-        "top_k": top_k,
+    hp = hparams(
+        vocab_size=vocab, hidden_size=hidden, n_layers=n_layers, n_heads=n_heads,
+        n_kv_heads=n_kv, head_dim=head_dim, intermediate_size=0 if n_experts else ffn,
+        moe_intermediate_size=moe_inter, n_experts=n_experts, top_k=top_k,
         # llama-architecture MoE is Mixtral's router; llama.cpp's qwen3moe graph always
         # renormalizes the top-k weights.
-        "norm_topk_prob": bool(n_experts),
-        "shared_expert_intermediate_size": 0,
-        "shared_expert_gate": False,
-        "layer_kinds": kinds,
-        "rms_norm_eps": eps,
-        "rope_dim": rope_dim,
-        "rope_theta": theta,
-        "rope_attn_factor": attn_factor,
-        "qk_norm": "head" if a == "qwen3moe" else "none",
-        "attn_scale": head_dim**-0.5,
-        "max_position_embeddings": max_pos,
-        "tie_word_embeddings": tied,
-        "bos_token_id": int(bos_v) if bos_v is not None else None,
-        "eos_token_ids": eos,
-        "clip_qkv": 0.0,
-    }
+        norm_topk_prob=bool(n_experts), shared_expert_intermediate_size=0,
+        shared_expert_gate=False, layer_kinds=kinds, rms_norm_eps=eps, rope_dim=rope_dim,
+        rope_theta=theta, rope_attn_factor=attn_factor,
+        qk_norm="head" if a == "qwen3moe" else "none", attn_scale=head_dim**-0.5,
+        max_position_embeddings=max_pos, tie_word_embeddings=tied,
+        bos_token_id=int(bos_v) if bos_v is not None else None, eos_token_ids=eos,
+        clip_qkv=0.0,
+    )
 
     used: set[str] = set(_IGNORED)
     want = layer_shapes(hp)

@@ -20,6 +20,7 @@ from typing import Any, Final
 import numpy as np
 
 __all__ = [
+    "HPARAMS",
     "LAYER_TENSORS",
     "ExpertLayerSrc",
     "Plan",
@@ -27,6 +28,7 @@ __all__ = [
     "SrcTensor",
     "const_rows",
     "expert_shapes",
+    "hparams",
     "layer_shapes",
     "rope_freqs",
 ]
@@ -70,6 +72,30 @@ LAYER_TENSORS: Final[dict[str, str]] = {
     "attn_kv_b.weight": "trunk",
     "exp_probs_b.bias": "f32",
 }
+
+
+#: The hyperparameters every container carries (FORMAT.md section 3), in manifest order;
+#: an architecture's own keys come before (routing, windows) or after them.
+HPARAMS: Final[tuple[str, ...]] = (
+    "vocab_size", "hidden_size", "n_layers", "n_heads", "n_kv_heads", "head_dim",
+    "intermediate_size", "moe_intermediate_size", "n_experts", "top_k", "norm_topk_prob",
+    "shared_expert_intermediate_size", "shared_expert_gate", "layer_kinds", "rms_norm_eps",
+    "rope_dim", "rope_theta", "rope_attn_factor", "qk_norm", "attn_scale",
+    "max_position_embeddings", "tie_word_embeddings", "bos_token_id", "eos_token_ids", "clip_qkv",
+)
+
+
+def hparams(**values: Any) -> dict[str, Any]:
+    """The :data:`HPARAMS` in manifest order; an importer must give each one, no other.
+
+    Raises:
+        ValueError: a key missing or unknown (an importer's bug, not the source's).
+
+    """
+    if set(values) != set(HPARAMS):
+        raise ValueError(f"hparams: missing {sorted(set(HPARAMS) - set(values))}, "
+                         f"unknown {sorted(set(values) - set(HPARAMS))}")
+    return {k: values[k] for k in HPARAMS}
 
 
 def const_rows(v: np.ndarray) -> RowLoader:

@@ -87,7 +87,8 @@ class KimiLinear(Mla, Noaux):
         c2["rope_interleave"] = False
         c2.setdefault("first_k_dense_replace", 0)
         if c2.get("scoring_func") not in (None, "sigmoid"):
-            raise ConvertError("config.json: kimi_linear routes with sigmoid scores")
+            raise ConvertError(f"config.json: scoring_func {c2['scoring_func']!r}: kimi_linear "
+                               "routes with sigmoid scores")
         hp = super().hparams(c2, gen)
         heads = get_int(lac, "num_heads", default=get_int(cfg, "linear_num_heads", default=32),
                         where=_LAC)
