@@ -72,7 +72,7 @@ def get_int(
     minimum: int = 0,
     where: str = "config.json",
 ) -> int:
-    """An integer key (an integral float is accepted); null or absent gives ``default``.
+    """Return an integer key (an integral float is accepted); null or absent gives ``default``.
 
     Raises:
         ConvertError: absent without a default, not an integer, or below ``minimum``.
@@ -99,7 +99,7 @@ def get_number(
     at_most: float | None = None,
     where: str = "config.json",
 ) -> float:
-    """A number key; null or absent gives ``default`` (absent without one is refused).
+    """Return a number key; null or absent gives ``default`` (absent without one is refused).
 
     ``above`` is an exclusive lower bound, ``at_least``/``at_most`` inclusive ones.
 
@@ -131,7 +131,7 @@ def get_optional_number(cfg: Mapping[str, Any], key: str, **bounds: float) -> fl
 
 
 def get_flag(cfg: Mapping[str, Any], key: str, default: bool, where: str = "config.json") -> bool:
-    """A boolean key; null or absent gives ``default``.
+    """Return a boolean key; null or absent gives ``default``.
 
     Raises:
         ConvertError: a value that is not true or false.
@@ -146,7 +146,7 @@ def get_flag(cfg: Mapping[str, Any], key: str, default: bool, where: str = "conf
 
 
 def get_ids(v: Any, key: str, where: str) -> list[int]:
-    """A token id or a list of them (``eos_token_id`` style); None gives []."""
+    """Return a token id or a list of them (``eos_token_id`` style); None gives []."""
     if v is None:
         return []
     vals = v if isinstance(v, list) else [v]
@@ -185,7 +185,7 @@ ROPE_TYPES: Final[tuple[str, ...]] = ("default", "linear", "dynamic", "llama3", 
 
 
 def rope_param(params: Mapping[str, Any], key: str, rope_type: str) -> float:
-    """A required float parameter of a rope variant."""
+    """Return a required float parameter of a rope variant."""
     v = params.get(key)
     if v is None:
         raise ConvertError(f"rope type {rope_type!r} needs rope parameter {key!r}")
@@ -515,6 +515,7 @@ class Rows:
         self.row0 = row0
 
     def __call__(self, r0: int, r1: int) -> np.ndarray:
+        """Return rows ``r0..r1`` as float32."""
         a0, a1 = self.row0 + r0, self.row0 + r1
         x = to_f32(self.arr[a0:a1], self.st_dtype)
         if self.scale is not None and self.block is not None:
@@ -568,7 +569,7 @@ class TensorSource:
         return self.st.dir
 
     def stored(self, name: str) -> str:
-        """The stored name of ``name``."""
+        """Return the stored name of ``name``."""
         return name if self.alias is None else self.alias.get(name, name)
 
     def spellings(self) -> Iterable[tuple[str, str]]:
@@ -587,7 +588,7 @@ class TensorSource:
         return None
 
     def entry(self, name: str) -> StEntry:
-        """The header entry of ``name``, marked used."""
+        """Return the header entry of ``name``, marked used."""
         stored = self.stored(name)
         if stored not in self.st.entries:
             raise ConvertError(f"tensor {stored!r} is missing")
@@ -595,11 +596,11 @@ class TensorSource:
         return self.st.entries[stored]
 
     def raw(self, name: str) -> np.ndarray:
-        """The tensor as stored (memory-mapped)."""
+        """Return the tensor as stored (memory-mapped)."""
         return self.st.raw(self.stored(name))
 
     def f32(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
-        """The whole tensor as float32, which must have ``shape``."""
+        """Return the whole tensor as float32, which must have ``shape``."""
         ent = self.entry(name)
         if tuple(ent.shape) != shape:
             raise ConvertError(
@@ -611,7 +612,7 @@ class TensorSource:
         return to_f32(self.raw(name), ent.dtype)
 
     def u8(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
-        """A packed U8 tensor (MXFP4 blocks or scales) of ``shape``."""
+        """Return a packed U8 tensor (MXFP4 blocks or scales) of ``shape``."""
         ent = self.entry(name)
         if tuple(ent.shape) != shape or ent.dtype != "U8":
             raise ConvertError(
@@ -621,7 +622,7 @@ class TensorSource:
         return self.raw(name)
 
     def block(self) -> tuple[int, int]:
-        """The fp8 block size of the checkpoint."""
+        """Return the fp8 block size of the checkpoint."""
         if self._block is None:
             self._block = _fp8_block(self.cfg)
         return self._block
@@ -646,7 +647,7 @@ class TensorSource:
         return self.st.raw(sname), ent.dtype
 
     def tensor(self, name: str, cname: str, kind: str, want: tuple[int, ...]) -> SrcTensor:
-        """Stored ``name`` as the container tensor ``cname`` of role ``kind`` and shape ``want``."""
+        """Return stored ``name`` as container tensor ``cname`` (role ``kind``, shape ``want``)."""
         ent = self.entry(name)
         name = self.stored(name)
         if ent.shape != want:
@@ -702,7 +703,7 @@ def computed(
     kind: str = "f32",
     nbytes: int = 0,
 ) -> SrcTensor:
-    """A tensor computed on first use by ``arr_fn()`` (rows of its 2-D view)."""
+    """Return a tensor computed on first use by ``arr_fn()`` (rows of its 2-D view)."""
     memo: dict[str, np.ndarray] = {}
 
     def rows(r0: int, r1: int) -> np.ndarray:
@@ -759,7 +760,7 @@ def expert_layer(
     per: Mapping[int, Mapping[str, str]] | None,
     fz: Mapping[str, str] | None,
 ) -> ExpertLayerSrc:
-    """The routed experts of layer ``i``: ``per[e][part]`` or fused ``fz[kind]`` names.
+    """Return the routed experts of layer ``i``: ``per[e][part]`` or fused ``fz[kind]`` names.
 
     Raises:
         ConvertError: both forms, neither, a missing projection or a misshapen tensor.
@@ -831,7 +832,7 @@ def expert_layer(
 
 
 def collect_experts(s: TensorSource, hp: Mapping[str, Any], i: int, pre: str) -> ExpertLayerSrc:
-    """The routed experts of layer ``i`` from the per-expert or fused tensors under ``pre``."""
+    """Return the routed experts of layer ``i``: per-expert or fused tensors under ``pre``."""
     per: dict[int, dict[str, str]] = {}
     fused: dict[str, str] = {}
     for spelled, name in s.spellings():

@@ -49,7 +49,7 @@ class ScaledSource(TensorSource):
     """The common source, plus the release's ``<name>.scale`` FP8 / FP4 matrices."""
 
     def scale_of(self, name: str) -> str | None:
-        """The ``.scale`` grid of stored ``name``, if it has one."""
+        """Return the ``.scale`` grid of stored ``name``, if it has one."""
         ent = self.st.entries[name]
         if ent.dtype not in ("F8_E4M3", "I8") or not name.endswith(".weight"):
             return None
@@ -57,7 +57,7 @@ class ScaledSource(TensorSource):
         return sname if sname in self.st.entries else None
 
     def tensor(self, name: str, cname: str, kind: str, want: tuple[int, ...]) -> SrcTensor:
-        """A scaled matrix dequantized, anything else as the common source reads it."""
+        """Return a scaled matrix dequantized, anything else as the common source reads it."""
         ent = self.entry(name)
         name = self.stored(name)
         sname = self.scale_of(name)

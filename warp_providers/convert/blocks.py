@@ -60,7 +60,7 @@ class Trunk:
 
 
 def kda_layer(t: Trunk, hp: Mapping[str, Any], a: str, blk: str) -> None:
-    """A KDA layer's tensors under ``a`` (its ``self_attn.`` prefix), either spelling."""
+    """Append a KDA layer's tensors under ``a`` (its ``self_attn.`` prefix), either spelling."""
     kh, d, k = hp["kda_heads"], hp["kda_head_dim"], hp["kda_conv"]
     D, H = kh * d, hp["hidden_size"]
     for p in ("q", "k", "v"):
@@ -84,7 +84,7 @@ def kda_layer(t: Trunk, hp: Mapping[str, Any], a: str, blk: str) -> None:
 
 
 def mla_layer(t: Trunk, hp: Mapping[str, Any], a: str, blk: str, *, biases: bool) -> None:
-    """An MLA layer's tensors under ``a``; with ``biases``, the optional projection biases."""
+    """Append an MLA layer's tensors under ``a`` (with ``biases``: the optional biases)."""
     H, nh, R, RD = hp["hidden_size"], hp["n_heads"], hp["kv_lora_rank"], hp["rope_dim"]
     nope, vd, QL = hp["qk_nope_head_dim"], hp["v_head_dim"], hp["q_lora_rank"]
     if QL:
@@ -108,7 +108,7 @@ def mla_layer(t: Trunk, hp: Mapping[str, Any], a: str, blk: str, *, biases: bool
 
 def dense_mlp(t: Trunk, hp: Mapping[str, Any], pre: str, blk: str, spellings: tuple[str, ...],
               width: int | None = None, cname: str = "ffn_{}") -> None:
-    """A SwiGLU MLP (``width`` wide, default the dense one) under the first of ``spellings``."""
+    """Append a SwiGLU MLP (``width`` wide, else the dense one) under one of ``spellings``."""
     inter, H = hp["intermediate_size"] if width is None else width, hp["hidden_size"]
     for p, cn in _MLP:
         shape = (H, inter) if p == "down_proj" else (inter, H)
@@ -118,7 +118,7 @@ def dense_mlp(t: Trunk, hp: Mapping[str, Any], pre: str, blk: str, spellings: tu
 
 def moe_router(t: Trunk, hp: Mapping[str, Any], pre: str, blk: str,
                spellings: tuple[str, ...]) -> None:
-    """The router ``gate`` and its selection bias ``e_score_correction_bias``."""
+    """Append the router ``gate`` and its selection bias ``e_score_correction_bias``."""
     E, H = hp["n_experts"], hp["hidden_size"]
     t.need(pre, tuple(f"{sp}gate.weight" for sp in spellings), blk + "ffn_gate_inp.weight",
            "f32", (E, H))

@@ -191,7 +191,7 @@ def sliding_window(cfg: Mapping[str, Any], use: bool) -> int | None:
 
 
 def uniform_sliding(cfg: Mapping[str, Any], n_layers: int, use: bool) -> dict[str, Any]:
-    """The same window on every layer when ``use`` and ``sliding_window`` is set, else {}."""
+    """Return the same window on every layer when ``use`` and ``sliding_window`` is set, else {}."""
     window = sliding_window(cfg, use)
     if window is None:
         return {}
@@ -231,11 +231,11 @@ class Decoder:
 
     # -- hooks
     def config(self, cfg: Mapping[str, Any]) -> Mapping[str, Any]:
-        """The config the hparams are read from (defaults filled in)."""
+        """Return the config the hparams are read from (defaults filled in)."""
         return cfg
 
     def experts(self, cfg: Mapping[str, Any], inter: int) -> Moe:
-        """The routed experts of the config; ``inter`` is its ``intermediate_size``."""
+        """Return the routed experts of the config; ``inter`` is its ``intermediate_size``."""
         return Moe(inter=inter)
 
     def attention(
@@ -245,7 +245,7 @@ class Decoder:
         return head_dim, n_kv, head_dim, {}
 
     def rope(self, cfg: Mapping[str, Any], rope_head: int) -> Rope:
-        """The rope of the config, ``rope_head`` dims per head before partial rotation."""
+        """Return the rope of the config, ``rope_head`` dims per head before partial rotation."""
         rope_type, theta, rope_dim, params = rope_from_config(cfg, rope_head)
         max_pos = get_int(cfg, "max_position_embeddings", default=2048)
         _, attn_factor = rope_inv_freq(rope_type, theta, rope_dim, params, max_pos)
@@ -256,7 +256,7 @@ class Decoder:
         return {}
 
     def attn_scale(self, head_dim: int, rope: Rope) -> float:
-        """The softmax scale."""
+        """Return the softmax scale."""
         return float(head_dim**-0.5)
 
     def sliding(self, cfg: Mapping[str, Any], n_layers: int) -> dict[str, Any]:
@@ -268,7 +268,7 @@ class Decoder:
         return "none"
 
     def clip_qkv(self, cfg: Mapping[str, Any]) -> float:
-        """The q/k/v clamp (0: none)."""
+        """Return the q/k/v clamp (0: none)."""
         return 0.0
 
     def skip(self, hp: Mapping[str, Any], cname: str, ent: StEntry) -> bool:
@@ -281,7 +281,7 @@ class Decoder:
 
     # -- hparams
     def hparams(self, cfg: Mapping[str, Any], gen: Mapping[str, Any]) -> dict[str, Any]:
-        """Normalized hparams (FORMAT.md section 3), plus ``_rope`` (type, params) to pop."""
+        """Return normalized hparams (FORMAT.md section 3), plus ``_rope`` (type, params) to pop."""
         cfg = self.config(cfg)
         act = cfg.get("hidden_act", "silu")
         if act not in ("silu", "swish"):  # transformers' ACT2FN: swish is silu
@@ -506,7 +506,7 @@ class Prepared(Decoder):
         return c2
 
     def experts(self, cfg: Mapping[str, Any], inter: int) -> Moe:
-        """The widths :meth:`prepare` put under the standard names."""
+        """Return the widths :meth:`prepare` put under the standard names."""
         return optional_experts(cfg, inter, "shared_expert_intermediate_size")
 
 
@@ -514,7 +514,7 @@ class Noaux(Decoder):
     """Sigmoid-scored routing with expert groups and a selection bias (``noaux_tc``)."""
 
     def config(self, cfg: Mapping[str, Any]) -> Mapping[str, Any]:
-        """The defaults under the config's non-null keys."""
+        """Return the defaults under the config's non-null keys."""
         return {**self.defaults, **{k: v for k, v in cfg.items() if v is not None}}
 
     def experts(self, cfg: Mapping[str, Any], inter: int) -> Moe:
@@ -595,7 +595,7 @@ class Mla(Decoder):
         return nope + rope_head, n_heads, rope_head, mla
 
     def attn_scale(self, head_dim: int, rope: Rope) -> float:
-        """transformers' yarn_apply_mscale: the scale carries mscale(factor, all_dim)^2."""
+        """Return the softmax scale, times YaRN's mscale(factor, all_dim)^2 as transformers does."""
         scale = float(head_dim**-0.5)
         msa = rope.params.get("mscale_all_dim")
         if rope.type != "default" and msa:
@@ -604,7 +604,7 @@ class Mla(Decoder):
         return scale
 
     def required(self, hp: Mapping[str, Any], kind: str) -> list[str]:
-        """The latent projections instead of q/k/v."""
+        """Return the latent projections instead of q/k/v."""
         req = super().required(hp, kind)
         attn = ["attn_norm.weight", "ffn_norm.weight", "attn_kv_a_mqa.weight",
                 "attn_kv_a_norm.weight", "attn_kv_b.weight"]

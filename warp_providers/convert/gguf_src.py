@@ -4,8 +4,9 @@ Owns: hparams from the ``llama.*`` metadata (dense llama and llama-architecture 
 as Mixtral, whose experts are stacked in ``ffn_*_exps``) and the ``qwen3moe.*`` metadata
 (Qwen3-MoE: q/k rows not permuted, per-head q/k RMSNorm), tensor import into the
 container contract of ``plan.py`` (F32, F16, BF16, Q4_0, Q4_1 and Q8_0 keep their bytes;
-other types such as K-quants are dequantized and re-encoded), undoing llama.cpp's row permutation of ``attn_q``/``attn_k`` (GGML's
-interleaved rope pairs back to HF's "rotate_half" halves; rows move whole, so quantized
+other types such as K-quants are dequantized and re-encoded), undoing llama.cpp's row
+permutation of ``attn_q``/``attn_k`` (GGML's interleaved rope pairs back to HF's
+"rotate_half" halves; rows move whole, so quantized
 rows move without dequantizing), ``rope_freqs`` from ``rope.*`` metadata and GGUF's own
 ``rope_freqs.weight`` divisors, and a ``tokenizer.json`` + ``tokenizer_config.json``
 rebuilt from ``tokenizer.ggml.*``: byte-level BPE (``gpt2``) vocabularies here,
@@ -29,7 +30,6 @@ from gguf import quants as _gq
 
 from . import quant
 from .base import rope_inv_freq
-from .quant import DTYPE_IDS, ConvertError
 from .plan import (
     LAYER_TENSORS,
     ExpertLayerSrc,
@@ -40,6 +40,7 @@ from .plan import (
     layer_shapes,
     rope_freqs,
 )
+from .quant import DTYPE_IDS, ConvertError
 
 __all__ = [
     "SUPPORTED_ARCHITECTURES",

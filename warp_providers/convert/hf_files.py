@@ -24,7 +24,7 @@ __all__ = ["load_json", "tiktoken_pattern", "tokenizer_files"]
 
 
 def load_json(path: Path) -> dict[str, Any]:
-    """The JSON object in ``path``.
+    """Return the JSON object in ``path``.
 
     Raises:
         ConvertError: unreadable, not JSON, or not an object (naming the file).

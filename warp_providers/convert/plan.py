@@ -86,7 +86,7 @@ HPARAMS: Final[tuple[str, ...]] = (
 
 
 def hparams(**values: Any) -> dict[str, Any]:
-    """The :data:`HPARAMS` in manifest order; an importer must give each one, no other.
+    """Return the :data:`HPARAMS` in manifest order; an importer must give each one, no other.
 
     Raises:
         ValueError: a key missing or unknown (an importer's bug, not the source's).
@@ -163,7 +163,7 @@ class Plan:
 
 
 def rope_freqs(inv: np.ndarray, name: str = "rope_freqs") -> SrcTensor:
-    """The computed rope table ``[rope_dim / 2]`` (f32), from its inverse frequencies."""
+    """Return the computed rope table ``[rope_dim / 2]`` (f32), from its inverse frequencies."""
     v = np.asarray(inv, dtype=np.float32)
     return SrcTensor(name, (int(v.shape[0]),), "f32", const_rows(v), 0)
 

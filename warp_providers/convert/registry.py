@@ -48,7 +48,7 @@ def available() -> list[str]:
 
 
 def canonical(model_type: str) -> str:
-    """The canonical name of ``model_type`` (itself unless an alias).
+    """Return the canonical name of ``model_type`` (itself unless an alias).
 
     Raises:
         ConvertError: not an accepted ``model_type``.
@@ -63,5 +63,5 @@ def canonical(model_type: str) -> str:
 
 
 def module(model_type: str) -> ModuleType:
-    """The ``arch/`` module of ``model_type`` (or of the type it aliases)."""
+    """Return the ``arch/`` module of ``model_type`` (or of the type it aliases)."""
     return importlib.import_module(ARCHES[canonical(model_type)])

@@ -106,13 +106,13 @@ class DeepseekV4(Prepared):
     model_type = MODEL_TYPE
 
     def hparams(self, cfg: Mapping[str, Any], gen: Mapping[str, Any]) -> dict[str, Any]:
-        """The normalized hparams (see :meth:`hparams_and_compress_rope`)."""
+        """Return the normalized hparams (see :meth:`hparams_and_compress_rope`)."""
         return self.hparams_and_compress_rope(cfg, gen)[0]
 
     def hparams_and_compress_rope(
         self, cfg: Mapping[str, Any], gen: Mapping[str, Any]
     ) -> tuple[dict[str, Any], np.ndarray]:
-        """The hparams and the compressed branches' inverse frequencies."""
+        """Return the hparams and the compressed branches' inverse frequencies."""
         n = get_int(cfg, "num_hidden_layers")
         types = cfg.get("layer_types")
         if types is None and cfg.get("compress_ratios") is not None:

@@ -36,7 +36,7 @@ class Glm4Moe(Noaux):
     defaults = DEFAULTS
 
     def config(self, cfg: Mapping[str, Any]) -> Mapping[str, Any]:
-        """The defaults, and half the head rotated unless the config says otherwise."""
+        """Return the defaults, and half the head rotated unless the config says otherwise."""
         out = dict(super().config(cfg))
         rp = out.get("rope_parameters") or out.get("rope_scaling")
         if "partial_rotary_factor" not in out and not (

@@ -139,7 +139,7 @@ class Glm5Next(Mla, Noaux):
         return Rope("default", 10000.0, 0, {}, max_pos, 1.0)
 
     def hparams(self, cfg: Mapping[str, Any], gen: Mapping[str, Any]) -> dict[str, Any]:
-        """The MLA/routing keys, then the KDA, hyper-connection and indexer ones."""
+        """Return the MLA/routing keys, then the KDA, hyper-connection and indexer ones."""
         tc = text_config(cfg)
         n = get_int(tc, "num_hidden_layers")
         attn, mlp, index = schedules(tc, n)
@@ -240,7 +240,7 @@ class Glm5Next(Mla, Noaux):
             experts.append(collect_experts(s, hp, i, pre))
 
         def skipped(name: str) -> bool:
-            """The vision tower, the multi-token-prediction layers."""
+            """Return the vision tower, the multi-token-prediction layers."""
             if name.startswith(VISION_PREFIXES):
                 return True
             if name.startswith(pre0 + "layers."):

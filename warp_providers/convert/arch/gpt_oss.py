@@ -80,8 +80,11 @@ class GptOss(Prepared):
     model_type = MODEL_TYPE
 
     def hparams(self, cfg: Mapping[str, Any], gen: Mapping[str, Any]) -> dict[str, Any]:
-        """The standard keys, then ``attention_bias`` (popped by the loader), the window,
-        ``attn_kinds`` and the clamped SwiGLU's ``swiglu_alpha``/``swiglu_limit``."""
+        """Return the standard keys, then this family's.
+
+        They are ``attention_bias`` (popped by the loader), the window, ``attn_kinds`` and
+        the clamped SwiGLU's ``swiglu_alpha``/``swiglu_limit``.
+        """
         inter = get_int(cfg, "intermediate_size")
         if inter == 0:
             raise ConvertError("config.json: intermediate_size must be > 0")

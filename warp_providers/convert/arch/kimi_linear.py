@@ -58,7 +58,7 @@ class KimiLinear(Mla, Noaux):
     defaults = DEFAULTS
 
     def hparams(self, cfg: Mapping[str, Any], gen: Mapping[str, Any]) -> dict[str, Any]:
-        """The MLA/routing keys, then ``attn_kinds`` and the KDA dims."""
+        """Return the MLA/routing keys, then ``attn_kinds`` and the KDA dims."""
         c2 = {k: v for k, v in cfg.items() if v is not None}
         for key, alias in KEY_ALIASES.items():
             if key not in c2 and alias in c2:

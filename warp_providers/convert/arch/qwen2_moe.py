@@ -52,11 +52,11 @@ class Qwen2Moe(Decoder):
         return optional_experts(cfg, inter, "shared_expert_intermediate_size")
 
     def shared_expert_gate(self, moe: Moe) -> bool:
-        """The shared expert is always gated."""
+        """Return the shared expert is always gated."""
         return moe.shared > 0
 
     def sliding(self, cfg: Mapping[str, Any], n_layers: int) -> dict[str, Any]:
-        """The window on the ``layer_types`` sliding layers, as transformers derives them."""
+        """Return the window on the ``layer_types`` sliding layers, as transformers derives them."""
         use = get_flag(cfg, "use_sliding_window", False)
         window = sliding_window(cfg, use)
         types = cfg.get("layer_types")
@@ -79,8 +79,10 @@ class Qwen2Moe(Decoder):
         return {"sliding_window": window, "attn_kinds": kinds} if "sliding" in kinds else {}
 
     def skip(self, hp: Mapping[str, Any], cname: str, ent: StEntry) -> bool:
-        """A shared expert of width 0: its empty matrices, and the gate that scales its zero
-        output, change nothing (transformers still stores them)."""
+        """Leave out a shared expert of width 0, which transformers still stores.
+
+        Its empty matrices, and the gate that scales its zero output, change nothing.
+        """
         if hp["shared_expert_intermediate_size"] or not hp["n_experts"]:
             return False
         return cname == "ffn_gate_inp_shexp.weight" or (
