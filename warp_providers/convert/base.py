@@ -121,7 +121,7 @@ def get_number(
         what = ("a positive number" if above == 0 and at_least is None and at_most is None
                 else "a number" + "".join(f" {op} {b}" for op, b in (
                     (">", above), (">=", at_least), ("<=", at_most)) if b is not None))
-        raise ConvertError(f"{where}: {key!r} must be {what}, got {v!r}")
+        raise ConvertError(f"{where}: {key} must be {what}, got {v!r}")
     return float(v)  # type: ignore[arg-type]
 
 
