@@ -1,4 +1,4 @@
-"""Old import path of the MXFP4 helpers, now in ``arch/gpt_oss.py`` and ``base.py``.
+"""Old import path of the MXFP4 decoding, now in ``arch/gpt_oss.py`` and ``base.py``.
 
 Kept only while tests still import it from here; new code imports ``arch.gpt_oss``.
 """
