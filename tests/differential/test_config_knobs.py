@@ -28,7 +28,7 @@ def _cfg_json(cfg) -> dict:
 def test_qwen2_moe_sliding_layers_are_transformers_layer_types(oracle_env, layers, use, mwl):
     import transformers as tf
 
-    from warp_providers.convert import hf
+    from warp_providers.convert import registry
 
     cfg = tf.Qwen2MoeConfig(**SMALL, num_hidden_layers=layers, use_sliding_window=use,
                             sliding_window=7, max_window_layers=mwl, num_experts=2,
@@ -37,7 +37,7 @@ def test_qwen2_moe_sliding_layers_are_transformers_layer_types(oracle_env, layer
     written = _cfg_json(cfg)
     derived = {k: v for k, v in written.items() if k != "layer_types"}
     for source in (written, derived):  # layer_types as saved, and derived when absent
-        got = hf._sliding("qwen2_moe", source, layers)
+        got = registry.module("qwen2_moe").ARCH.sliding(source, layers)
         assert got.get("attn_kinds", ["full"] * layers) == want
         assert ("sliding_window" in got) == ("sliding" in want)
         if "sliding" in want:
@@ -54,11 +54,11 @@ def test_qwen2_moe_sliding_layers_are_transformers_layer_types(oracle_env, layer
 def test_mixtral_and_qwen3_moe_window_on_every_layer_or_none(oracle_env, arch, cls, kw, sliding):
     import transformers as tf
 
-    from warp_providers.convert import hf
+    from warp_providers.convert import registry
 
     written = _cfg_json(getattr(tf, cls)(**SMALL, num_hidden_layers=3, **kw))
     written["sliding_window"] = kw["sliding_window"]  # as an original checkpoint keeps it
-    got = hf._sliding(arch, written, 3)
+    got = registry.module(arch).ARCH.sliding(written, 3)
     assert got == ({"sliding_window": 5, "attn_kinds": ["sliding"] * 3} if sliding else {})
 
 

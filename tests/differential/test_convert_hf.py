@@ -24,7 +24,7 @@ import torch  # noqa: E402
 from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
 
 from warp_providers.convert import convert  # noqa: E402
-from warp_providers.convert.hf import fp8_e4m3_to_f32  # noqa: E402
+from warp_providers.convert.base import fp8_e4m3_to_f32  # noqa: E402
 from warp_providers.convert.quant import decode  # noqa: E402
 from warp_providers.convert.writer import crc32c  # noqa: E402
 

@@ -21,7 +21,7 @@ from support import has_module, requires
 from warp_providers.convert import ConvertError, convert
 from warp_providers.convert import writer as W
 from warp_providers.convert.gguf_src import build_tokenizer_json, unpermute_rows
-from warp_providers.convert.hf import fp8_e4m3_to_f32, rope_from_config, rope_inv_freq
+from warp_providers.convert.base import fp8_e4m3_to_f32, rope_from_config, rope_inv_freq
 from warp_providers.convert.quant import decode, encode, f32_to_bf16, tensor_bytes
 
 # --------------------------------------------------------------------------- helpers

@@ -2,10 +2,11 @@
 
 Owns: hparams from the ``llama.*`` metadata (dense llama and llama-architecture MoE such
 as Mixtral, whose experts are stacked in ``ffn_*_exps``) and the ``qwen3moe.*`` metadata
-(Qwen3-MoE: q/k rows not permuted, per-head q/k RMSNorm), tensor import (F32, F16, BF16,
-Q4_0, Q4_1 and Q8_0 keep their bytes; other types such as K-quants are dequantized and
-re-encoded), undoing llama.cpp's row permutation of ``attn_q``/``attn_k`` (GGML's
-interleaved rope pairs back to HF's "rotate_half" halves; rows move whole, so quantized
+(Qwen3-MoE: q/k rows not permuted, per-head q/k RMSNorm), tensor import into the
+container contract of ``plan.py`` (F32, F16, BF16, Q4_0, Q4_1 and Q8_0 keep their bytes;
+other types such as K-quants are dequantized and re-encoded), undoing llama.cpp's row
+permutation of ``attn_q``/``attn_k`` (GGML's interleaved rope pairs back to HF's
+"rotate_half" halves; rows move whole, so quantized
 rows move without dequantizing), ``rope_freqs`` from ``rope.*`` metadata and GGUF's own
 ``rope_freqs.weight`` divisors, and a ``tokenizer.json`` + ``tokenizer_config.json``
 rebuilt from ``tokenizer.ggml.*``: byte-level BPE (``gpt2``) vocabularies here,
@@ -28,9 +29,18 @@ from gguf import GGMLQuantizationType, GGUFReader
 from gguf import quants as _gq
 
 from . import quant
-from .hf import rope_inv_freq
+from .base import rope_inv_freq
+from .plan import (
+    LAYER_TENSORS,
+    ExpertLayerSrc,
+    Plan,
+    SrcTensor,
+    expert_shapes,
+    hparams,
+    layer_shapes,
+    rope_freqs,
+)
 from .quant import DTYPE_IDS, ConvertError
-from .writer import ExpertLayerSrc, Plan, SrcTensor, const_rows
 
 __all__ = [
     "SUPPORTED_ARCHITECTURES",
@@ -66,24 +76,13 @@ _SKIP_META: Final[frozenset[str]] = frozenset(
         "tokenizer.ggml.scores",
     }
 )
-_LAYER_TENSORS: Final[tuple[tuple[str, str], ...]] = (
-    ("attn_norm.weight", "f32"),
-    ("attn_q.weight", "trunk"),
-    ("attn_q.bias", "f32"),
-    ("attn_k.weight", "trunk"),
-    ("attn_k.bias", "f32"),
-    ("attn_v.weight", "trunk"),
-    ("attn_v.bias", "f32"),
-    ("attn_output.weight", "trunk"),
-    ("attn_output.bias", "f32"),
-    ("attn_q_norm.weight", "f32"),
-    ("attn_k_norm.weight", "f32"),
-    ("ffn_norm.weight", "f32"),
-    ("ffn_gate.weight", "trunk"),
-    ("ffn_up.weight", "trunk"),
-    ("ffn_down.weight", "trunk"),
-    ("ffn_gate_inp.weight", "f32"),
-)
+# The standard layer tensors a GGUF file of these architectures may hold (plan.py's names).
+_LAYER_NAMES: Final[frozenset[str]] = frozenset({
+    "attn_norm.weight", "attn_q.weight", "attn_q.bias", "attn_k.weight", "attn_k.bias",
+    "attn_v.weight", "attn_v.bias", "attn_output.weight", "attn_output.bias",
+    "attn_q_norm.weight", "attn_k_norm.weight", "ffn_norm.weight", "ffn_gate.weight",
+    "ffn_up.weight", "ffn_down.weight", "ffn_gate_inp.weight",
+})
 _IGNORED: Final[frozenset[str]] = frozenset({"rope_freqs.weight"})
 
 
@@ -576,56 +575,23 @@ def load_gguf(path: Path) -> Plan:
             raise ConvertError(f"{path}: bos/eos token id {i} is outside the vocabulary of {vocab}")
 
     kinds = ["moe" if n_experts else "dense"] * n_layers
-    hp: dict[str, Any] = {
-        "vocab_size": vocab,
-        "hidden_size": hidden,
-        "n_layers": n_layers,
-        "n_heads": n_heads,
-        "n_kv_heads": n_kv,
-        "head_dim": head_dim,
-        "intermediate_size": 0 if n_experts else ffn,
-        "moe_intermediate_size": moe_inter,
-        "n_experts": n_experts,
-        "top_k": top_k,
+    hp = hparams(
+        vocab_size=vocab, hidden_size=hidden, n_layers=n_layers, n_heads=n_heads,
+        n_kv_heads=n_kv, head_dim=head_dim, intermediate_size=0 if n_experts else ffn,
+        moe_intermediate_size=moe_inter, n_experts=n_experts, top_k=top_k,
         # llama-architecture MoE is Mixtral's router; llama.cpp's qwen3moe graph always
         # renormalizes the top-k weights.
-        "norm_topk_prob": bool(n_experts),
-        "shared_expert_intermediate_size": 0,
-        "shared_expert_gate": False,
-        "layer_kinds": kinds,
-        "rms_norm_eps": eps,
-        "rope_dim": rope_dim,
-        "rope_theta": theta,
-        "rope_attn_factor": attn_factor,
-        "qk_norm": "head" if a == "qwen3moe" else "none",
-        "attn_scale": head_dim**-0.5,
-        "max_position_embeddings": max_pos,
-        "tie_word_embeddings": tied,
-        "bos_token_id": int(bos_v) if bos_v is not None else None,
-        "eos_token_ids": eos,
-        "clip_qkv": 0.0,
-    }
+        norm_topk_prob=bool(n_experts), shared_expert_intermediate_size=0,
+        shared_expert_gate=False, layer_kinds=kinds, rms_norm_eps=eps, rope_dim=rope_dim,
+        rope_theta=theta, rope_attn_factor=attn_factor,
+        qk_norm="head" if a == "qwen3moe" else "none", attn_scale=head_dim**-0.5,
+        max_position_embeddings=max_pos, tie_word_embeddings=tied,
+        bos_token_id=int(bos_v) if bos_v is not None else None, eos_token_ids=eos,
+        clip_qkv=0.0,
+    )
 
     used: set[str] = set(_IGNORED)
-    q_rows, kv_rows = n_heads * head_dim, n_kv * head_dim
-    want: dict[str, tuple[int, ...]] = {
-        "attn_norm.weight": (hidden,),
-        "ffn_norm.weight": (hidden,),
-        "attn_q.weight": (q_rows, hidden),
-        "attn_k.weight": (kv_rows, hidden),
-        "attn_v.weight": (kv_rows, hidden),
-        "attn_output.weight": (hidden, q_rows),
-        "attn_q.bias": (q_rows,),
-        "attn_k.bias": (kv_rows,),
-        "attn_v.bias": (kv_rows,),
-        "attn_output.bias": (hidden,),
-        "ffn_gate.weight": (ffn, hidden),
-        "ffn_up.weight": (ffn, hidden),
-        "ffn_down.weight": (hidden, ffn),
-        "ffn_gate_inp.weight": (n_experts, hidden),
-        "attn_q_norm.weight": (head_dim,),
-        "attn_k_norm.weight": (head_dim,),
-    }
+    want = layer_shapes(hp)
 
     def take(name: str, kind: str, shape: tuple[int, ...], permute_heads: int = 0) -> SrcTensor:
         g = gts.get(name)
@@ -650,11 +616,13 @@ def load_gguf(path: Path) -> Plan:
     ]
     if not tied:
         trunk.append(take("output.weight", "output", (vocab, hidden)))
-    trunk.append(SrcTensor("rope_freqs", (rope_dim // 2,), "f32", const_rows(inv), 0))
+    trunk.append(rope_freqs(inv))
     experts: list[ExpertLayerSrc] = []
     dense_names = ("ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")
     for i in range(n_layers):
-        for suffix, kind in _LAYER_TENSORS:
+        for suffix, kind in LAYER_TENSORS.items():
+            if suffix not in _LAYER_NAMES:
+                continue
             name = f"blk.{i}.{suffix}"
             optional = suffix.endswith(".bias")
             if suffix in dense_names and n_experts:
@@ -676,7 +644,7 @@ def load_gguf(path: Path) -> Plan:
                 )
             trunk.append(take(name, kind, want[suffix], heads))
         if n_experts:
-            experts.append(_gguf_experts(path, gts, used, i, n_experts, moe_inter, hidden))
+            experts.append(_gguf_experts(path, gts, used, i, hp))
     extra = sorted(set(gts) - used)
     if extra:
         raise ConvertError(f"{path}: tensors not used by {a}: {', '.join(extra[:5])}")
@@ -702,14 +670,11 @@ def _expert_rows(g: _GTensor, e: int, rows: int) -> Callable[[], np.ndarray]:
 
 
 def _gguf_experts(
-    path: Path, gts: dict[str, _GTensor], used: set[str], i: int, n_e: int, inter: int, hidden: int
+    path: Path, gts: dict[str, _GTensor], used: set[str], i: int, hp: dict[str, Any]
 ) -> ExpertLayerSrc:
+    n_e, shapes = hp["n_experts"], expert_shapes(hp)
     parts = []
-    for part, shape in (
-        ("gate", (inter, hidden)),
-        ("up", (inter, hidden)),
-        ("down", (hidden, inter)),
-    ):
+    for part, shape in zip(("gate", "up", "down"), shapes):
         name = f"blk.{i}.ffn_{part}_exps.weight"
         g = gts.get(name)
         if g is None:
@@ -728,5 +693,4 @@ def _gguf_experts(
             out.append(_src(g, f"blk.{i}.expert.{e}.{part}", "experts", shape, fn, g.nbytes // n_e))
         return out[0], out[1], out[2]
 
-    shapes = ((inter, hidden), (inter, hidden), (hidden, inter))
     return ExpertLayerSrc(i, n_e, shapes, expert, sum(g.nbytes for g, _ in parts))

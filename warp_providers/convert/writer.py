@@ -12,8 +12,8 @@ lanes are run in parallel with 16-bit tables and then folded together with the C
 "shift by n zero bytes" operator, about 300 MB/s on one core.
 
 Also owns the conversion driver :func:`write_container`: importers describe the model as
-a :class:`Plan` of lazy tensor sources, and the driver picks each tensor's dtype from the
-requested quantization, encodes it and writes it.
+a :class:`~.plan.Plan` of lazy tensor sources (``plan.py``, re-exported here), and the
+driver picks each tensor's dtype from the requested quantization, encodes it and writes it.
 
 Refuses: writing into an existing ``out``, duplicate names, out-of-order experts,
 sizes that disagree with dtype and shape. Called by the HF and GGUF importers.
@@ -35,6 +35,7 @@ from typing import Any, Final
 import numpy as np
 
 from . import quant
+from .plan import ExpertLayerSrc, Plan, SrcTensor, const_rows
 from .quant import DTYPE_IDS, QUANT_DTYPES, ConvertError, tensor_bytes
 
 __all__ = [
@@ -519,20 +520,8 @@ class ContainerWriter:
 
 #: progress(done_bytes, total_bytes, label), in source bytes.
 Progress = Callable[[int, int, str], None]
-#: rows(r0, r1) -> float array of shape [r1 - r0, cols].
-RowLoader = Callable[[int, int], np.ndarray]
 
 _ROW_CHUNK_ELEMS: Final[int] = 1 << 22
-
-
-def const_rows(v: np.ndarray) -> RowLoader:
-    """Return a row loader of the single row ``v`` (a computed vector such as rope_freqs)."""
-    row = np.asarray(v, dtype=np.float32).reshape(1, -1)
-
-    def rows(r0: int, r1: int) -> np.ndarray:
-        return row[r0:r1]
-
-    return rows
 
 
 @dataclass(frozen=True)
@@ -558,60 +547,6 @@ class Quantization:
             "embedding": self.embedding,
             "output": self.output,
         }
-
-
-@dataclass(frozen=True)
-class SrcTensor:
-    """One tensor of the source, loaded only when written.
-
-    ``rows`` yields float rows of the 2-D view ``[prod(shape[:-1]), shape[-1]]``.
-    ``raw``/``raw_dtype`` offer the bytes already encoded in a container dtype, which are
-    copied unchanged when the requested dtype allows. ``lossy`` marks a source stored in
-    a lossy type the container lacks (GGUF K-quants): re-quantized to q8_0 at most.
-    """
-
-    name: str
-    shape: tuple[int, ...]
-    kind: str  # "f32" | "trunk" | "embedding" | "output" | "experts"
-    rows: RowLoader
-    nbytes: int
-    raw: Callable[[], np.ndarray] | None = None
-    raw_dtype: str | None = None
-    lossy: bool = False
-
-    @property
-    def matrix(self) -> tuple[int, int]:
-        """The 2-D view ``(rows, cols)``."""
-        n = 1
-        for d in self.shape[:-1]:
-            n *= int(d)
-        return n, int(self.shape[-1])
-
-
-@dataclass(frozen=True)
-class ExpertLayerSrc:
-    """The routed experts of one MoE layer; ``expert(e)`` gives its gate, up, down."""
-
-    layer: int
-    n_experts: int
-    shapes: tuple[tuple[int, int], tuple[int, int], tuple[int, int]]
-    expert: Callable[[int], tuple[SrcTensor, SrcTensor, SrcTensor]]
-    nbytes: int
-
-
-@dataclass
-class Plan:
-    """Everything an importer found: what to write, and the manifest keys it decides."""
-
-    model_type: str
-    source_config: dict[str, Any]
-    hparams: dict[str, Any]
-    trunk: list[SrcTensor]
-    experts: list[ExpertLayerSrc]
-    files: list[tuple[str, bytes]]
-    tokenizer: dict[str, Any]
-    chat: dict[str, Any]
-    source: str  # "hf" | "gguf"
 
 
 def _fallback(dtype: str, cols: int) -> str:
