@@ -8,7 +8,7 @@ x86-64 CPU (never -march=native).
 import glob
 
 from Cython.Build import cythonize
-from setuptools import Extension, setup
+from setuptools import Extension, find_packages, setup
 
 ENGINE_SOURCES = sorted(glob.glob("engine/src/**/*.c", recursive=True))
 
@@ -23,13 +23,7 @@ engine = Extension(
 
 setup(
     # The adapters are distributions of their own (integrations/*/pyproject.toml).
-    packages=[
-        "warp_providers",
-        "warp_providers.chat",
-        "warp_providers.chat.formats",
-        "warp_providers.convert",
-        "warp_providers.synth",
-    ],
+    packages=find_packages(include=["warp_providers", "warp_providers.*"]),
     package_data={"warp_providers": ["py.typed", "*.pyi", "*.pxd"]},
     ext_modules=cythonize([engine], language_level=3, compiler_directives={"binding": False}),
 )

@@ -182,7 +182,7 @@ def quant_dequant_q8_stored_rows(model: Any) -> Any:
 def to_mxfp4(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(blocks, scales, dequantized) of w [..., cols]: per 32 a power-of-two scale that
     keeps |w| / scale <= 6, values rounded to the nearest FP4 e2m1 level."""
-    from warp_providers.convert.hf_ext import FP4_VALUES
+    from warp_providers.convert.base import FP4_E2M1 as FP4_VALUES
 
     *lead, cols = w.shape
     g = w.reshape(*lead, cols // 32, 32).astype(np.float64)

@@ -412,7 +412,7 @@ def test_fp8_and_fp4_release_sources(model, oracle_env, tmp_path):
     from transformers.integrations.finegrained_fp8 import Fp8Dequantize
 
     from warp_providers import Engine
-    from warp_providers.convert.hf_dsv4 import dequant_scaled
+    from warp_providers.convert.block_scaled import dequant_scaled
 
     m, hf_dir, *_ = model
     m = copy.deepcopy(m)

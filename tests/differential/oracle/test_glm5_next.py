@@ -572,12 +572,12 @@ def test_config_schedules_follow_transformers(oracle_env, kw):
     types, MLP types, indexer sharing from a pattern or a frequency, linear_attn_config)."""
     import transformers as tf
 
-    from warp_providers.convert import hf_glm5
+    from warp_providers.convert.arch import glm5_next
     from warp_providers.convert.quant import ConvertError
 
     ref = tf.Glm5NextTextConfig(**kw)
     cfg = {"model_type": "glm5_next_text", "num_hidden_layers": 45, **kw}
-    tc = hf_glm5._text_config(cfg)
+    tc = glm5_next.text_config(cfg)
     assert (
         tc["linear_head_dim"],
         tc["linear_num_heads"],
@@ -590,7 +590,7 @@ def test_config_schedules_follow_transformers(oracle_env, kw):
         ref.linear_lower_bound,
     )
     try:
-        attn, mlp, index = hf_glm5._schedules(tc, 45)
+        attn, mlp, index = glm5_next.schedules(tc, 45)
     except ConvertError as e:  # a shared layer after a KDA layer: transformers would fail too
         assert "shares the indexer selection" in str(e)
         bad = [

@@ -127,7 +127,7 @@ def test_gpt_oss_mxfp4_source(oracle_env, tmp_path):
     from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
     from warp_providers import Engine
-    from warp_providers.convert.hf_ext import mxfp4_to_f32
+    from warp_providers.convert.arch.gpt_oss import mxfp4_to_f32
 
     model = _build(seed=1)
     hf_dir = save(model, tmp_path / "hf")
