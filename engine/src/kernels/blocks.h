@@ -1,0 +1,61 @@
+/*
+ * blocks.h -- the block kernels an ISA file supplies to the matmul driver (matmul.c).
+ *
+ * The driver owns every loop of a matmul: the row range, the split between one token
+ * (a matrix-vector product straight from the stored weights) and several (rows
+ * dequantized a chunk at a time into a stack buffer, then applied to the tokens 2 rows
+ * x 4 tokens per call), the row tiles and the column chunks. An ISA file
+ * (kernels_ref.c, kernels_avx2.c, kernels_avx512.c, kernels_neon.c) only fills one
+ * wpi_blocks table with the kernels below, compiled under its own target pragma.
+ * Private to engine/src/kernels/.
+ */
+#ifndef WP_KERNELS_BLOCKS_H
+#define WP_KERNELS_BLOCKS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Dense slot of each dtype in the per-dtype arrays of a table. */
+enum {
+    WPI_SLOT_F32, WPI_SLOT_F16, WPI_SLOT_BF16, WPI_SLOT_Q8_0, WPI_SLOT_Q4_0, WPI_SLOT_Q4_1,
+    WPI_SLOTS
+};
+
+#define WPI_TILE_ROWS 8    /* rows dequantized together and sharing one pass over x */
+#define WPI_CHUNK_MAX 512  /* the largest chunk of a table: the driver's buffer width */
+#define WPI_BUF_ALIGN 64   /* the buffer's alignment: a whole AVX-512 vector */
+
+/* One weight row (cols weights) dotted with one token's activations. */
+typedef float (*wpi_row_dot_fn)(const uint8_t *row, const float *x, size_t cols);
+/* n_rows rows, row_bytes apart from w, dotted with one x: y[i] for row i. */
+typedef void (*wpi_rows_dot_fn)(const uint8_t *w, size_t row_bytes, size_t n_rows,
+                                const float *x, size_t cols, float *y);
+/* Weights [c, c + n) of a row as floats into out (n <= the table's chunk; quantized:
+ * c % 32 == 0 and n % 32 == 0). out is WPI_BUF_ALIGN-aligned with room for a whole
+ * last vector. */
+typedef void (*wpi_dequant_fn)(const uint8_t *row, size_t c, size_t n, float *out);
+/* out[i][t] = sum over j < n of w_i[j] * x_t[j], for 2 rows x 4 tokens. The driver
+ * fills a ragged tile by repeating a row or token pointer and drops those sums, so each
+ * sum must be formed in the same order whatever its neighbours. */
+typedef void (*wpi_tile_fn)(const float *w0, const float *w1, const float *const xt[4],
+                            size_t n, float out[2][4]);
+
+typedef struct wpi_blocks {
+    const char *name;                      /* "scalar", "avx2", "avx512", "neon" */
+    size_t chunk;                          /* columns dequantized at a time (<= max) */
+    wpi_row_dot_fn row_dot[WPI_SLOTS];     /* one token: every dtype */
+    wpi_rows_dot_fn rows_dot[WPI_SLOTS];   /* optional: replaces the driver's row loop */
+    wpi_dequant_fn dequant[WPI_SLOTS];     /* not called for f32: read in place */
+    wpi_tile_fn tile_2x4;
+    float (*dot_f32)(const float *a, const float *b, size_t n);
+    void (*axpy_f32)(float a, const float *x, float *y, size_t n);
+} wpi_blocks;
+
+/* The block tables; the AVX ones exist only in x86-64 builds, the NEON one only in
+ * AArch64 builds. */
+extern const wpi_blocks wpi_blocks_ref;
+extern const wpi_blocks wpi_blocks_avx2;
+extern const wpi_blocks wpi_blocks_avx512;
+extern const wpi_blocks wpi_blocks_neon;
+
+#endif /* WP_KERNELS_BLOCKS_H */
