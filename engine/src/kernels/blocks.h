@@ -51,6 +51,42 @@ typedef struct wpi_blocks {
     void (*axpy_f32)(float a, const float *x, float *y, size_t n);
 } wpi_blocks;
 
+/*
+ * Loops over the 32-weight blocks of a row, written once for the ISA files: each file
+ * expands them around its own block kernels, under its own target pragma, so the block
+ * kernel is inlined.
+ *
+ * WPI_ROW_QUANT defines `static float name(const uint8_t *row, const float *x,
+ * size_t cols)` (a wpi_row_dot_fn) for blocks of `bytes` bytes: block_fn(blk, x, acc)
+ * returns acc plus one block's dot with x; even blocks go into one accumulator and odd
+ * ones into another (two independent add chains), summed at the end. vec, zero, add and
+ * hsum are the ISA's float vector type, its zero, its lane-wise add and its lane sum.
+ */
+#define WPI_ROW_QUANT(name, block_fn, bytes, vec, zero, add, hsum)                       \
+    static float name(const uint8_t *row, const float *x, size_t cols)                   \
+    {                                                                                    \
+        size_t nb = cols / 32;                                                           \
+        vec e = zero, o = e;                                                             \
+        size_t b = 0;                                                                    \
+        for (; b + 2 <= nb; b += 2) {                                                    \
+            e = block_fn(row + b * (bytes), x + b * 32, e);                              \
+            o = block_fn(row + (b + 1) * (bytes), x + (b + 1) * 32, o);                  \
+        }                                                                                \
+        if (b < nb)                                                                      \
+            e = block_fn(row + b * (bytes), x + b * 32, e);                              \
+        return hsum(add(e, o));                                                          \
+    }
+
+/* WPI_DEQUANT_QUANT defines `static void name(const uint8_t *row, size_t c, size_t n,
+ * float *out)` (a wpi_dequant_fn) for blocks of `bytes` bytes: block_fn(blk, out)
+ * writes one block's 32 weights as floats. */
+#define WPI_DEQUANT_QUANT(name, block_fn, bytes)                                         \
+    static void name(const uint8_t *row, size_t c, size_t n, float *out)                 \
+    {                                                                                    \
+        for (size_t i = 0; i < n; i += 32)                                               \
+            block_fn(row + (c + i) / 32 * (bytes), out + i);                             \
+    }
+
 /* The block tables; the AVX ones exist only in x86-64 builds, the NEON one only in
  * AArch64 builds. */
 extern const wpi_blocks wpi_blocks_ref;

@@ -292,21 +292,9 @@ static float row_q4_1_sx(const uint8_t *row, const float *x, const __m256 *sx, s
     return hsum(_mm256_add_ps(e, o));
 }
 
-/* Even blocks into one accumulator, odd into another: two independent add chains. */
-#define ROW_QUANT(name, block_fn, bytes)                                                 \
-    static float name(const uint8_t *row, const float *x, size_t cols)                   \
-    {                                                                                    \
-        size_t nb = cols / 32;                                                           \
-        __m256 e = _mm256_setzero_ps(), o = e;                                           \
-        size_t b = 0;                                                                    \
-        for (; b + 2 <= nb; b += 2) {                                                    \
-            e = block_fn(row + b * (bytes), x + b * 32, e);                              \
-            o = block_fn(row + (b + 1) * (bytes), x + (b + 1) * 32, o);                  \
-        }                                                                                \
-        if (b < nb)                                                                      \
-            e = block_fn(row + b * (bytes), x + b * 32, e);                              \
-        return hsum(_mm256_add_ps(e, o));                                                \
-    }
+/* blocks.h's even/odd row loop over this file's vectors. */
+#define ROW_QUANT(name, block_fn, bytes) \
+    WPI_ROW_QUANT(name, block_fn, bytes, __m256, _mm256_setzero_ps(), _mm256_add_ps, hsum)
 
 ROW_QUANT(row_q8_0, block_q8_0, 34)
 ROW_QUANT(row_q4_0, block_q4_0, 18)
@@ -347,7 +335,7 @@ static void dequant_bf16(const uint8_t *row, size_t c, size_t n, float *out)
         _mm256_store_ps(out + i, load8_bf16(h + i, n - i < 8 ? n - i : 8));
 }
 
-/* d * w + m for the four vectors of a block, at out. */
+/* d * w + m for the four vectors of a block, at out; then one block of each dtype. */
 static inline void store_block(float *out, __m256 d, __m256 m, const __m256 w[4])
 {
     _mm256_store_ps(out, _mm256_fmadd_ps(d, w[0], m));
@@ -356,37 +344,31 @@ static inline void store_block(float *out, __m256 d, __m256 m, const __m256 w[4]
     _mm256_store_ps(out + 24, _mm256_fmadd_ps(d, w[3], m));
 }
 
-static void dequant_q8_0(const uint8_t *row, size_t c, size_t n, float *out)
+static inline void dequant_block_q8_0(const uint8_t *blk, float *out)
 {
-    for (size_t i = 0; i < n; i += 32) {
-        const uint8_t *blk = row + (c + i) / 32 * 34;
-        __m256 w[4];
-        widen_q8(blk + 2, w);
-        store_block(out + i, _mm256_set1_ps(load_f16(blk)), _mm256_setzero_ps(), w);
-    }
+    __m256 w[4];
+    widen_q8(blk + 2, w);
+    store_block(out, _mm256_set1_ps(load_f16(blk)), _mm256_setzero_ps(), w);
 }
 
-static void dequant_q4_0(const uint8_t *row, size_t c, size_t n, float *out)
+static inline void dequant_block_q4_0(const uint8_t *blk, float *out)
 {
-    for (size_t i = 0; i < n; i += 32) {
-        const uint8_t *blk = row + (c + i) / 32 * 18;
-        __m256 w[4];
-        widen_q4_0_top(blk + 2, w);
-        __m256 d = _mm256_set1_ps(load_f16(blk) * 0x1p-28f);
-        store_block(out + i, d, _mm256_setzero_ps(), w);
-    }
+    __m256 w[4];
+    widen_q4_0_top(blk + 2, w);
+    store_block(out, _mm256_set1_ps(load_f16(blk) * 0x1p-28f), _mm256_setzero_ps(), w);
 }
 
-static void dequant_q4_1(const uint8_t *row, size_t c, size_t n, float *out)
+static inline void dequant_block_q4_1(const uint8_t *blk, float *out)
 {
-    for (size_t i = 0; i < n; i += 32) {
-        const uint8_t *blk = row + (c + i) / 32 * 20;
-        __m256 w[4];
-        widen_q4(blk + 4, 0, w);
-        __m256 d = _mm256_set1_ps(load_f16(blk)), m = _mm256_set1_ps(load_f16(blk + 2));
-        store_block(out + i, d, m, w);
-    }
+    __m256 w[4];
+    widen_q4(blk + 4, 0, w);
+    __m256 d = _mm256_set1_ps(load_f16(blk)), m = _mm256_set1_ps(load_f16(blk + 2));
+    store_block(out, d, m, w);
 }
+
+WPI_DEQUANT_QUANT(dequant_q8_0, dequant_block_q8_0, 34)
+WPI_DEQUANT_QUANT(dequant_q4_0, dequant_block_q4_0, 18)
+WPI_DEQUANT_QUANT(dequant_q4_1, dequant_block_q4_1, 20)
 
 /*
  * The tile: sums of w_i[0..n) * x_t[0..n) for 2 rows x 4 tokens, one accumulator per

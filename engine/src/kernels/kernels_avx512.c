@@ -169,21 +169,10 @@ static inline __m512 block_q4_1(const uint8_t *blk, const float *x, __m512 acc)
     return _mm512_fmadd_ps(_mm512_set1_ps(load_f16(blk)), block_dot(w0, w1, x), acc);
 }
 
-/* Even blocks into one accumulator, odd into another: two independent add chains. */
-#define ROW_QUANT(name, block_fn, bytes)                                                 \
-    static float name(const uint8_t *row, const float *x, size_t cols)                   \
-    {                                                                                    \
-        size_t nb = cols / 32;                                                           \
-        __m512 e = _mm512_setzero_ps(), o = e;                                           \
-        size_t b = 0;                                                                    \
-        for (; b + 2 <= nb; b += 2) {                                                    \
-            e = block_fn(row + b * (bytes), x + b * 32, e);                              \
-            o = block_fn(row + (b + 1) * (bytes), x + (b + 1) * 32, o);                  \
-        }                                                                                \
-        if (b < nb)                                                                      \
-            e = block_fn(row + b * (bytes), x + b * 32, e);                              \
-        return _mm512_reduce_add_ps(_mm512_add_ps(e, o));                                \
-    }
+/* blocks.h's even/odd row loop over this file's vectors. */
+#define ROW_QUANT(name, block_fn, bytes) \
+    WPI_ROW_QUANT(name, block_fn, bytes, __m512, _mm512_setzero_ps(), _mm512_add_ps,    \
+                  _mm512_reduce_add_ps)
 
 ROW_QUANT(row_q8_0, block_q8_0, 34)
 ROW_QUANT(row_q4_0, block_q4_0, 18)
@@ -216,43 +205,38 @@ static void dequant_bf16(const uint8_t *row, size_t c, size_t n, float *out)
         _mm512_store_ps(out + i, load16_bf16(h + i, n - i < 16 ? n - i : 16));
 }
 
-/* d * w + m for the two vectors of a block, at out. */
+/* d * w + m for the two vectors of a block, at out; then one block of each dtype. */
 static inline void store_block(float *out, __m512 d, __m512 m, __m512 w0, __m512 w1)
 {
     _mm512_store_ps(out, _mm512_fmadd_ps(d, w0, m));
     _mm512_store_ps(out + 16, _mm512_fmadd_ps(d, w1, m));
 }
 
-static void dequant_q8_0(const uint8_t *row, size_t c, size_t n, float *out)
+static inline void dequant_block_q8_0(const uint8_t *blk, float *out)
 {
-    for (size_t i = 0; i < n; i += 32) {
-        const uint8_t *blk = row + (c + i) / 32 * 34;
-        __m512 w0, w1;
-        widen_q8(blk + 2, &w0, &w1);
-        store_block(out + i, _mm512_set1_ps(load_f16(blk)), _mm512_setzero_ps(), w0, w1);
-    }
+    __m512 w0, w1;
+    widen_q8(blk + 2, &w0, &w1);
+    store_block(out, _mm512_set1_ps(load_f16(blk)), _mm512_setzero_ps(), w0, w1);
 }
 
-static void dequant_q4_0(const uint8_t *row, size_t c, size_t n, float *out)
+static inline void dequant_block_q4_0(const uint8_t *blk, float *out)
 {
-    for (size_t i = 0; i < n; i += 32) {
-        const uint8_t *blk = row + (c + i) / 32 * 18;
-        __m512 w0, w1;
-        widen_q4(blk + 2, 8, &w0, &w1);
-        store_block(out + i, _mm512_set1_ps(load_f16(blk)), _mm512_setzero_ps(), w0, w1);
-    }
+    __m512 w0, w1;
+    widen_q4(blk + 2, 8, &w0, &w1);
+    store_block(out, _mm512_set1_ps(load_f16(blk)), _mm512_setzero_ps(), w0, w1);
 }
 
-static void dequant_q4_1(const uint8_t *row, size_t c, size_t n, float *out)
+static inline void dequant_block_q4_1(const uint8_t *blk, float *out)
 {
-    for (size_t i = 0; i < n; i += 32) {
-        const uint8_t *blk = row + (c + i) / 32 * 20;
-        __m512 w0, w1;
-        widen_q4(blk + 4, 0, &w0, &w1);
-        __m512 d = _mm512_set1_ps(load_f16(blk)), m = _mm512_set1_ps(load_f16(blk + 2));
-        store_block(out + i, d, m, w0, w1);
-    }
+    __m512 w0, w1;
+    widen_q4(blk + 4, 0, &w0, &w1);
+    __m512 d = _mm512_set1_ps(load_f16(blk)), m = _mm512_set1_ps(load_f16(blk + 2));
+    store_block(out, d, m, w0, w1);
 }
+
+WPI_DEQUANT_QUANT(dequant_q8_0, dequant_block_q8_0, 34)
+WPI_DEQUANT_QUANT(dequant_q4_0, dequant_block_q4_0, 18)
+WPI_DEQUANT_QUANT(dequant_q4_1, dequant_block_q4_1, 20)
 
 /*
  * The tile: sums of w_i[0..n) * x_t[0..n) for 2 rows x 4 tokens, one accumulator per

@@ -199,21 +199,9 @@ static inline float32x4_t block_q4_1(const uint8_t *blk, const float *x, float32
     return vfmaq_n_f32(acc, block_dot(w, x), load_f16(blk));
 }
 
-/* Even blocks into one accumulator, odd into another: two independent add chains. */
-#define ROW_QUANT(name, block_fn, bytes)                                                 \
-    static float name(const uint8_t *row, const float *x, size_t cols)                   \
-    {                                                                                    \
-        size_t nb = cols / 32;                                                           \
-        float32x4_t e = vdupq_n_f32(0.0f), o = e;                                        \
-        size_t b = 0;                                                                    \
-        for (; b + 2 <= nb; b += 2) {                                                    \
-            e = block_fn(row + b * (bytes), x + b * 32, e);                              \
-            o = block_fn(row + (b + 1) * (bytes), x + (b + 1) * 32, o);                  \
-        }                                                                                \
-        if (b < nb)                                                                      \
-            e = block_fn(row + b * (bytes), x + b * 32, e);                              \
-        return vaddvq_f32(vaddq_f32(e, o));                                              \
-    }
+/* blocks.h's even/odd row loop over this file's vectors. */
+#define ROW_QUANT(name, block_fn, bytes) \
+    WPI_ROW_QUANT(name, block_fn, bytes, float32x4_t, vdupq_n_f32(0.0f), vaddq_f32, vaddvq_f32)
 
 ROW_QUANT(row_q8_0, block_q8_0, 34)
 ROW_QUANT(row_q4_0, block_q4_0, 18)
@@ -233,7 +221,7 @@ ROW_QUANT(row_q4_1, block_q4_1, 20)
 DEQUANT_HALF(dequant_f16, cvt_f16)
 DEQUANT_HALF(dequant_bf16, cvt_bf16)
 
-/* d * w + m for the eight vectors of a block, at out. */
+/* d * w + m for the eight vectors of a block, at out; then one block of each dtype. */
 static inline void store_block(float *out, float d, float m, const float32x4_t w[8])
 {
     float32x4_t vm = vdupq_n_f32(m);
@@ -241,35 +229,30 @@ static inline void store_block(float *out, float d, float m, const float32x4_t w
         vst1q_f32(out + 4 * k, vfmaq_n_f32(vm, w[k], d));
 }
 
-static void dequant_q8_0(const uint8_t *row, size_t c, size_t n, float *out)
+static inline void dequant_block_q8_0(const uint8_t *blk, float *out)
 {
-    for (size_t i = 0; i < n; i += 32) {
-        const uint8_t *blk = row + (c + i) / 32 * 34;
-        float32x4_t w[8];
-        widen_q8(blk + 2, w);
-        store_block(out + i, load_f16(blk), 0.0f, w);
-    }
+    float32x4_t w[8];
+    widen_q8(blk + 2, w);
+    store_block(out, load_f16(blk), 0.0f, w);
 }
 
-static void dequant_q4_0(const uint8_t *row, size_t c, size_t n, float *out)
+static inline void dequant_block_q4_0(const uint8_t *blk, float *out)
 {
-    for (size_t i = 0; i < n; i += 32) {
-        const uint8_t *blk = row + (c + i) / 32 * 18;
-        float32x4_t w[8];
-        widen_q4(blk + 2, 8, w);
-        store_block(out + i, load_f16(blk), 0.0f, w);
-    }
+    float32x4_t w[8];
+    widen_q4(blk + 2, 8, w);
+    store_block(out, load_f16(blk), 0.0f, w);
 }
 
-static void dequant_q4_1(const uint8_t *row, size_t c, size_t n, float *out)
+static inline void dequant_block_q4_1(const uint8_t *blk, float *out)
 {
-    for (size_t i = 0; i < n; i += 32) {
-        const uint8_t *blk = row + (c + i) / 32 * 20;
-        float32x4_t w[8];
-        widen_q4(blk + 4, 0, w);
-        store_block(out + i, load_f16(blk), load_f16(blk + 2), w);
-    }
+    float32x4_t w[8];
+    widen_q4(blk + 4, 0, w);
+    store_block(out, load_f16(blk), load_f16(blk + 2), w);
 }
+
+WPI_DEQUANT_QUANT(dequant_q8_0, dequant_block_q8_0, 34)
+WPI_DEQUANT_QUANT(dequant_q4_0, dequant_block_q4_0, 18)
+WPI_DEQUANT_QUANT(dequant_q4_1, dequant_block_q4_1, 20)
 
 /*
  * The tile: sums of w_i[0..n) * x_t[0..n) for 2 rows x 4 tokens, one accumulator per
