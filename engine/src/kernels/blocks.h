@@ -34,11 +34,11 @@ typedef void (*wpi_rows_dot_fn)(const uint8_t *w, size_t row_bytes, size_t n_row
  * c % 32 == 0 and n % 32 == 0). out is WPI_BUF_ALIGN-aligned with room for a whole
  * last vector. */
 typedef void (*wpi_dequant_fn)(const uint8_t *row, size_t c, size_t n, float *out);
-/* out[i][t] = sum over j < n of w_i[j] * x_t[j], for 2 rows x 4 tokens. The driver
- * fills a ragged tile by repeating a row or token pointer and drops those sums, so each
- * sum must be formed in the same order whatever its neighbours. */
-typedef void (*wpi_tile_fn)(const float *w0, const float *w1, const float *const xt[4],
-                            size_t n, float out[2][4]);
+/* nr rows wr (nc floats each, dequantized) applied to every token of x (token t at
+ * x + t * ldx): each row's sums over the nc columns are added into y (token t, row i at
+ * y[t * ldy + i]). Made by WPI_APPLY_TILES from a 2 rows x 4 tokens tile kernel. */
+typedef void (*wpi_apply_fn)(const float *const wr[], size_t nr, const float *x, size_t ldx,
+                             size_t n_tok, size_t nc, float *y, size_t ldy);
 
 typedef struct wpi_blocks {
     const char *name;                      /* "scalar", "avx2", "avx512", "neon" */
@@ -46,7 +46,7 @@ typedef struct wpi_blocks {
     wpi_row_dot_fn row_dot[WPI_SLOTS];     /* one token: every dtype */
     wpi_rows_dot_fn rows_dot[WPI_SLOTS];   /* optional: replaces the driver's row loop */
     wpi_dequant_fn dequant[WPI_SLOTS];     /* not called for f32: read in place */
-    wpi_tile_fn tile_2x4;
+    wpi_apply_fn apply;                    /* several tokens */
     float (*dot_f32)(const float *a, const float *b, size_t n);
     void (*axpy_f32)(float a, const float *x, float *y, size_t n);
 } wpi_blocks;
@@ -85,6 +85,33 @@ typedef struct wpi_blocks {
     {                                                                                    \
         for (size_t i = 0; i < n; i += 32)                                               \
             block_fn(row + (c + i) / 32 * (bytes), out + i);                             \
+    }
+
+/* WPI_APPLY_TILES defines `static void name(...)` (a wpi_apply_fn) over a tile kernel
+ * `void tile_fn(const float *w0, const float *w1, const float *const xt[4], size_t n,
+ * float out[2][4])` that sets out[i][t] = sum over j < n of w_i[j] * x_t[j] for 2 rows x
+ * 4 tokens. A ragged tile repeats a row or token pointer and drops those sums, so
+ * tile_fn must form each sum in the same order whatever its neighbours. */
+#define WPI_APPLY_TILES(name, tile_fn)                                                   \
+    static void name(const float *const wr[], size_t nr, const float *x, size_t ldx,     \
+                     size_t n_tok, size_t nc, float *y, size_t ldy)                      \
+    {                                                                                    \
+        for (size_t t = 0; t < n_tok; t += 4) {                                          \
+            size_t nt = n_tok - t < 4 ? n_tok - t : 4;                                   \
+            const float *xt[4];                                                          \
+            for (size_t k = 0; k < 4; k++)                                               \
+                xt[k] = x + (t + (k < nt ? k : 0)) * ldx;                                \
+            for (size_t i = 0; i < nr; i += 2) {                                         \
+                float s[2][4];                                                           \
+                size_t i1 = i + 1 < nr ? i + 1 : i;                                      \
+                tile_fn(wr[i], wr[i1], xt, nc, s);                                       \
+                for (size_t k = 0; k < nt; k++) {                                        \
+                    y[(t + k) * ldy + i] += s[0][k];                                     \
+                    if (i1 != i)                                                         \
+                        y[(t + k) * ldy + i1] += s[1][k];                                \
+                }                                                                        \
+            }                                                                            \
+        }                                                                                \
     }
 
 /* The block tables; the AVX ones exist only in x86-64 builds, the NEON one only in

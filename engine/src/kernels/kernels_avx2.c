@@ -427,6 +427,8 @@ static void tile_2x4(const float *w0, const float *w1, const float *const xt[4],
     out[1][3] = hsum(a13);
 }
 
+WPI_APPLY_TILES(apply_tiles, tile_2x4)
+
 #if defined(__clang__)
 #pragma clang attribute pop
 #endif
@@ -444,7 +446,7 @@ const wpi_blocks wpi_blocks_avx2 = {
         [WPI_SLOT_Q8_0] = dequant_q8_0, [WPI_SLOT_Q4_0] = dequant_q4_0,
         [WPI_SLOT_Q4_1] = dequant_q4_1,
     },
-    .tile_2x4 = tile_2x4,
+    .apply = apply_tiles,
     .dot_f32 = dot_f32_avx2,
     .axpy_f32 = axpy_f32_avx2,
 };

@@ -288,6 +288,8 @@ static void tile_2x4(const float *w0, const float *w1, const float *const xt[4],
             out[r][t] = vaddvq_f32(a[r][t]);
 }
 
+WPI_APPLY_TILES(apply_tiles, tile_2x4)
+
 const wpi_blocks wpi_blocks_neon = {
     .name = "neon",
     .chunk = WPI_CHUNK_MAX,
@@ -300,7 +302,7 @@ const wpi_blocks wpi_blocks_neon = {
         [WPI_SLOT_Q8_0] = dequant_q8_0, [WPI_SLOT_Q4_0] = dequant_q4_0,
         [WPI_SLOT_Q4_1] = dequant_q4_1,
     },
-    .tile_2x4 = tile_2x4,
+    .apply = apply_tiles,
     .dot_f32 = dot_f32_neon,
     .axpy_f32 = axpy_f32_neon,
 };

@@ -355,6 +355,8 @@ static void tile_2x4_ref(const float *w0, const float *w1, const float *const xt
     }
 }
 
+WPI_APPLY_TILES(apply_tiles, tile_2x4_ref)
+
 #define REF_DTYPE(sfx, dtype)                                                            \
     static float row_dot_##sfx(const uint8_t *row, const float *x, size_t cols)          \
     {                                                                                    \
@@ -399,7 +401,7 @@ const wpi_blocks wpi_blocks_ref = {
         [WPI_SLOT_BF16] = dequant_bf16, [WPI_SLOT_Q8_0] = dequant_q8_0,
         [WPI_SLOT_Q4_0] = dequant_q4_0, [WPI_SLOT_Q4_1] = dequant_q4_1,
     },
-    .tile_2x4 = tile_2x4_ref,
+    .apply = apply_tiles,
     .dot_f32 = dot_f32_ref,
     .axpy_f32 = axpy_f32_ref,
 };

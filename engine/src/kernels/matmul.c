@@ -7,9 +7,9 @@
  *   n_tok == 1 (decode): each row of [r0, r1) is dotted with x straight from the stored
  *     weights by the table's row kernel of the dtype.
  *   n_tok >= 2 (prefill): a tile of up to WPI_TILE_ROWS rows is dequantized `chunk`
- *     columns at a time into a stack buffer (f32 rows are read in place), then every
- *     token is applied to it 2 rows x 4 tokens per tile kernel call, so each weight is
- *     decoded once per call; the chunk sums are added into y.
+ *     columns at a time into a stack buffer (f32 rows are read in place), then the
+ *     table's apply kernel adds every token's chunk sums into y (2 rows x 4 tokens per
+ *     tile), so each weight is decoded once per call.
  * Each row's arithmetic is the same whatever row range or tile it sits in, so splitting
  * rows across threads never changes a result.
  */
@@ -37,7 +37,6 @@ static void matmul_tiled(const wpi_blocks *b, int slot, const uint8_t *w, size_t
 {
     _Alignas(WPI_BUF_ALIGN) float buf[WPI_TILE_ROWS][WPI_CHUNK_MAX];
     wpi_dequant_fn dequant = b->dequant[slot];
-    wpi_tile_fn tile = b->tile_2x4;
     size_t chunk = b->chunk;
     for (size_t rt = r0; rt < r1; rt += WPI_TILE_ROWS) {
         size_t nr = r1 - rt < WPI_TILE_ROWS ? r1 - rt : WPI_TILE_ROWS;
@@ -56,22 +55,7 @@ static void matmul_tiled(const wpi_blocks *b, int slot, const uint8_t *w, size_t
                     wr[i] = buf[i];
                 }
             }
-            for (size_t t = 0; t < n_tok; t += 4) {
-                size_t nt = n_tok - t < 4 ? n_tok - t : 4;
-                const float *xt[4];
-                for (size_t k = 0; k < 4; k++)
-                    xt[k] = x + (t + (k < nt ? k : 0)) * ldx + c;
-                for (size_t i = 0; i < nr; i += 2) {
-                    float s[2][4];
-                    size_t i1 = i + 1 < nr ? i + 1 : i;
-                    tile(wr[i], wr[i1], xt, nc, s);
-                    for (size_t k = 0; k < nt; k++) {
-                        y[(t + k) * ldy + rt + i] += s[0][k];
-                        if (i1 != i)
-                            y[(t + k) * ldy + rt + i1] += s[1][k];
-                    }
-                }
-            }
+            b->apply(wr, nr, x + c, ldx, n_tok, nc, y + rt, ldy);
         }
     }
 }
