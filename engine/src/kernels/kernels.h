@@ -1,10 +1,12 @@
 /*
  * kernels.h -- numeric kernels on quantized blocks, with runtime ISA dispatch.
  *
- * Every kernel has a portable reference (kernels_ref.c, always compiled). SIMD variants
- * (kernels_avx2.c, kernels_avx512.c on x86-64, with per-file target pragmas so no global
- * -m flag is needed; kernels_neon.c on AArch64, whose ASIMD is baseline) are chosen in
- * dispatch.c from the CPU's flags. Each file compiles to nothing on other architectures.
+ * One ISA-neutral driver (matmul.c) owns the loops of every matmul and builds each
+ * kernel set below from a table of block kernels (blocks.h). The portable reference
+ * table (kernels_ref.c) is always compiled; SIMD tables (kernels_avx2.c,
+ * kernels_avx512.c on x86-64, with per-file target pragmas so no global -m flag is
+ * needed; kernels_neon.c on AArch64, whose ASIMD is baseline) are chosen in dispatch.c
+ * from the CPU's flags. Each SIMD file compiles to nothing on other architectures.
  * Contract of a SIMD variant: equal to the reference within 1e-6 * sum_i |w_i * x_i|
  * per output (accumulation order differs); thread count never changes a result
  * (callers split work by rows).
@@ -57,7 +59,8 @@ typedef struct wpi_kernels {
     void (*axpy_f32)(float a, const float *x, float *y, size_t n); /* y += a*x */
 } wpi_kernels;
 
-/* The kernel tables (dispatch.c picks one). The AVX tables exist only on x86-64 builds,
+/* The kernel sets (matmul.c builds them, dispatch.c picks one). The AVX sets exist only
+ * on x86-64 builds,
  * the NEON table only on AArch64 builds; use wpi_kernels_get() rather than naming them,
  * except in tests and benchmarks. */
 extern const wpi_kernels wpi_kernels_ref;

@@ -1,25 +1,19 @@
 /*
- * kernels_avx2.c -- AVX2 + FMA + F16C variants of the matmul, dot and axpy kernels.
+ * kernels_avx2.c -- AVX2 + FMA + F16C block kernels for the matmul, and dot and axpy.
  *
  * Compiled with plain flags: the target pragma below enables the instruction sets for
  * this file only, and dispatch.c calls into it only when the CPU has them.
  *
- * Two matmul paths, both with float32 activations (weights are never requantized, nor
- * are activations):
- *   n_tok == 1 (decode): per row, each 32-weight block is widened to float in registers
- *     (int8/nibbles -> int32 -> float), dotted with x, scaled by the block's d and added
- *     to one of two accumulators (even and odd blocks).
- *   n_tok >= 2 (prefill): a tile of up to TILE_ROWS rows is dequantized CHUNK columns
- *     at a time into a stack buffer, then every token is applied to it, 2 rows x 4
- *     tokens per register tile, so each weight is decoded once per call.
- * Each row's arithmetic is the same whatever row range it sits in, so splitting rows
- * across threads never changes a result.
+ * Block kernels for matmul.c's driver (blocks.h): a row dot per dtype for one token
+ * (each 32-weight block widened to float in registers, int8/nibbles -> int32 -> float,
+ * dotted with x, scaled by the block's d and added to one of two accumulators, even and
+ * odd blocks), a chunk dequantizer per dtype and a 2 rows x 4 tokens tile for several.
  */
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
-#include "kernels/kernels.h"
+#include "kernels/blocks.h"
 
 #if defined(__x86_64__)
 
@@ -30,9 +24,6 @@
 #endif
 
 #include <immintrin.h>
-
-#define CHUNK 512    /* columns dequantized at a time: 2 KiB of floats per row */
-#define TILE_ROWS 8  /* rows sharing one pass over the tokens' x chunk */
 
 /* Keeps a loaded vector in a register. Without it GCC folds the load into both FMAs
  * that use it, and the 2x4 tile becomes load-bound: prefill (n_tok 16..64) ran 1.1x to
@@ -203,10 +194,16 @@ static void axpy_f32_avx2(float a, const float *x, float *y, size_t n)
     }
 }
 
-/* ---- n_tok == 1: one row against one x, straight from the stored weights --------- */
+/* ---- one token: one row against one x, straight from the stored weights --------- */
 
-static float row_f16(const uint16_t *w, const float *x, size_t n)
+static float row_f32(const uint8_t *row, const float *x, size_t n)
 {
+    return dot_f32_avx2((const float *)row, x, n);
+}
+
+static float row_f16(const uint8_t *row, const float *x, size_t n)
+{
+    const uint16_t *w = (const uint16_t *)row;
     __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
     size_t i = 0;
     for (; i + 32 <= n; i += 32) {
@@ -222,8 +219,9 @@ static float row_f16(const uint16_t *w, const float *x, size_t n)
     return hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
 }
 
-static float row_bf16(const uint16_t *w, const float *x, size_t n)
+static float row_bf16(const uint8_t *row, const float *x, size_t n)
 {
+    const uint16_t *w = (const uint16_t *)row;
     __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
     size_t i = 0;
     for (; i + 32 <= n; i += 32) {
@@ -294,101 +292,88 @@ static float row_q4_1_sx(const uint8_t *row, const float *x, const __m256 *sx, s
     return hsum(_mm256_add_ps(e, o));
 }
 
-/* Even blocks into one accumulator, odd into another: two independent add chains. */
-#define ROW_QUANT(name, block_fn, bytes)                                                 \
-    static float name(const uint8_t *row, const float *x, size_t nb)                     \
-    {                                                                                    \
-        __m256 e = _mm256_setzero_ps(), o = e;                                           \
-        size_t b = 0;                                                                    \
-        for (; b + 2 <= nb; b += 2) {                                                    \
-            e = block_fn(row + b * (bytes), x + b * 32, e);                              \
-            o = block_fn(row + (b + 1) * (bytes), x + (b + 1) * 32, o);                  \
-        }                                                                                \
-        if (b < nb)                                                                      \
-            e = block_fn(row + b * (bytes), x + b * 32, e);                              \
-        return hsum(_mm256_add_ps(e, o));                                                \
-    }
+/* blocks.h's even/odd row loop over this file's vectors. */
+#define ROW_QUANT(name, block_fn, bytes) \
+    WPI_ROW_QUANT(name, block_fn, bytes, __m256, _mm256_setzero_ps(), _mm256_add_ps, hsum)
 
 ROW_QUANT(row_q8_0, block_q8_0, 34)
 ROW_QUANT(row_q4_0, block_q4_0, 18)
 ROW_QUANT(row_q4_1, block_q4_1, 20)
 
-static void matvec(int dtype, const void *w, size_t cols, size_t r0, size_t r1,
-                   const float *x, float *y)
+/* q4_1 rows against one x: with two rows or more, the block sums of x are formed once
+ * for all of them. */
+static void rows_q4_1(const uint8_t *w, size_t rb, size_t n_rows, const float *x,
+                      size_t cols, float *y)
 {
-    size_t rb = wpi_row_bytes(dtype, cols);
-    if (dtype == WPI_Q4_1 && cols / 32 <= XSUM_BLOCKS && r1 > r0 + 1) {
+    size_t nb = cols / 32;
+    if (nb <= XSUM_BLOCKS && n_rows > 1) {
         __m256 sx[XSUM_BLOCKS];
-        for (size_t b = 0; b < cols / 32; b++) sx[b] = block_xsum(x + b * 32);
-        for (size_t r = r0; r < r1; r++)
-            y[r] = row_q4_1_sx((const uint8_t *)w + r * rb, x, sx, cols / 32);
+        for (size_t b = 0; b < nb; b++)
+            sx[b] = block_xsum(x + b * 32);
+        for (size_t r = 0; r < n_rows; r++)
+            y[r] = row_q4_1_sx(w + r * rb, x, sx, nb);
         return;
     }
-    for (size_t r = r0; r < r1; r++) {
-        const uint8_t *row = (const uint8_t *)w + r * rb;
-        switch (dtype) {
-        case WPI_F32: y[r] = dot_f32_avx2((const float *)row, x, cols); break;
-        case WPI_F16: y[r] = row_f16((const uint16_t *)row, x, cols); break;
-        case WPI_BF16: y[r] = row_bf16((const uint16_t *)row, x, cols); break;
-        case WPI_Q8_0: y[r] = row_q8_0(row, x, cols / 32); break;
-        case WPI_Q4_0: y[r] = row_q4_0(row, x, cols / 32); break;
-        case WPI_Q4_1: y[r] = row_q4_1(row, x, cols / 32); break;
-        default: break;
-        }
-    }
+    for (size_t r = 0; r < n_rows; r++)
+        y[r] = row_q4_1(w + r * rb, x, cols);
 }
 
-/* ---- n_tok >= 2: dequantize a chunk once, apply it to every token ----------------- */
+/* ---- several tokens: dequantize a chunk once, apply it to every token ------------- */
 
-/* Columns [c, c + n) of a row as floats into out (n <= CHUNK; quantized: c, n % 32 == 0). */
-static void dequant_chunk(int dtype, const uint8_t *row, size_t c, size_t n, float *out)
+/* Half-precision columns [c, c + n) as floats; out has room for a whole last vector. */
+static void dequant_f16(const uint8_t *row, size_t c, size_t n, float *out)
 {
-    switch (dtype) {
-    case WPI_F16:
-    case WPI_BF16: {
-        const uint16_t *h = (const uint16_t *)row + c;
-        for (size_t i = 0; i < n; i += 8) {
-            size_t k = n - i < 8 ? n - i : 8;
-            __m256 v = dtype == WPI_F16 ? load8_f16(h + i, k) : load8_bf16(h + i, k);
-            _mm256_store_ps(out + i, v); /* out has room for a whole last vector */
-        }
-        return;
-    }
-    case WPI_Q8_0:
-    case WPI_Q4_0:
-    case WPI_Q4_1:
-        for (size_t i = 0; i < n; i += 32) {
-            size_t b = (c + i) / 32;
-            __m256 w[4];
-            __m256 d, m = _mm256_setzero_ps();
-            if (dtype == WPI_Q8_0) {
-                widen_q8(row + b * 34 + 2, w);
-                d = _mm256_set1_ps(load_f16(row + b * 34));
-            } else if (dtype == WPI_Q4_0) {
-                widen_q4_0_top(row + b * 18 + 2, w);
-                d = _mm256_set1_ps(load_f16(row + b * 18) * 0x1p-28f);
-            } else {
-                widen_q4(row + b * 20 + 4, 0, w);
-                d = _mm256_set1_ps(load_f16(row + b * 20));
-                m = _mm256_set1_ps(load_f16(row + b * 20 + 2));
-            }
-            _mm256_store_ps(out + i, _mm256_fmadd_ps(d, w[0], m));
-            _mm256_store_ps(out + i + 8, _mm256_fmadd_ps(d, w[1], m));
-            _mm256_store_ps(out + i + 16, _mm256_fmadd_ps(d, w[2], m));
-            _mm256_store_ps(out + i + 24, _mm256_fmadd_ps(d, w[3], m));
-        }
-        return;
-    default:
-        return;
-    }
+    const uint16_t *h = (const uint16_t *)row + c;
+    for (size_t i = 0; i < n; i += 8)
+        _mm256_store_ps(out + i, load8_f16(h + i, n - i < 8 ? n - i : 8));
 }
+
+static void dequant_bf16(const uint8_t *row, size_t c, size_t n, float *out)
+{
+    const uint16_t *h = (const uint16_t *)row + c;
+    for (size_t i = 0; i < n; i += 8)
+        _mm256_store_ps(out + i, load8_bf16(h + i, n - i < 8 ? n - i : 8));
+}
+
+/* d * w + m for the four vectors of a block, at out; then one block of each dtype. */
+static inline void store_block(float *out, __m256 d, __m256 m, const __m256 w[4])
+{
+    _mm256_store_ps(out, _mm256_fmadd_ps(d, w[0], m));
+    _mm256_store_ps(out + 8, _mm256_fmadd_ps(d, w[1], m));
+    _mm256_store_ps(out + 16, _mm256_fmadd_ps(d, w[2], m));
+    _mm256_store_ps(out + 24, _mm256_fmadd_ps(d, w[3], m));
+}
+
+static inline void dequant_block_q8_0(const uint8_t *blk, float *out)
+{
+    __m256 w[4];
+    widen_q8(blk + 2, w);
+    store_block(out, _mm256_set1_ps(load_f16(blk)), _mm256_setzero_ps(), w);
+}
+
+static inline void dequant_block_q4_0(const uint8_t *blk, float *out)
+{
+    __m256 w[4];
+    widen_q4_0_top(blk + 2, w);
+    store_block(out, _mm256_set1_ps(load_f16(blk) * 0x1p-28f), _mm256_setzero_ps(), w);
+}
+
+static inline void dequant_block_q4_1(const uint8_t *blk, float *out)
+{
+    __m256 w[4];
+    widen_q4(blk + 4, 0, w);
+    __m256 d = _mm256_set1_ps(load_f16(blk)), m = _mm256_set1_ps(load_f16(blk + 2));
+    store_block(out, d, m, w);
+}
+
+WPI_DEQUANT_QUANT(dequant_q8_0, dequant_block_q8_0, 34)
+WPI_DEQUANT_QUANT(dequant_q4_0, dequant_block_q4_0, 18)
+WPI_DEQUANT_QUANT(dequant_q4_1, dequant_block_q4_1, 20)
 
 /*
- * The micro-kernel: sums of w_i[0..n) * x_t[0..n) for 2 rows x 4 tokens, one
- * accumulator per (row, token): 8 independent FMA chains, 6 loads per 8 FMAs. Callers
- * fill a ragged tile by repeating a row or token pointer and dropping those sums; every
- * (row, token) sum is formed in the same order whatever its neighbours, so results
- * never depend on how rows or tokens were grouped.
+ * The tile: sums of w_i[0..n) * x_t[0..n) for 2 rows x 4 tokens, one accumulator per
+ * (row, token): 8 independent FMA chains, 6 loads per 8 FMAs. Every (row, token) sum is
+ * formed in the same order whatever its neighbours.
  */
 static void tile_2x4(const float *w0, const float *w1, const float *const xt[4], size_t n,
                      float out[2][4])
@@ -442,85 +427,26 @@ static void tile_2x4(const float *w0, const float *w1, const float *const xt[4],
     out[1][3] = hsum(a13);
 }
 
-static void matmul_tiled(int dtype, const void *w, size_t cols, size_t r0, size_t r1,
-                         const float *x, size_t ldx, size_t n_tok, float *y, size_t ldy)
-{
-    _Alignas(32) float buf[TILE_ROWS][CHUNK];
-    size_t rb = wpi_row_bytes(dtype, cols);
-    for (size_t rt = r0; rt < r1; rt += TILE_ROWS) {
-        size_t nr = r1 - rt < TILE_ROWS ? r1 - rt : TILE_ROWS;
-        for (size_t t = 0; t < n_tok; t++)
-            for (size_t i = 0; i < nr; i++)
-                y[t * ldy + rt + i] = 0.0f;
-        for (size_t c = 0; c < cols; c += CHUNK) {
-            size_t nc = cols - c < CHUNK ? cols - c : CHUNK;
-            const float *wr[TILE_ROWS];
-            for (size_t i = 0; i < nr; i++) {
-                const uint8_t *row = (const uint8_t *)w + (rt + i) * rb;
-                if (dtype == WPI_F32) {
-                    wr[i] = (const float *)row + c;
-                } else {
-                    dequant_chunk(dtype, row, c, nc, buf[i]);
-                    wr[i] = buf[i];
-                }
-            }
-            for (size_t t = 0; t < n_tok; t += 4) {
-                size_t nt = n_tok - t < 4 ? n_tok - t : 4;
-                const float *xt[4];
-                for (size_t k = 0; k < 4; k++)
-                    xt[k] = x + (t + (k < nt ? k : 0)) * ldx + c;
-                for (size_t i = 0; i < nr; i += 2) {
-                    float s[2][4];
-                    size_t i1 = i + 1 < nr ? i + 1 : i;
-                    tile_2x4(wr[i], wr[i1], xt, nc, s);
-                    for (size_t k = 0; k < nt; k++) {
-                        y[(t + k) * ldy + rt + i] += s[0][k];
-                        if (i1 != i)
-                            y[(t + k) * ldy + rt + i1] += s[1][k];
-                    }
-                }
-            }
-        }
-    }
-}
-
-static void matmul_any(int dtype, const void *w, size_t cols, size_t r0, size_t r1,
-                       const float *x, size_t ldx, size_t n_tok, float *y, size_t ldy)
-{
-    if (wpi_row_bytes(dtype, cols) == 0 && cols != 0)
-        return;
-    if (n_tok == 1)
-        matvec(dtype, w, cols, r0, r1, x, y);
-    else
-        matmul_tiled(dtype, w, cols, r0, r1, x, ldx, n_tok, y, ldy);
-}
-
-#define AVX2_MATMUL(name, dtype)                                                         \
-    static void name(const void *w, size_t cols, size_t r0, size_t r1, const float *x,  \
-                     size_t ldx, size_t n_tok, float *y, size_t ldy)                      \
-    {                                                                                    \
-        matmul_any(dtype, w, cols, r0, r1, x, ldx, n_tok, y, ldy);                      \
-    }
-
-AVX2_MATMUL(matmul_f32_avx2, WPI_F32)
-AVX2_MATMUL(matmul_f16_avx2, WPI_F16)
-AVX2_MATMUL(matmul_bf16_avx2, WPI_BF16)
-AVX2_MATMUL(matmul_q8_0_avx2, WPI_Q8_0)
-AVX2_MATMUL(matmul_q4_0_avx2, WPI_Q4_0)
-AVX2_MATMUL(matmul_q4_1_avx2, WPI_Q4_1)
+WPI_APPLY_TILES(apply_tiles, tile_2x4)
 
 #if defined(__clang__)
 #pragma clang attribute pop
 #endif
 
-const wpi_kernels wpi_kernels_avx2 = {
+const wpi_blocks wpi_blocks_avx2 = {
     .name = "avx2",
-    .matmul_f32 = matmul_f32_avx2,
-    .matmul_f16 = matmul_f16_avx2,
-    .matmul_bf16 = matmul_bf16_avx2,
-    .matmul_q8_0 = matmul_q8_0_avx2,
-    .matmul_q4_0 = matmul_q4_0_avx2,
-    .matmul_q4_1 = matmul_q4_1_avx2,
+    .chunk = WPI_CHUNK_MAX,
+    .row_dot = {
+        [WPI_SLOT_F32] = row_f32, [WPI_SLOT_F16] = row_f16, [WPI_SLOT_BF16] = row_bf16,
+        [WPI_SLOT_Q8_0] = row_q8_0, [WPI_SLOT_Q4_0] = row_q4_0, [WPI_SLOT_Q4_1] = row_q4_1,
+    },
+    .rows_dot = {[WPI_SLOT_Q4_1] = rows_q4_1},
+    .dequant = {
+        [WPI_SLOT_F16] = dequant_f16, [WPI_SLOT_BF16] = dequant_bf16,
+        [WPI_SLOT_Q8_0] = dequant_q8_0, [WPI_SLOT_Q4_0] = dequant_q4_0,
+        [WPI_SLOT_Q4_1] = dequant_q4_1,
+    },
+    .apply = apply_tiles,
     .dot_f32 = dot_f32_avx2,
     .axpy_f32 = axpy_f32_avx2,
 };

@@ -1,19 +1,18 @@
 /*
- * kernels_avx512.c -- AVX-512 (F, BW, VL) variants of the matmul, dot and axpy kernels.
+ * kernels_avx512.c -- AVX-512 (F, BW, VL) block kernels for the matmul, and dot and axpy.
  *
- * The same two paths as kernels_avx2.c, 16 lanes wide, with mask registers for tails:
- *   n_tok == 1: a 32-weight block is two vectors (q4: low nibbles = weights 0..15,
- *     high = 16..31), dotted with x, scaled by d, added to an even or odd accumulator.
- *   n_tok >= 2: rows are dequantized CHUNK columns at a time into a stack buffer and
- *     applied 2 rows x 4 tokens per register tile.
+ * The same block kernels as kernels_avx2.c, for matmul.c's driver (blocks.h), 16 lanes
+ * wide with mask registers for tails: for one token a 32-weight block is two vectors
+ * (q4: low nibbles = weights 0..15, high = 16..31), dotted with x, scaled by d and added
+ * to an even or odd accumulator; for several, a chunk dequantizer per dtype and a
+ * 2 rows x 4 tokens tile.
  * Activations stay float32, so VNNI (int8 dot products) has nothing to do here.
- * Each row's arithmetic is the same whatever row range it sits in.
  */
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
-#include "kernels/kernels.h"
+#include "kernels/blocks.h"
 
 #if defined(__x86_64__)
 
@@ -25,9 +24,6 @@
 #endif
 
 #include <immintrin.h>
-
-#define CHUNK 512    /* columns dequantized at a time: 2 KiB of floats per row */
-#define TILE_ROWS 8  /* rows sharing one pass over the tokens' x chunk */
 
 /* Keeps a loaded vector in a register, so it is not reloaded by each FMA that uses it
  * (as kernels_avx2.c, where that cost 1.1x to 1.4x in prefill). */
@@ -124,9 +120,14 @@ static void axpy_f32_avx512(float a, const float *x, float *y, size_t n)
     }
 }
 
-/* ---- n_tok == 1: one row against one x, straight from the stored weights --------- */
+/* ---- one token: one row against one x, straight from the stored weights --------- */
 
-static float row_f16(const uint16_t *w, const float *x, size_t n, int bf16)
+static float row_f32(const uint8_t *row, const float *x, size_t n)
+{
+    return dot_f32_avx512((const float *)row, x, n);
+}
+
+static inline float row_half(const uint16_t *w, const float *x, size_t n, int bf16)
 {
     __m512 s0 = _mm512_setzero_ps(), s1 = s0;
     size_t i = 0;
@@ -168,90 +169,79 @@ static inline __m512 block_q4_1(const uint8_t *blk, const float *x, __m512 acc)
     return _mm512_fmadd_ps(_mm512_set1_ps(load_f16(blk)), block_dot(w0, w1, x), acc);
 }
 
-/* Even blocks into one accumulator, odd into another: two independent add chains. */
-#define ROW_QUANT(name, block_fn, bytes)                                                 \
-    static float name(const uint8_t *row, const float *x, size_t nb)                     \
-    {                                                                                    \
-        __m512 e = _mm512_setzero_ps(), o = e;                                           \
-        size_t b = 0;                                                                    \
-        for (; b + 2 <= nb; b += 2) {                                                    \
-            e = block_fn(row + b * (bytes), x + b * 32, e);                              \
-            o = block_fn(row + (b + 1) * (bytes), x + (b + 1) * 32, o);                  \
-        }                                                                                \
-        if (b < nb)                                                                      \
-            e = block_fn(row + b * (bytes), x + b * 32, e);                              \
-        return _mm512_reduce_add_ps(_mm512_add_ps(e, o));                                \
-    }
+/* blocks.h's even/odd row loop over this file's vectors. */
+#define ROW_QUANT(name, block_fn, bytes) \
+    WPI_ROW_QUANT(name, block_fn, bytes, __m512, _mm512_setzero_ps(), _mm512_add_ps,    \
+                  _mm512_reduce_add_ps)
 
 ROW_QUANT(row_q8_0, block_q8_0, 34)
 ROW_QUANT(row_q4_0, block_q4_0, 18)
 ROW_QUANT(row_q4_1, block_q4_1, 20)
 
-static void matvec(int dtype, const void *w, size_t cols, size_t r0, size_t r1,
-                   const float *x, float *y)
+static float row_f16(const uint8_t *row, const float *x, size_t n)
 {
-    size_t rb = wpi_row_bytes(dtype, cols);
-    for (size_t r = r0; r < r1; r++) {
-        const uint8_t *row = (const uint8_t *)w + r * rb;
-        switch (dtype) {
-        case WPI_F32: y[r] = dot_f32_avx512((const float *)row, x, cols); break;
-        case WPI_F16: y[r] = row_f16((const uint16_t *)row, x, cols, 0); break;
-        case WPI_BF16: y[r] = row_f16((const uint16_t *)row, x, cols, 1); break;
-        case WPI_Q8_0: y[r] = row_q8_0(row, x, cols / 32); break;
-        case WPI_Q4_0: y[r] = row_q4_0(row, x, cols / 32); break;
-        case WPI_Q4_1: y[r] = row_q4_1(row, x, cols / 32); break;
-        default: break;
-        }
-    }
+    return row_half((const uint16_t *)row, x, n, 0);
 }
 
-/* ---- n_tok >= 2: dequantize a chunk once, apply it to every token ----------------- */
-
-/* Columns [c, c + n) of a row as floats into out (n <= CHUNK; quantized: c, n % 32 == 0). */
-static void dequant_chunk(int dtype, const uint8_t *row, size_t c, size_t n, float *out)
+static float row_bf16(const uint8_t *row, const float *x, size_t n)
 {
-    switch (dtype) {
-    case WPI_F16:
-    case WPI_BF16: {
-        const uint16_t *h = (const uint16_t *)row + c;
-        for (size_t i = 0; i < n; i += 16) {
-            size_t k = n - i < 16 ? n - i : 16;
-            __m512 v = dtype == WPI_F16 ? load16_f16(h + i, k) : load16_bf16(h + i, k);
-            _mm512_store_ps(out + i, v); /* out has room for a whole last vector */
-        }
-        return;
-    }
-    case WPI_Q8_0:
-    case WPI_Q4_0:
-    case WPI_Q4_1:
-        for (size_t i = 0; i < n; i += 32) {
-            size_t b = (c + i) / 32;
-            __m512 w0, w1, d, m = _mm512_setzero_ps();
-            if (dtype == WPI_Q8_0) {
-                widen_q8(row + b * 34 + 2, &w0, &w1);
-                d = _mm512_set1_ps(load_f16(row + b * 34));
-            } else if (dtype == WPI_Q4_0) {
-                widen_q4(row + b * 18 + 2, 8, &w0, &w1);
-                d = _mm512_set1_ps(load_f16(row + b * 18));
-            } else {
-                widen_q4(row + b * 20 + 4, 0, &w0, &w1);
-                d = _mm512_set1_ps(load_f16(row + b * 20));
-                m = _mm512_set1_ps(load_f16(row + b * 20 + 2));
-            }
-            _mm512_store_ps(out + i, _mm512_fmadd_ps(d, w0, m));
-            _mm512_store_ps(out + i + 16, _mm512_fmadd_ps(d, w1, m));
-        }
-        return;
-    default:
-        return;
-    }
+    return row_half((const uint16_t *)row, x, n, 1);
 }
+
+/* ---- several tokens: dequantize a chunk once, apply it to every token ------------- */
+
+/* Half-precision columns [c, c + n) as floats; out has room for a whole last vector. */
+static void dequant_f16(const uint8_t *row, size_t c, size_t n, float *out)
+{
+    const uint16_t *h = (const uint16_t *)row + c;
+    for (size_t i = 0; i < n; i += 16)
+        _mm512_store_ps(out + i, load16_f16(h + i, n - i < 16 ? n - i : 16));
+}
+
+static void dequant_bf16(const uint8_t *row, size_t c, size_t n, float *out)
+{
+    const uint16_t *h = (const uint16_t *)row + c;
+    for (size_t i = 0; i < n; i += 16)
+        _mm512_store_ps(out + i, load16_bf16(h + i, n - i < 16 ? n - i : 16));
+}
+
+/* d * w + m for the two vectors of a block, at out; then one block of each dtype. */
+static inline void store_block(float *out, __m512 d, __m512 m, __m512 w0, __m512 w1)
+{
+    _mm512_store_ps(out, _mm512_fmadd_ps(d, w0, m));
+    _mm512_store_ps(out + 16, _mm512_fmadd_ps(d, w1, m));
+}
+
+static inline void dequant_block_q8_0(const uint8_t *blk, float *out)
+{
+    __m512 w0, w1;
+    widen_q8(blk + 2, &w0, &w1);
+    store_block(out, _mm512_set1_ps(load_f16(blk)), _mm512_setzero_ps(), w0, w1);
+}
+
+static inline void dequant_block_q4_0(const uint8_t *blk, float *out)
+{
+    __m512 w0, w1;
+    widen_q4(blk + 2, 8, &w0, &w1);
+    store_block(out, _mm512_set1_ps(load_f16(blk)), _mm512_setzero_ps(), w0, w1);
+}
+
+static inline void dequant_block_q4_1(const uint8_t *blk, float *out)
+{
+    __m512 w0, w1;
+    widen_q4(blk + 4, 0, &w0, &w1);
+    __m512 d = _mm512_set1_ps(load_f16(blk)), m = _mm512_set1_ps(load_f16(blk + 2));
+    store_block(out, d, m, w0, w1);
+}
+
+WPI_DEQUANT_QUANT(dequant_q8_0, dequant_block_q8_0, 34)
+WPI_DEQUANT_QUANT(dequant_q4_0, dequant_block_q4_0, 18)
+WPI_DEQUANT_QUANT(dequant_q4_1, dequant_block_q4_1, 20)
 
 /*
- * The micro-kernel: sums of w_i[0..n) * x_t[0..n) for 2 rows x 4 tokens, one
- * accumulator per (row, token). Callers fill a ragged tile by repeating a row or token
- * pointer and dropping those sums; every (row, token) sum is formed in the same order
- * whatever its neighbours, so results never depend on how rows or tokens were grouped.
+ * The tile: sums of w_i[0..n) * x_t[0..n) for 2 rows x 4 tokens, one accumulator per
+ * (row, token). Every (row, token) sum is formed in the same order whatever its
+ * neighbours.
  */
 static void tile_2x4(const float *w0, const float *w1, const float *const xt[4], size_t n,
                      float out[2][4])
@@ -305,85 +295,25 @@ static void tile_2x4(const float *w0, const float *w1, const float *const xt[4],
     out[1][3] = _mm512_reduce_add_ps(a13);
 }
 
-static void matmul_tiled(int dtype, const void *w, size_t cols, size_t r0, size_t r1,
-                         const float *x, size_t ldx, size_t n_tok, float *y, size_t ldy)
-{
-    _Alignas(64) float buf[TILE_ROWS][CHUNK];
-    size_t rb = wpi_row_bytes(dtype, cols);
-    for (size_t rt = r0; rt < r1; rt += TILE_ROWS) {
-        size_t nr = r1 - rt < TILE_ROWS ? r1 - rt : TILE_ROWS;
-        for (size_t t = 0; t < n_tok; t++)
-            for (size_t i = 0; i < nr; i++)
-                y[t * ldy + rt + i] = 0.0f;
-        for (size_t c = 0; c < cols; c += CHUNK) {
-            size_t nc = cols - c < CHUNK ? cols - c : CHUNK;
-            const float *wr[TILE_ROWS];
-            for (size_t i = 0; i < nr; i++) {
-                const uint8_t *row = (const uint8_t *)w + (rt + i) * rb;
-                if (dtype == WPI_F32) {
-                    wr[i] = (const float *)row + c;
-                } else {
-                    dequant_chunk(dtype, row, c, nc, buf[i]);
-                    wr[i] = buf[i];
-                }
-            }
-            for (size_t t = 0; t < n_tok; t += 4) {
-                size_t nt = n_tok - t < 4 ? n_tok - t : 4;
-                const float *xt[4];
-                for (size_t k = 0; k < 4; k++)
-                    xt[k] = x + (t + (k < nt ? k : 0)) * ldx + c;
-                for (size_t i = 0; i < nr; i += 2) {
-                    float s[2][4];
-                    size_t i1 = i + 1 < nr ? i + 1 : i;
-                    tile_2x4(wr[i], wr[i1], xt, nc, s);
-                    for (size_t k = 0; k < nt; k++) {
-                        y[(t + k) * ldy + rt + i] += s[0][k];
-                        if (i1 != i)
-                            y[(t + k) * ldy + rt + i1] += s[1][k];
-                    }
-                }
-            }
-        }
-    }
-}
-
-static void matmul_any(int dtype, const void *w, size_t cols, size_t r0, size_t r1,
-                       const float *x, size_t ldx, size_t n_tok, float *y, size_t ldy)
-{
-    if (wpi_row_bytes(dtype, cols) == 0 && cols != 0)
-        return;
-    if (n_tok == 1)
-        matvec(dtype, w, cols, r0, r1, x, y);
-    else
-        matmul_tiled(dtype, w, cols, r0, r1, x, ldx, n_tok, y, ldy);
-}
-
-#define AVX512_MATMUL(name, dtype)                                                       \
-    static void name(const void *w, size_t cols, size_t r0, size_t r1, const float *x,  \
-                     size_t ldx, size_t n_tok, float *y, size_t ldy)                      \
-    {                                                                                    \
-        matmul_any(dtype, w, cols, r0, r1, x, ldx, n_tok, y, ldy);                      \
-    }
-
-AVX512_MATMUL(matmul_f32_avx512, WPI_F32)
-AVX512_MATMUL(matmul_f16_avx512, WPI_F16)
-AVX512_MATMUL(matmul_bf16_avx512, WPI_BF16)
-AVX512_MATMUL(matmul_q8_0_avx512, WPI_Q8_0)
-AVX512_MATMUL(matmul_q4_0_avx512, WPI_Q4_0)
-AVX512_MATMUL(matmul_q4_1_avx512, WPI_Q4_1)
+WPI_APPLY_TILES(apply_tiles, tile_2x4)
 
 #if defined(__clang__)
 #pragma clang attribute pop
 #endif
 
-const wpi_kernels wpi_kernels_avx512 = {
+const wpi_blocks wpi_blocks_avx512 = {
     .name = "avx512",
-    .matmul_f32 = matmul_f32_avx512,
-    .matmul_f16 = matmul_f16_avx512,
-    .matmul_bf16 = matmul_bf16_avx512,
-    .matmul_q8_0 = matmul_q8_0_avx512,
-    .matmul_q4_0 = matmul_q4_0_avx512,
-    .matmul_q4_1 = matmul_q4_1_avx512,
+    .chunk = WPI_CHUNK_MAX,
+    .row_dot = {
+        [WPI_SLOT_F32] = row_f32, [WPI_SLOT_F16] = row_f16, [WPI_SLOT_BF16] = row_bf16,
+        [WPI_SLOT_Q8_0] = row_q8_0, [WPI_SLOT_Q4_0] = row_q4_0, [WPI_SLOT_Q4_1] = row_q4_1,
+    },
+    .dequant = {
+        [WPI_SLOT_F16] = dequant_f16, [WPI_SLOT_BF16] = dequant_bf16,
+        [WPI_SLOT_Q8_0] = dequant_q8_0, [WPI_SLOT_Q4_0] = dequant_q4_0,
+        [WPI_SLOT_Q4_1] = dequant_q4_1,
+    },
+    .apply = apply_tiles,
     .dot_f32 = dot_f32_avx512,
     .axpy_f32 = axpy_f32_avx512,
 };

@@ -1,34 +1,27 @@
 /*
- * kernels_neon.c -- AArch64 Advanced SIMD (NEON) variants of the matmul, dot and axpy
- * kernels.
+ * kernels_neon.c -- AArch64 Advanced SIMD (NEON) block kernels for the matmul, and dot
+ * and axpy.
  *
  * ASIMD is part of the AArch64 base architecture, so this file needs no target
  * attribute: it compiles on every AArch64 build and to an empty table-less unit
- * elsewhere. The same two paths as kernels_avx2.c, 4 lanes wide:
- *   n_tok == 1 (decode): per row, each 32-weight block is widened to float in registers
- *     (int8/nibbles -> int16 -> int32 -> float), dotted with x, scaled by the block's d
- *     and added to one of two accumulators (even and odd blocks).
- *   n_tok >= 2 (prefill): a tile of up to TILE_ROWS rows is dequantized CHUNK columns
- *     at a time into a stack buffer, then applied to every token, 2 rows x 4 tokens per
- *     register tile, so each weight is decoded once per call.
+ * elsewhere. The same block kernels as kernels_avx2.c, for matmul.c's driver
+ * (blocks.h), 4 lanes wide: for one token, per row, each 32-weight block is widened to
+ * float in registers (int8/nibbles -> int16 -> int32 -> float), dotted with x, scaled by
+ * the block's d and added to one of two accumulators (even and odd blocks); for several,
+ * a chunk dequantizer per dtype and a 2 rows x 4 tokens tile.
  * Activations stay float32 and weights are never requantized, so the dot-product
  * instructions (SDOT/UDOT, int8 x int8) have nothing to do here; wpi_cpu_has_dotprod()
  * reports them for a kernel with 8-bit activations.
- * Each row's arithmetic is the same whatever row range it sits in, so splitting rows
- * across threads never changes a result.
  */
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
-#include "kernels/kernels.h"
+#include "kernels/blocks.h"
 
 #if defined(__aarch64__)
 
 #include <arm_neon.h>
-
-#define CHUNK 512    /* columns dequantized at a time: 2 KiB of floats per row */
-#define TILE_ROWS 8  /* rows sharing one pass over the tokens' x chunk */
 
 /* ---- helpers --------------------------------------------------------------------- */
 
@@ -148,12 +141,18 @@ static void axpy_f32_neon(float a, const float *x, float *y, size_t n)
     }
 }
 
-/* ---- n_tok == 1: one row against one x, straight from the stored weights --------- */
+/* ---- one token: one row against one x, straight from the stored weights --------- */
+
+static float row_f32(const uint8_t *row, const float *x, size_t n)
+{
+    return dot_f32_neon((const float *)row, x, n);
+}
 
 /* A row of halves (f16 or bf16) dotted with x: 8 halves per step, 2 accumulators. */
 #define ROW_HALF(name, cvt)                                                              \
-    static float name(const uint16_t *w, const float *x, size_t n)                       \
+    static float name(const uint8_t *row, const float *x, size_t n)                      \
     {                                                                                    \
+        const uint16_t *w = (const uint16_t *)row;                                       \
         float32x4_t s0 = vdupq_n_f32(0.0f), s1 = s0, s2 = s0, s3 = s0;                   \
         size_t i = 0;                                                                    \
         for (; i + 16 <= n; i += 16) {                                                   \
@@ -200,93 +199,65 @@ static inline float32x4_t block_q4_1(const uint8_t *blk, const float *x, float32
     return vfmaq_n_f32(acc, block_dot(w, x), load_f16(blk));
 }
 
-/* Even blocks into one accumulator, odd into another: two independent add chains. */
-#define ROW_QUANT(name, block_fn, bytes)                                                 \
-    static float name(const uint8_t *row, const float *x, size_t nb)                     \
-    {                                                                                    \
-        float32x4_t e = vdupq_n_f32(0.0f), o = e;                                        \
-        size_t b = 0;                                                                    \
-        for (; b + 2 <= nb; b += 2) {                                                    \
-            e = block_fn(row + b * (bytes), x + b * 32, e);                              \
-            o = block_fn(row + (b + 1) * (bytes), x + (b + 1) * 32, o);                  \
-        }                                                                                \
-        if (b < nb)                                                                      \
-            e = block_fn(row + b * (bytes), x + b * 32, e);                              \
-        return vaddvq_f32(vaddq_f32(e, o));                                              \
-    }
+/* blocks.h's even/odd row loop over this file's vectors. */
+#define ROW_QUANT(name, block_fn, bytes) \
+    WPI_ROW_QUANT(name, block_fn, bytes, float32x4_t, vdupq_n_f32(0.0f), vaddq_f32, vaddvq_f32)
 
 ROW_QUANT(row_q8_0, block_q8_0, 34)
 ROW_QUANT(row_q4_0, block_q4_0, 18)
 ROW_QUANT(row_q4_1, block_q4_1, 20)
 
-static void matvec(int dtype, const void *w, size_t cols, size_t r0, size_t r1,
-                   const float *x, float *y)
-{
-    size_t rb = wpi_row_bytes(dtype, cols);
-    for (size_t r = r0; r < r1; r++) {
-        const uint8_t *row = (const uint8_t *)w + r * rb;
-        switch (dtype) {
-        case WPI_F32: y[r] = dot_f32_neon((const float *)row, x, cols); break;
-        case WPI_F16: y[r] = row_f16((const uint16_t *)row, x, cols); break;
-        case WPI_BF16: y[r] = row_bf16((const uint16_t *)row, x, cols); break;
-        case WPI_Q8_0: y[r] = row_q8_0(row, x, cols / 32); break;
-        case WPI_Q4_0: y[r] = row_q4_0(row, x, cols / 32); break;
-        case WPI_Q4_1: y[r] = row_q4_1(row, x, cols / 32); break;
-        default: break;
-        }
+/* ---- several tokens: dequantize a chunk once, apply it to every token ------------- */
+
+/* Half-precision columns [c, c + n) as floats; out has room for a whole last vector. */
+#define DEQUANT_HALF(name, cvt)                                                          \
+    static void name(const uint8_t *row, size_t c, size_t n, float *out)                 \
+    {                                                                                    \
+        const uint16_t *h = (const uint16_t *)row + c;                                   \
+        for (size_t i = 0; i < n; i += 4)                                                \
+            vst1q_f32(out + i, cvt(load4_u16(h + i, n - i)));                            \
     }
+
+DEQUANT_HALF(dequant_f16, cvt_f16)
+DEQUANT_HALF(dequant_bf16, cvt_bf16)
+
+/* d * w + m for the eight vectors of a block, at out; then one block of each dtype. */
+static inline void store_block(float *out, float d, float m, const float32x4_t w[8])
+{
+    float32x4_t vm = vdupq_n_f32(m);
+    for (int k = 0; k < 8; k++)
+        vst1q_f32(out + 4 * k, vfmaq_n_f32(vm, w[k], d));
 }
 
-/* ---- n_tok >= 2: dequantize a chunk once, apply it to every token ----------------- */
-
-/* Columns [c, c + n) of a row as floats into out (n <= CHUNK; quantized: c, n % 32 == 0).
- * out has room for a whole last vector. */
-static void dequant_chunk(int dtype, const uint8_t *row, size_t c, size_t n, float *out)
+static inline void dequant_block_q8_0(const uint8_t *blk, float *out)
 {
-    switch (dtype) {
-    case WPI_F16:
-    case WPI_BF16: {
-        const uint16_t *h = (const uint16_t *)row + c;
-        for (size_t i = 0; i < n; i += 4) {
-            uint16x4_t v = load4_u16(h + i, n - i);
-            vst1q_f32(out + i, dtype == WPI_F16 ? cvt_f16(v) : cvt_bf16(v));
-        }
-        return;
-    }
-    case WPI_Q8_0:
-    case WPI_Q4_0:
-    case WPI_Q4_1:
-        for (size_t i = 0; i < n; i += 32) {
-            size_t b = (c + i) / 32;
-            float32x4_t w[8];
-            float d, m = 0.0f;
-            if (dtype == WPI_Q8_0) {
-                widen_q8(row + b * 34 + 2, w);
-                d = load_f16(row + b * 34);
-            } else if (dtype == WPI_Q4_0) {
-                widen_q4(row + b * 18 + 2, 8, w);
-                d = load_f16(row + b * 18);
-            } else {
-                widen_q4(row + b * 20 + 4, 0, w);
-                d = load_f16(row + b * 20);
-                m = load_f16(row + b * 20 + 2);
-            }
-            float32x4_t vm = vdupq_n_f32(m);
-            for (int k = 0; k < 8; k++)
-                vst1q_f32(out + i + 4 * k, vfmaq_n_f32(vm, w[k], d));
-        }
-        return;
-    default:
-        return;
-    }
+    float32x4_t w[8];
+    widen_q8(blk + 2, w);
+    store_block(out, load_f16(blk), 0.0f, w);
 }
+
+static inline void dequant_block_q4_0(const uint8_t *blk, float *out)
+{
+    float32x4_t w[8];
+    widen_q4(blk + 2, 8, w);
+    store_block(out, load_f16(blk), 0.0f, w);
+}
+
+static inline void dequant_block_q4_1(const uint8_t *blk, float *out)
+{
+    float32x4_t w[8];
+    widen_q4(blk + 4, 0, w);
+    store_block(out, load_f16(blk), load_f16(blk + 2), w);
+}
+
+WPI_DEQUANT_QUANT(dequant_q8_0, dequant_block_q8_0, 34)
+WPI_DEQUANT_QUANT(dequant_q4_0, dequant_block_q4_0, 18)
+WPI_DEQUANT_QUANT(dequant_q4_1, dequant_block_q4_1, 20)
 
 /*
- * The micro-kernel: sums of w_i[0..n) * x_t[0..n) for 2 rows x 4 tokens, one
- * accumulator per (row, token): 8 independent FMA chains. Callers fill a ragged tile by
- * repeating a row or token pointer and dropping those sums; every (row, token) sum is
- * formed in the same order whatever its neighbours, so results never depend on how
- * rows or tokens were grouped.
+ * The tile: sums of w_i[0..n) * x_t[0..n) for 2 rows x 4 tokens, one accumulator per
+ * (row, token): 8 independent FMA chains. Every (row, token) sum is formed in the same
+ * order whatever its neighbours.
  */
 static void tile_2x4(const float *w0, const float *w1, const float *const xt[4], size_t n,
                      float out[2][4])
@@ -317,81 +288,21 @@ static void tile_2x4(const float *w0, const float *w1, const float *const xt[4],
             out[r][t] = vaddvq_f32(a[r][t]);
 }
 
-static void matmul_tiled(int dtype, const void *w, size_t cols, size_t r0, size_t r1,
-                         const float *x, size_t ldx, size_t n_tok, float *y, size_t ldy)
-{
-    _Alignas(16) float buf[TILE_ROWS][CHUNK];
-    size_t rb = wpi_row_bytes(dtype, cols);
-    for (size_t rt = r0; rt < r1; rt += TILE_ROWS) {
-        size_t nr = r1 - rt < TILE_ROWS ? r1 - rt : TILE_ROWS;
-        for (size_t t = 0; t < n_tok; t++)
-            for (size_t i = 0; i < nr; i++)
-                y[t * ldy + rt + i] = 0.0f;
-        for (size_t c = 0; c < cols; c += CHUNK) {
-            size_t nc = cols - c < CHUNK ? cols - c : CHUNK;
-            const float *wr[TILE_ROWS];
-            for (size_t i = 0; i < nr; i++) {
-                const uint8_t *row = (const uint8_t *)w + (rt + i) * rb;
-                if (dtype == WPI_F32) {
-                    wr[i] = (const float *)row + c;
-                } else {
-                    dequant_chunk(dtype, row, c, nc, buf[i]);
-                    wr[i] = buf[i];
-                }
-            }
-            for (size_t t = 0; t < n_tok; t += 4) {
-                size_t nt = n_tok - t < 4 ? n_tok - t : 4;
-                const float *xt[4];
-                for (size_t k = 0; k < 4; k++)
-                    xt[k] = x + (t + (k < nt ? k : 0)) * ldx + c;
-                for (size_t i = 0; i < nr; i += 2) {
-                    float s[2][4];
-                    size_t i1 = i + 1 < nr ? i + 1 : i;
-                    tile_2x4(wr[i], wr[i1], xt, nc, s);
-                    for (size_t k = 0; k < nt; k++) {
-                        y[(t + k) * ldy + rt + i] += s[0][k];
-                        if (i1 != i)
-                            y[(t + k) * ldy + rt + i1] += s[1][k];
-                    }
-                }
-            }
-        }
-    }
-}
+WPI_APPLY_TILES(apply_tiles, tile_2x4)
 
-static void matmul_any(int dtype, const void *w, size_t cols, size_t r0, size_t r1,
-                       const float *x, size_t ldx, size_t n_tok, float *y, size_t ldy)
-{
-    if (wpi_row_bytes(dtype, cols) == 0 && cols != 0)
-        return;
-    if (n_tok == 1)
-        matvec(dtype, w, cols, r0, r1, x, y);
-    else
-        matmul_tiled(dtype, w, cols, r0, r1, x, ldx, n_tok, y, ldy);
-}
-
-#define NEON_MATMUL(name, dtype)                                                         \
-    static void name(const void *w, size_t cols, size_t r0, size_t r1, const float *x,  \
-                     size_t ldx, size_t n_tok, float *y, size_t ldy)                      \
-    {                                                                                    \
-        matmul_any(dtype, w, cols, r0, r1, x, ldx, n_tok, y, ldy);                      \
-    }
-
-NEON_MATMUL(matmul_f32_neon, WPI_F32)
-NEON_MATMUL(matmul_f16_neon, WPI_F16)
-NEON_MATMUL(matmul_bf16_neon, WPI_BF16)
-NEON_MATMUL(matmul_q8_0_neon, WPI_Q8_0)
-NEON_MATMUL(matmul_q4_0_neon, WPI_Q4_0)
-NEON_MATMUL(matmul_q4_1_neon, WPI_Q4_1)
-
-const wpi_kernels wpi_kernels_neon = {
+const wpi_blocks wpi_blocks_neon = {
     .name = "neon",
-    .matmul_f32 = matmul_f32_neon,
-    .matmul_f16 = matmul_f16_neon,
-    .matmul_bf16 = matmul_bf16_neon,
-    .matmul_q8_0 = matmul_q8_0_neon,
-    .matmul_q4_0 = matmul_q4_0_neon,
-    .matmul_q4_1 = matmul_q4_1_neon,
+    .chunk = WPI_CHUNK_MAX,
+    .row_dot = {
+        [WPI_SLOT_F32] = row_f32, [WPI_SLOT_F16] = row_f16, [WPI_SLOT_BF16] = row_bf16,
+        [WPI_SLOT_Q8_0] = row_q8_0, [WPI_SLOT_Q4_0] = row_q4_0, [WPI_SLOT_Q4_1] = row_q4_1,
+    },
+    .dequant = {
+        [WPI_SLOT_F16] = dequant_f16, [WPI_SLOT_BF16] = dequant_bf16,
+        [WPI_SLOT_Q8_0] = dequant_q8_0, [WPI_SLOT_Q4_0] = dequant_q4_0,
+        [WPI_SLOT_Q4_1] = dequant_q4_1,
+    },
+    .apply = apply_tiles,
     .dot_f32 = dot_f32_neon,
     .axpy_f32 = axpy_f32_neon,
 };

@@ -1,5 +1,5 @@
 /*
- * kernels_ref.c -- the portable reference of every kernel in kernels.h.
+ * kernels_ref.c -- the portable reference block kernels (blocks.h), and the formats.
  *
  * Plain scalar C, written for reading, not speed: the SIMD variants are tested against
  * it, and it is the kernel set of last resort on any CPU. Also owns the block formats
@@ -16,6 +16,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "kernels/blocks.h"
 #include "kernels/kernels.h"
 
 /* ---- data types ------------------------------------------------------------------ */
@@ -319,48 +320,59 @@ size_t wpi_quant_row(int dtype, const float *in, void *out, size_t cols)
     return bytes;
 }
 
-/* ---- matmul ---------------------------------------------------------------------- */
+/* ---- matmul blocks (matmul.c's driver) --------------------------------------- */
 
-/* Y = X * W^T, rows [r0, r1): each 32-weight span of a row is dequantized once and
- * applied to every token; per token, a float sum per span is added into y. */
-static void matmul_ref(int dtype, const void *w, size_t cols, size_t r0, size_t r1,
-                       const float *x, size_t ldx, size_t n_tok, float *y, size_t ldy)
+/* One row against one x: each 32-weight span is dequantized, its float sum formed in
+ * order and added to the row's sum. */
+static float row_dot(int dtype, const uint8_t *row, const float *x, size_t cols)
 {
-    size_t rb = wpi_row_bytes(dtype, cols);
-    if (rb == 0 && cols != 0)
-        return;
-    for (size_t r = r0; r < r1; r++) {
-        const uint8_t *row = (const uint8_t *)w + r * rb;
-        for (size_t t = 0; t < n_tok; t++)
-            y[t * ldy + r] = 0.0f;
-        for (size_t c = 0; c < cols; c += WPI_QK) {
-            float span[WPI_QK];
-            size_t n = cols - c < WPI_QK ? cols - c : WPI_QK;
-            dequant_span(dtype, row, c, n, span);
-            for (size_t t = 0; t < n_tok; t++) {
-                const float *xt = x + t * ldx + c;
-                float s = 0.0f;
-                for (size_t j = 0; j < n; j++)
-                    s += span[j] * xt[j];
-                y[t * ldy + r] += s;
-            }
+    float y = 0.0f;
+    for (size_t c = 0; c < cols; c += WPI_QK) {
+        float span[WPI_QK];
+        size_t n = cols - c < WPI_QK ? cols - c : WPI_QK;
+        dequant_span(dtype, row, c, n, span);
+        float s = 0.0f;
+        for (size_t j = 0; j < n; j++)
+            s += span[j] * x[c + j];
+        y += s;
+    }
+    return y;
+}
+
+/* The table's chunk is one span, so the driver's tiled path adds the same span sums in
+ * the same order as row_dot: a row's result does not depend on the token count. */
+static void tile_2x4_ref(const float *w0, const float *w1, const float *const xt[4],
+                         size_t n, float out[2][4])
+{
+    for (int i = 0; i < 2; i++) {
+        const float *wi = i ? w1 : w0;
+        for (int t = 0; t < 4; t++) {
+            float s = 0.0f;
+            for (size_t j = 0; j < n; j++)
+                s += wi[j] * xt[t][j];
+            out[i][t] = s;
         }
     }
 }
 
-#define REF_MATMUL(name, dtype)                                                          \
-    static void name(const void *w, size_t cols, size_t r0, size_t r1, const float *x,  \
-                     size_t ldx, size_t n_tok, float *y, size_t ldy)                      \
+WPI_APPLY_TILES(apply_tiles, tile_2x4_ref)
+
+#define REF_DTYPE(sfx, dtype)                                                            \
+    static float row_dot_##sfx(const uint8_t *row, const float *x, size_t cols)          \
     {                                                                                    \
-        matmul_ref(dtype, w, cols, r0, r1, x, ldx, n_tok, y, ldy);                      \
+        return row_dot(dtype, row, x, cols);                                             \
+    }                                                                                    \
+    static void dequant_##sfx(const uint8_t *row, size_t c, size_t n, float *out)        \
+    {                                                                                    \
+        dequant_span(dtype, row, c, n, out);                                             \
     }
 
-REF_MATMUL(matmul_f32_ref, WPI_F32)
-REF_MATMUL(matmul_f16_ref, WPI_F16)
-REF_MATMUL(matmul_bf16_ref, WPI_BF16)
-REF_MATMUL(matmul_q8_0_ref, WPI_Q8_0)
-REF_MATMUL(matmul_q4_0_ref, WPI_Q4_0)
-REF_MATMUL(matmul_q4_1_ref, WPI_Q4_1)
+REF_DTYPE(f32, WPI_F32)
+REF_DTYPE(f16, WPI_F16)
+REF_DTYPE(bf16, WPI_BF16)
+REF_DTYPE(q8_0, WPI_Q8_0)
+REF_DTYPE(q4_0, WPI_Q4_0)
+REF_DTYPE(q4_1, WPI_Q4_1)
 
 static float dot_f32_ref(const float *a, const float *b, size_t n)
 {
@@ -376,14 +388,20 @@ static void axpy_f32_ref(float a, const float *x, float *y, size_t n)
         y[i] += a * x[i];
 }
 
-const wpi_kernels wpi_kernels_ref = {
+const wpi_blocks wpi_blocks_ref = {
     .name = "scalar",
-    .matmul_f32 = matmul_f32_ref,
-    .matmul_f16 = matmul_f16_ref,
-    .matmul_bf16 = matmul_bf16_ref,
-    .matmul_q8_0 = matmul_q8_0_ref,
-    .matmul_q4_0 = matmul_q4_0_ref,
-    .matmul_q4_1 = matmul_q4_1_ref,
+    .chunk = WPI_QK,
+    .row_dot = {
+        [WPI_SLOT_F32] = row_dot_f32, [WPI_SLOT_F16] = row_dot_f16,
+        [WPI_SLOT_BF16] = row_dot_bf16, [WPI_SLOT_Q8_0] = row_dot_q8_0,
+        [WPI_SLOT_Q4_0] = row_dot_q4_0, [WPI_SLOT_Q4_1] = row_dot_q4_1,
+    },
+    .dequant = {
+        [WPI_SLOT_F32] = dequant_f32, [WPI_SLOT_F16] = dequant_f16,
+        [WPI_SLOT_BF16] = dequant_bf16, [WPI_SLOT_Q8_0] = dequant_q8_0,
+        [WPI_SLOT_Q4_0] = dequant_q4_0, [WPI_SLOT_Q4_1] = dequant_q4_1,
+    },
+    .apply = apply_tiles,
     .dot_f32 = dot_f32_ref,
     .axpy_f32 = axpy_f32_ref,
 };

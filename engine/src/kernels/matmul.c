@@ -1,0 +1,120 @@
+/*
+ * matmul.c -- the one matmul driver, and the kernel sets of kernels.h built on it.
+ *
+ * ISA-neutral: every loop of Y = X * W^T lives here, and the arithmetic comes from a
+ * block-kernel table (blocks.h) that an ISA file fills. Two paths, both with float32
+ * activations (weights are never requantized, nor are activations):
+ *   n_tok == 1 (decode): each row of [r0, r1) is dotted with x straight from the stored
+ *     weights by the table's row kernel of the dtype.
+ *   n_tok >= 2 (prefill): a tile of up to WPI_TILE_ROWS rows is dequantized `chunk`
+ *     columns at a time into a stack buffer (f32 rows are read in place), then the
+ *     table's apply kernel adds every token's chunk sums into y (2 rows x 4 tokens per
+ *     tile), so each weight is decoded once per call.
+ * Each row's arithmetic is the same whatever row range or tile it sits in, so splitting
+ * rows across threads never changes a result.
+ */
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/blocks.h"
+#include "kernels/kernels.h"
+
+static void matvec(const wpi_blocks *b, int slot, const uint8_t *w, size_t rb, size_t cols,
+                   size_t r0, size_t r1, const float *x, float *y)
+{
+    if (b->rows_dot[slot]) {
+        b->rows_dot[slot](w + r0 * rb, rb, r1 - r0, x, cols, y + r0);
+        return;
+    }
+    wpi_row_dot_fn dot = b->row_dot[slot];
+    for (size_t r = r0; r < r1; r++)
+        y[r] = dot(w + r * rb, x, cols);
+}
+
+static void matmul_tiled(const wpi_blocks *b, int slot, const uint8_t *w, size_t rb,
+                         size_t cols, size_t r0, size_t r1, const float *x, size_t ldx,
+                         size_t n_tok, float *y, size_t ldy)
+{
+    _Alignas(WPI_BUF_ALIGN) float buf[WPI_TILE_ROWS][WPI_CHUNK_MAX];
+    wpi_dequant_fn dequant = b->dequant[slot];
+    size_t chunk = b->chunk;
+    for (size_t rt = r0; rt < r1; rt += WPI_TILE_ROWS) {
+        size_t nr = r1 - rt < WPI_TILE_ROWS ? r1 - rt : WPI_TILE_ROWS;
+        for (size_t t = 0; t < n_tok; t++)
+            for (size_t i = 0; i < nr; i++)
+                y[t * ldy + rt + i] = 0.0f;
+        for (size_t c = 0; c < cols; c += chunk) {
+            size_t nc = cols - c < chunk ? cols - c : chunk;
+            const float *wr[WPI_TILE_ROWS];
+            for (size_t i = 0; i < nr; i++) {
+                const uint8_t *row = w + (rt + i) * rb;
+                if (slot == WPI_SLOT_F32) {
+                    wr[i] = (const float *)row + c;
+                } else {
+                    dequant(row, c, nc, buf[i]);
+                    wr[i] = buf[i];
+                }
+            }
+            b->apply(wr, nr, x + c, ldx, n_tok, nc, y + rt, ldy);
+        }
+    }
+}
+
+static void matmul(const wpi_blocks *b, int slot, int dtype, const void *w, size_t cols,
+                   size_t r0, size_t r1, const float *x, size_t ldx, size_t n_tok, float *y,
+                   size_t ldy)
+{
+    size_t rb = wpi_row_bytes(dtype, cols);
+    if (rb == 0 && cols != 0)
+        return;
+    if (n_tok == 1)
+        matvec(b, slot, w, rb, cols, r0, r1, x, y);
+    else
+        matmul_tiled(b, slot, w, rb, cols, r0, r1, x, ldx, n_tok, y, ldy);
+}
+
+/* The kernels.h set wpi_kernels_<isa>, named label, over the block table
+ * wpi_blocks_<isa>: one matmul entry per dtype, and dot and axpy passed through. */
+#define MATMUL_ENTRY(isa, sfx, slot, dtype)                                              \
+    static void matmul_##sfx##_##isa(const void *w, size_t cols, size_t r0, size_t r1,  \
+                                     const float *x, size_t ldx, size_t n_tok, float *y, \
+                                     size_t ldy)                                         \
+    {                                                                                    \
+        matmul(&wpi_blocks_##isa, slot, dtype, w, cols, r0, r1, x, ldx, n_tok, y, ldy);  \
+    }
+
+#define KERNEL_SET(isa, label)                                                           \
+    MATMUL_ENTRY(isa, f32, WPI_SLOT_F32, WPI_F32)                                        \
+    MATMUL_ENTRY(isa, f16, WPI_SLOT_F16, WPI_F16)                                        \
+    MATMUL_ENTRY(isa, bf16, WPI_SLOT_BF16, WPI_BF16)                                     \
+    MATMUL_ENTRY(isa, q8_0, WPI_SLOT_Q8_0, WPI_Q8_0)                                     \
+    MATMUL_ENTRY(isa, q4_0, WPI_SLOT_Q4_0, WPI_Q4_0)                                     \
+    MATMUL_ENTRY(isa, q4_1, WPI_SLOT_Q4_1, WPI_Q4_1)                                     \
+    static float dot_f32_##isa(const float *a, const float *b, size_t n)                 \
+    {                                                                                    \
+        return wpi_blocks_##isa.dot_f32(a, b, n);                                        \
+    }                                                                                    \
+    static void axpy_f32_##isa(float a, const float *x, float *y, size_t n)              \
+    {                                                                                    \
+        wpi_blocks_##isa.axpy_f32(a, x, y, n);                                           \
+    }                                                                                    \
+    const wpi_kernels wpi_kernels_##isa = {                                              \
+        .name = label,                                                                   \
+        .matmul_f32 = matmul_f32_##isa,                                                  \
+        .matmul_f16 = matmul_f16_##isa,                                                  \
+        .matmul_bf16 = matmul_bf16_##isa,                                                \
+        .matmul_q8_0 = matmul_q8_0_##isa,                                                \
+        .matmul_q4_0 = matmul_q4_0_##isa,                                                \
+        .matmul_q4_1 = matmul_q4_1_##isa,                                                \
+        .dot_f32 = dot_f32_##isa,                                                        \
+        .axpy_f32 = axpy_f32_##isa,                                                      \
+    };
+
+KERNEL_SET(ref, "scalar")
+#if defined(__x86_64__)
+KERNEL_SET(avx2, "avx2")
+KERNEL_SET(avx512, "avx512")
+#endif
+#if defined(__aarch64__)
+KERNEL_SET(neon, "neon")
+#endif
