@@ -433,21 +433,33 @@ def check_state_resumes_decode(container: Path, tmp_path: Path) -> None:
         assert np.array_equal(decode(eng), uninterrupted)
 
 
-def check_state_replaces_other_state(hf_dir: Path, tmp_path: Path) -> None:
-    """State saved after the prompt, loaded over some other state, gives the same logits."""
+def check_state_replaces_other_state(hf_dir: Path, tmp_path: Path,
+                                     prompt: list[int] = PROMPT,
+                                     cont: tuple[int, ...] = (7, 8, 9, 10), other: int = 5,
+                                     generate: int = 0) -> None:
+    """State saved after `prompt`, loaded over the state of prompt[:other], gives the same
+    logits on `cont`; with `generate`, loaded again, the same greedy continuation of that
+    many tokens."""
     from warp_providers import Engine
 
     out = convert_to(hf_dir, tmp_path / "st.warp", experts="f32", trunk="f32")
     with Engine.open(out, threads=2) as eng:
-        eng.eval(PROMPT)
+        eng.eval(prompt)
         eng.save_state(tmp_path / "s.state")
-        want = [eng.eval([t]) for t in (7, 8, 9, 10)]
+        want = [eng.eval([t]) for t in cont]
+        if generate:
+            want_gen = eng.generate(prompt, max_tokens=generate, stop_ids=[]).token_ids
     with Engine.open(out, threads=2) as eng:
-        eng.eval(PROMPT[:5])  # some other state, replaced by the load
+        eng.eval(prompt[:other])  # some other state, replaced by the load
         eng.load_state(tmp_path / "s.state")
-        got = [eng.eval([t]) for t in (7, 8, 9, 10)]
+        got = [eng.eval([t]) for t in cont]
+        if generate:
+            eng.load_state(tmp_path / "s.state")
+            got_gen = eng.generate(prompt, max_tokens=generate, stop_ids=[]).token_ids
     for a, b in zip(want, got):
         assert np.array_equal(a, b)
+    if generate:
+        assert got_gen == want_gen
 
 
 def check_plan_state_bytes(hf_dir: Path, tmp_path: Path,
@@ -515,3 +527,200 @@ def check_draw_changes_selections(model: Any, name: str, need_groups: bool) -> N
 def require_gguf() -> None:
     """The quantization reference (gguf's quantize/dequantize) must be importable."""
     requires(has_module("gguf"), "gguf (quantization reference)")
+
+
+# --------------------------------------------------------------------------- shared suites
+# The fixtures and tests that several `oracle/test_<model_type>.py` modules run unchanged,
+# written once. Each factory returns them in a tuple the module binds to module-level
+# names (the names pytest collects, so the test ids are the module's own); tests a module
+# alone runs stay in that module.
+
+HandStateBytes = Callable[..., dict[str, int]]
+
+
+def decoder_suite(configs: dict[str, Callable[[], Any]], seeds: dict[str, int],
+                  exact: tuple[str, str, str]) -> tuple[Callable[..., Any], ...]:
+    """The `saved_models` decoders: (models fixture, test_f32_matches_transformers,
+    test_q8_0_same_greedy_and_small_kl, test_q4_0_experts_kl,
+    test_quantized_container_is_exact_on_its_own_weights).
+
+    F32 max |dlogit| <= 1e-4 at every position of a 32-token prompt and over 16
+    incremental decode steps with the KV cache; Q8_0 the same 16-token greedy continuation
+    and mean KL <= 1e-3; Q4_0 experts mean KL <= 3e-2; the engine's exactness on the
+    quantize -> dequantize weights, for the (arch, experts, trunk) of `exact`.
+    """
+    import pytest
+
+    archs = list(configs)
+
+    @pytest.fixture(scope="module")
+    def models(oracle_env, tmp_path_factory):
+        """name -> (torch model, HF dir); built once per module."""
+        return saved_models(configs, tmp_path_factory, seeds)
+
+    @pytest.mark.oracle
+    @pytest.mark.parametrize("arch", archs)
+    def test_f32_matches_transformers(arch, models, tmp_path):
+        check_f32_converted(*models[arch], tmp_path, arch)
+
+    @pytest.mark.oracle
+    @pytest.mark.parametrize("arch", archs)
+    def test_q8_0_same_greedy_and_small_kl(arch, models, tmp_path):
+        check_q8_0_converted(*models[arch], tmp_path, arch)
+
+    @pytest.mark.oracle
+    @pytest.mark.parametrize("arch", archs)
+    def test_q4_0_experts_kl(arch, models, tmp_path):
+        check_q4_0_experts_kl(*models[arch], tmp_path, arch)
+
+    @pytest.mark.oracle
+    @pytest.mark.parametrize("arch,experts,trunk", [exact])
+    def test_quantized_container_is_exact_on_its_own_weights(arch, experts, trunk, models,
+                                                            tmp_path):
+        check_exact_on_quantized(*models[arch], tmp_path, experts, trunk, arch)
+
+    return (models, test_f32_matches_transformers, test_q8_0_same_greedy_and_small_kl,
+            test_q4_0_experts_kl, test_quantized_container_is_exact_on_its_own_weights)
+
+
+def quant_dequant_q8_keeping_gate(model: Any) -> Any:
+    """A copy whose matrices went through Q8_0 quantize -> dequantize (routers kept f32)."""
+    return quant_dequant(model, "q8_0", experts_only=False, routers=("mlp.gate.weight",))
+
+
+def _q8_0_tests(archs: list[str], qdq: Callable[[Any], Any]) -> tuple[Callable[..., Any], ...]:
+    """(test_q8_0_same_greedy_and_small_kl, test_q8_0_container_is_exact_on_its_own_weights)
+    over the `referenced_models` fixture, `qdq(model)` giving the model on the Q8_0
+    quantize -> dequantize of the weights its container stores."""
+    import pytest
+
+    @pytest.mark.oracle
+    @pytest.mark.parametrize("arch", archs)
+    def test_q8_0_same_greedy_and_small_kl(arch, models, tmp_path):
+        check_q8_0_against(models[arch], tmp_path, qdq(models[arch][0]), arch)
+
+    @pytest.mark.oracle
+    @pytest.mark.parametrize("arch", archs)
+    def test_q8_0_container_is_exact_on_its_own_weights(arch, models, tmp_path):
+        """The engine computes exactly on Q8_0 blocks: the same logits as transformers
+        running the quantize -> dequantize of the same weights (an absorbed MLA reads kv_b
+        in its Q8_0 blocks), and the same greedy continuation."""
+        require_gguf()
+        model, hf_dir = models[arch][:2]
+        check_q8_0_exact(hf_dir, tmp_path, qdq(model), "q8.warp", arch)
+
+    return test_q8_0_same_greedy_and_small_kl, test_q8_0_container_is_exact_on_its_own_weights
+
+
+def routed_suite(configs: dict[str, Callable[[], Any]], seeds: dict[str, int],
+                 routing_bias_std: float, hand_state_bytes: HandStateBytes,
+                 ) -> tuple[Callable[..., Any], ...]:
+    """The sigmoid-routed decoders with a selection bias, checked on one F32 container per
+    draw: (models fixture, f32_containers fixture, test_f32_matches_transformers,
+    test_q8_0_same_greedy_and_small_kl, test_q8_0_container_is_exact_on_its_own_weights,
+    test_streaming_at_floor_bit_identical, test_state_roundtrip_continues_identically,
+    test_plan_kv_bytes_by_hand). `hand_state_bytes(config, ctx)` is the plan's
+    state_bytes worked out by hand; kv_bytes must be their sum."""
+    import pytest
+
+    archs = list(configs)
+
+    @pytest.fixture(scope="module")
+    def models(oracle_env, tmp_path_factory):
+        """name -> (torch model, HF dir, reference prompt logits, greedy tokens, step logits)."""
+        return referenced_models(configs, tmp_path_factory, seeds, std=STD,
+                                 routing_bias_std=routing_bias_std)
+
+    @pytest.fixture(scope="module")
+    def f32_containers(models, tmp_path_factory):
+        return {name: convert_to(models[name][1],
+                                 tmp_path_factory.mktemp(f"w-{name}") / "m.warp",
+                                 experts="f32", trunk="f32") for name in archs}
+
+    @pytest.mark.oracle
+    @pytest.mark.parametrize("arch", archs)
+    def test_f32_matches_transformers(arch, models, f32_containers):
+        check_f32_container(f32_containers[arch], models[arch], arch)
+
+    test_q8_0_same_greedy_and_small_kl, test_q8_0_container_is_exact_on_its_own_weights = (
+        _q8_0_tests(archs, quant_dequant_q8_keeping_gate))
+
+    @pytest.mark.oracle
+    @pytest.mark.parametrize("arch", archs)
+    def test_streaming_at_floor_bit_identical(arch, f32_containers):
+        check_streaming_and_threads(f32_containers[arch])
+
+    @pytest.mark.oracle
+    @pytest.mark.parametrize("arch", archs)
+    def test_state_roundtrip_continues_identically(arch, f32_containers, tmp_path):
+        check_state_resumes_decode(f32_containers[arch], tmp_path)
+
+    @pytest.mark.oracle
+    @pytest.mark.parametrize("arch", archs)
+    def test_plan_kv_bytes_by_hand(arch, models, f32_containers):
+        from warp_providers import plan_memory
+
+        cfg = models[arch][0].config
+        out = f32_containers[arch]
+        for ctx in (64, 1000):
+            plan = plan_memory(out, ctx=ctx)
+            want = hand_state_bytes(cfg, ctx)
+            assert plan["kv_bytes"] == sum(want.values()), (arch, ctx, plan["kv_bytes"], want)
+            assert plan["state_bytes"] == want
+
+    return (models, f32_containers, test_f32_matches_transformers,
+            test_q8_0_same_greedy_and_small_kl, test_q8_0_container_is_exact_on_its_own_weights,
+            test_streaming_at_floor_bit_identical, test_state_roundtrip_continues_identically,
+            test_plan_kv_bytes_by_hand)
+
+
+def check_streaming_converted(hf_dir: Path, tmp_path: Path, steps: int) -> None:
+    """`assert_streaming_bit_identical` on the Q8_0 container of hf_dir."""
+    out = convert_to(hf_dir, tmp_path / "s.warp", experts="q8_0", trunk="q8_0")
+    assert_streaming_bit_identical(out, PROMPT, steps)
+
+
+def converted_suite(configs: dict[str, Callable[[], Any]], routing_bias_std: float,
+                    hand_state_bytes: HandStateBytes) -> tuple[Callable[..., Any], ...]:
+    """The decoders checked on a container converted per test, F32 prefill in chunks of 64
+    and 5: (models fixture, test_f32_matches_transformers,
+    test_q8_0_same_greedy_and_small_kl, test_q8_0_container_is_exact_on_its_own_weights,
+    test_streaming_at_floor_bit_identical, test_state_roundtrip_continues_identically,
+    test_plan_state_bytes), the last against `hand_state_bytes(hparams, ctx)`."""
+    import pytest
+
+    archs = list(configs)
+
+    @pytest.fixture(scope="module")
+    def models(oracle_env, tmp_path_factory):
+        return referenced_models(configs, tmp_path_factory, std=STD,
+                                 routing_bias_std=routing_bias_std)
+
+    @pytest.mark.oracle
+    @pytest.mark.parametrize("arch", archs)
+    def test_f32_matches_transformers(arch, models, tmp_path):
+        out = convert_to(models[arch][1], tmp_path / "m.warp", experts="f32", trunk="f32")
+        check_f32_container(out, models[arch], arch, chunks=(64, 5))
+
+    test_q8_0_same_greedy_and_small_kl, test_q8_0_container_is_exact_on_its_own_weights = (
+        _q8_0_tests(archs, quant_dequant_q8_stored_rows))
+
+    @pytest.mark.oracle
+    @pytest.mark.parametrize("arch", archs)
+    def test_streaming_at_floor_bit_identical(arch, models, tmp_path):
+        check_streaming_converted(models[arch][1], tmp_path, 16)
+
+    @pytest.mark.oracle
+    @pytest.mark.parametrize("arch", archs)
+    def test_state_roundtrip_continues_identically(arch, models, tmp_path):
+        check_state_replaces_other_state(models[arch][1], tmp_path)
+
+    @pytest.mark.oracle
+    @pytest.mark.parametrize("arch", archs)
+    def test_plan_state_bytes(arch, models, tmp_path):
+        check_plan_state_bytes(models[arch][1], tmp_path, hand_state_bytes)
+
+    return (models, test_f32_matches_transformers, test_q8_0_same_greedy_and_small_kl,
+            test_q8_0_container_is_exact_on_its_own_weights,
+            test_streaming_at_floor_bit_identical, test_state_roundtrip_continues_identically,
+            test_plan_state_bytes)

@@ -25,18 +25,10 @@ import pytest
 from oracle_util import (
     COMMON,
     PROMPT,
-    STD,
     check_draw_changes_selections,
-    check_f32_container,
-    check_q8_0_against,
-    check_q8_0_exact,
-    check_state_resumes_decode,
-    check_streaming_and_threads,
     convert_to,
     manifest,
-    quant_dequant,
-    referenced_models,
-    require_gguf,
+    routed_suite,
 )
 
 BIAS_STD = 0.2  # e_score_correction_bias: large enough to reorder the selection
@@ -70,29 +62,9 @@ def _deepseek_v3_plain() -> Any:
 
 
 CONFIGS = {"deepseek_v3": _deepseek_v3, "deepseek_v3_plain": _deepseek_v3_plain}
-ARCHS = list(CONFIGS)
 # The draw of each model: one that Q8_0 rounding leaves stable in transformers itself
 # (checked by assert_q8_0_matches): seed 0 of deepseek_v3 sits at mean KL 9.9e-4.
 SEEDS = {"deepseek_v3": 1}
-
-
-@pytest.fixture(scope="module")
-def models(oracle_env, tmp_path_factory):
-    """name -> (torch model, HF dir, reference prompt logits, greedy tokens, step logits)."""
-    return referenced_models(CONFIGS, tmp_path_factory, SEEDS, std=STD,
-                             routing_bias_std=BIAS_STD)
-
-
-@pytest.fixture(scope="module")
-def f32_containers(models, tmp_path_factory):
-    return {name: convert_to(models[name][1],
-                             tmp_path_factory.mktemp(f"w-{name}") / "m.warp",
-                             experts="f32", trunk="f32") for name in ARCHS}
-
-
-def _quant_dequant(model: Any) -> Any:
-    """A copy whose matrices went through Q8_0 quantize -> dequantize (routers kept f32)."""
-    return quant_dequant(model, "q8_0", experts_only=False, routers=("mlp.gate.weight",))
 
 
 @pytest.mark.oracle
@@ -102,53 +74,16 @@ def test_draws_exercise_groups_and_bias(models):
     check_draw_changes_selections(models["deepseek_v3"][0], "deepseek_v3", need_groups=True)
 
 
-@pytest.mark.oracle
-@pytest.mark.parametrize("arch", ARCHS)
-def test_f32_matches_transformers(arch, models, f32_containers):
-    check_f32_container(f32_containers[arch], models[arch], arch)
-
-
-@pytest.mark.oracle
-@pytest.mark.parametrize("arch", ARCHS)
-def test_q8_0_same_greedy_and_small_kl(arch, models, tmp_path):
-    check_q8_0_against(models[arch], tmp_path, _quant_dequant(models[arch][0]), arch)
-
-
-@pytest.mark.oracle
-@pytest.mark.parametrize("arch", ARCHS)
-def test_q8_0_container_is_exact_on_its_own_weights(arch, models, tmp_path):
-    """The Q8_0 container computes exactly what transformers computes on the quantize ->
-    dequantize of the same weights (the absorbed MLA reads kv_b in its Q8_0 blocks)."""
-    require_gguf()
-    model, hf_dir = models[arch][:2]
-    check_q8_0_exact(hf_dir, tmp_path, _quant_dequant(model), "q8.warp", arch)
-
-
-@pytest.mark.oracle
-@pytest.mark.parametrize("arch", ARCHS)
-def test_streaming_at_floor_bit_identical(arch, f32_containers):
-    check_streaming_and_threads(f32_containers[arch])
-
-
-@pytest.mark.oracle
-@pytest.mark.parametrize("arch", ARCHS)
-def test_state_roundtrip_continues_identically(arch, f32_containers, tmp_path):
-    check_state_resumes_decode(f32_containers[arch], tmp_path)
-
-
-@pytest.mark.oracle
-@pytest.mark.parametrize("arch", ARCHS)
-def test_plan_kv_bytes_by_hand(arch, models, f32_containers):
+def _hand_state_bytes(cfg: Any, ctx: int) -> dict[str, int]:
     """MLA caches kv_lora_rank + qk_rope_head_dim floats per token and layer (no V)."""
-    from warp_providers import plan_memory
+    return {"mla_latent": 4 * ctx * cfg.num_hidden_layers * (cfg.kv_lora_rank
+                                                             + cfg.qk_rope_head_dim)}
 
-    cfg = models[arch][0].config
-    out = f32_containers[arch]
-    for ctx in (64, 1000):
-        plan = plan_memory(out, ctx=ctx)
-        want = cfg.num_hidden_layers * ctx * (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * 4
-        assert plan["kv_bytes"] == want, (arch, ctx, plan["kv_bytes"], want)
-        assert plan["state_bytes"] == {"mla_latent": want}
+
+(models, f32_containers, test_f32_matches_transformers, test_q8_0_same_greedy_and_small_kl,
+ test_q8_0_container_is_exact_on_its_own_weights, test_streaming_at_floor_bit_identical,
+ test_state_roundtrip_continues_identically, test_plan_kv_bytes_by_hand,
+ ) = routed_suite(CONFIGS, SEEDS, BIAS_STD, _hand_state_bytes)
 
 
 @pytest.mark.oracle

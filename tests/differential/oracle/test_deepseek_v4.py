@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from oracle_util import assert_streaming_bit_identical
+from oracle_util import check_state_replaces_other_state, check_streaming_converted
 from oracle_util import convert_to as _convert
 from oracle_util import mean_kl as _kl
 
@@ -240,28 +240,14 @@ def test_q8_0_container_is_exact_on_its_own_weights(model, tmp_path):
 
 @pytest.mark.oracle
 def test_streaming_at_floor_bit_identical(model, tmp_path):
-    _, hf_dir, *_ = model
-    out = _convert(hf_dir, tmp_path / "s.warp", experts="q8_0", trunk="q8_0")
-    assert_streaming_bit_identical(out, PROMPT, N_DECODE)
+    check_streaming_converted(model[1], tmp_path, N_DECODE)
 
 
 @pytest.mark.oracle
 def test_state_roundtrip_continues_identically(model, tmp_path):
-    from warp_providers import Engine
-
-    _, hf_dir, *_ = model
-    out = _convert(hf_dir, tmp_path / "st.warp", experts="f32", trunk="f32")
     # 45 tokens: mid-window for both compressors, so their open windows travel too
-    with Engine.open(out, threads=2) as eng:
-        eng.eval(PROMPT[:45])
-        eng.save_state(tmp_path / "s.state")
-        want = [eng.eval([t]) for t in (7, 8, 9, 10, 11, 12, 13, 14)]
-    with Engine.open(out, threads=2) as eng:
-        eng.eval(PROMPT[:13])  # some other state, replaced by the load
-        eng.load_state(tmp_path / "s.state")
-        got = [eng.eval([t]) for t in (7, 8, 9, 10, 11, 12, 13, 14)]
-    for a, b in zip(want, got):
-        assert np.array_equal(a, b)
+    check_state_replaces_other_state(model[1], tmp_path, PROMPT[:45],
+                                     cont=(7, 8, 9, 10, 11, 12, 13, 14), other=13)
 
 
 def _hand_state_bytes(hp: dict[str, Any], ctx: int) -> dict[str, int]:

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from oracle_util import assert_streaming_bit_identical
+from oracle_util import check_state_replaces_other_state, check_streaming_converted
 from oracle_util import convert_to as _convert
 from oracle_util import mean_kl as _kl
 
@@ -271,32 +271,14 @@ def test_q8_0_same_greedy_and_small_kl(glm5, tmp_path):
 
 @pytest.mark.oracle
 def test_streaming_at_floor_bit_identical(glm5, tmp_path):
-    _, hf_dir, *_ = glm5
-    out = _convert(hf_dir, tmp_path / "s.warp", experts="q8_0", trunk="q8_0")
-    assert_streaming_bit_identical(out, PROMPT, STEPS)
+    check_streaming_converted(glm5[1], tmp_path, STEPS)
 
 
 @pytest.mark.oracle
 def test_state_roundtrip_continues_identically(glm5, tmp_path):
-    from warp_providers import Engine
-
-    _, hf_dir, *_ = glm5
-    out = _convert(hf_dir, tmp_path / "st.warp", experts="f32", trunk="f32")
-    cont = [7, 8, 9, 10, 11, 12]  # crosses a pool boundary after the 48-token prompt
-    with Engine.open(out, threads=2) as eng:
-        eng.eval(PROMPT[:45])
-        eng.save_state(tmp_path / "s.state")
-        want = [eng.eval([t]) for t in cont]
-        want_gen = eng.generate(PROMPT[:45], max_tokens=8, stop_ids=[]).token_ids
-    with Engine.open(out, threads=2) as eng:
-        eng.eval(PROMPT[:5])  # some other state, replaced by the load
-        eng.load_state(tmp_path / "s.state")
-        got = [eng.eval([t]) for t in cont]
-        eng.load_state(tmp_path / "s.state")
-        got_gen = eng.generate(PROMPT[:45], max_tokens=8, stop_ids=[]).token_ids
-    for a, b in zip(want, got):
-        assert np.array_equal(a, b)
-    assert got_gen == want_gen
+    # the continuation crosses a pool boundary after the 48-token prompt
+    check_state_replaces_other_state(glm5[1], tmp_path, PROMPT[:45],
+                                     cont=(7, 8, 9, 10, 11, 12), other=5, generate=8)
 
 
 def _hand_kv_bytes(hp: dict[str, Any], ctx: int) -> dict[str, int]:

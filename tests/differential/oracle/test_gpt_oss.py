@@ -20,19 +20,12 @@ from oracle_util import (
     PROMPT,
     STD,
     assert_matches_reference,
-    assert_streaming_bit_identical,
     build,
-    check_f32_container,
-    check_plan_state_bytes,
-    check_q8_0_against,
-    check_q8_0_exact,
-    check_state_replaces_other_state,
     convert_to,
+    converted_suite,
     greedy_ref,
     logits,
     mean_kl,
-    quant_dequant_q8_stored_rows,
-    referenced_models,
     save,
     to_mxfp4,
 )
@@ -55,7 +48,6 @@ def _gpt_oss_config(**over: Any) -> Any:
 
 
 CONFIGS = {"gpt_oss": _gpt_oss_config}
-ARCHS = list(CONFIGS)
 ROUTING_BIAS_STD = 0.1
 
 
@@ -63,58 +55,15 @@ def _build(seed: int = 0) -> Any:
     return build(_gpt_oss_config(), seed, std=STD, routing_bias_std=ROUTING_BIAS_STD)
 
 
-@pytest.fixture(scope="module")
-def models(oracle_env, tmp_path_factory):
-    return referenced_models(CONFIGS, tmp_path_factory, std=STD,
-                             routing_bias_std=ROUTING_BIAS_STD)
-
-
-@pytest.mark.oracle
-@pytest.mark.parametrize("arch", ARCHS)
-def test_f32_matches_transformers(arch, models, tmp_path):
-    out = convert_to(models[arch][1], tmp_path / "m.warp", experts="f32", trunk="f32")
-    check_f32_container(out, models[arch], arch, chunks=(64, 5))
-
-
-@pytest.mark.oracle
-@pytest.mark.parametrize("arch", ARCHS)
-def test_q8_0_same_greedy_and_small_kl(arch, models, tmp_path):
-    check_q8_0_against(models[arch], tmp_path, quant_dequant_q8_stored_rows(models[arch][0]),
-                       arch)
-
-
-@pytest.mark.oracle
-@pytest.mark.parametrize("arch", ARCHS)
-def test_q8_0_container_is_exact_on_its_own_weights(arch, models, tmp_path):
-    """The engine computes exactly on Q8_0 blocks: the same logits as transformers running
-    the quantize->dequantize of the same weights, and the same greedy continuation."""
-    model, hf_dir, *_ = models[arch]
-    check_q8_0_exact(hf_dir, tmp_path, quant_dequant_q8_stored_rows(model), "q.warp", arch)
-
-
-@pytest.mark.oracle
-@pytest.mark.parametrize("arch", ARCHS)
-def test_streaming_at_floor_bit_identical(arch, models, tmp_path):
-    _, hf_dir, *_ = models[arch]
-    out = convert_to(hf_dir, tmp_path / "s.warp", experts="q8_0", trunk="q8_0")
-    assert_streaming_bit_identical(out, PROMPT, 16)
-
-
-@pytest.mark.oracle
-@pytest.mark.parametrize("arch", ARCHS)
-def test_state_roundtrip_continues_identically(arch, models, tmp_path):
-    check_state_replaces_other_state(models[arch][1], tmp_path)
-
-
 def _hand_kv_bytes(hp: dict[str, Any], ctx: int) -> dict[str, int]:
     """K and V rows of every position, every layer."""
     return {"kv": 2 * hp["n_layers"] * ctx * hp["n_kv_heads"] * hp["head_dim"] * 4}
 
 
-@pytest.mark.oracle
-@pytest.mark.parametrize("arch", ARCHS)
-def test_plan_state_bytes(arch, models, tmp_path):
-    check_plan_state_bytes(models[arch][1], tmp_path, _hand_kv_bytes)
+(models, test_f32_matches_transformers, test_q8_0_same_greedy_and_small_kl,
+ test_q8_0_container_is_exact_on_its_own_weights, test_streaming_at_floor_bit_identical,
+ test_state_roundtrip_continues_identically, test_plan_state_bytes,
+ ) = converted_suite(CONFIGS, ROUTING_BIAS_STD, _hand_kv_bytes)
 
 
 @pytest.mark.oracle

@@ -2,25 +2,14 @@
 
 8 experts, top-2 without renormalization.
 
-Checks: F32 max |dlogit| <= 1e-4 at every position of a 32-token prompt and over 16
-incremental decode steps with the KV cache; Q8_0 the same 16-token greedy continuation and
-mean KL <= 1e-3; Q4_0 experts mean KL <= 3e-2; the engine's exactness on the
-quantize -> dequantize weights.
+Checks: oracle_util.decoder_suite's.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import pytest
-from oracle_util import (
-    COMMON,
-    check_exact_on_quantized,
-    check_f32_converted,
-    check_q4_0_experts_kl,
-    check_q8_0_converted,
-    saved_models,
-)
+from oracle_util import COMMON, decoder_suite
 
 
 def _olmoe() -> Any:
@@ -32,36 +21,9 @@ def _olmoe() -> Any:
 
 
 CONFIGS = {"olmoe": _olmoe}
-ARCHS = list(CONFIGS)
 SEEDS: dict[str, int] = {}
 
 
-@pytest.fixture(scope="module")
-def models(oracle_env, tmp_path_factory):
-    """name -> (torch model, HF dir); built once per module."""
-    return saved_models(CONFIGS, tmp_path_factory, SEEDS)
-
-
-@pytest.mark.oracle
-@pytest.mark.parametrize("arch", ARCHS)
-def test_f32_matches_transformers(arch, models, tmp_path):
-    check_f32_converted(*models[arch], tmp_path, arch)
-
-
-@pytest.mark.oracle
-@pytest.mark.parametrize("arch", ARCHS)
-def test_q8_0_same_greedy_and_small_kl(arch, models, tmp_path):
-    check_q8_0_converted(*models[arch], tmp_path, arch)
-
-
-@pytest.mark.oracle
-@pytest.mark.parametrize("arch", ARCHS)
-def test_q4_0_experts_kl(arch, models, tmp_path):
-    check_q4_0_experts_kl(*models[arch], tmp_path, arch)
-
-
-@pytest.mark.oracle
-@pytest.mark.parametrize("arch,experts,trunk", [("olmoe", "q8_0", "q8_0")])
-def test_quantized_container_is_exact_on_its_own_weights(arch, experts, trunk, models,
-                                                        tmp_path):
-    check_exact_on_quantized(*models[arch], tmp_path, experts, trunk, arch)
+(models, test_f32_matches_transformers, test_q8_0_same_greedy_and_small_kl,
+ test_q4_0_experts_kl, test_quantized_container_is_exact_on_its_own_weights,
+ ) = decoder_suite(CONFIGS, SEEDS, exact=("olmoe", "q8_0", "q8_0"))
