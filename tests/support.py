@@ -35,3 +35,16 @@ def smollm2_gguf() -> Path | None:
         for f in sorted(Path(loc).glob("*.gguf")):
             return f
     return None
+
+
+def write_wordlevel_tokenizer(d: Path, n: int) -> None:
+    """Write `d/tokenizer.json`: a WordLevel vocabulary t0..t{n-1} split on whitespace."""
+    import json
+
+    vocab = {f"t{i}": i for i in range(n)}
+    spec = {
+        "version": "1.0", "truncation": None, "padding": None, "added_tokens": [],
+        "normalizer": None, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": None,
+        "decoder": None, "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "t0"},
+    }
+    (d / "tokenizer.json").write_text(json.dumps(spec))

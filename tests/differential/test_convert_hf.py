@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from support import has_module, requires, smollm2_gguf
+from support import has_module, requires, smollm2_gguf, write_wordlevel_tokenizer
 
 requires(has_module("torch") and has_module("transformers"), "torch + transformers")
 
@@ -65,19 +65,7 @@ ARCHS: dict[str, dict[str, Any]] = {
 
 
 def _tokenizer(d: Path) -> None:
-    vocab = {f"t{i}": i for i in range(COMMON["vocab_size"])}
-    tj = {
-        "version": "1.0",
-        "truncation": None,
-        "padding": None,
-        "added_tokens": [],
-        "normalizer": None,
-        "pre_tokenizer": {"type": "Whitespace"},
-        "post_processor": None,
-        "decoder": None,
-        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "t0"},
-    }
-    (d / "tokenizer.json").write_text(json.dumps(tj))
+    write_wordlevel_tokenizer(d, COMMON["vocab_size"])
 
 
 def build(

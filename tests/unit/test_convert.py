@@ -16,7 +16,7 @@ from typing import Any
 import gguf  # a dependency of the converter: always present
 import numpy as np
 import pytest
-from support import has_module, requires
+from support import has_module, requires, write_wordlevel_tokenizer
 
 from warp_providers.convert import ConvertError, convert
 from warp_providers.convert import writer as W
@@ -106,19 +106,7 @@ def _f32(a: np.ndarray) -> tuple[str, tuple[int, ...], bytes]:
 
 
 def _tiny_tokenizer(d: Path, n: int = 64) -> None:
-    vocab = {f"t{i}": i for i in range(n)}
-    tj = {
-        "version": "1.0",
-        "truncation": None,
-        "padding": None,
-        "added_tokens": [],
-        "normalizer": None,
-        "pre_tokenizer": {"type": "Whitespace"},
-        "post_processor": None,
-        "decoder": None,
-        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "t0"},
-    }
-    (d / "tokenizer.json").write_text(json.dumps(tj))
+    write_wordlevel_tokenizer(d, n)
     (d / "tokenizer_config.json").write_text(
         json.dumps({"chat_template": "{{ messages }}", "eos_token": "t1"})
     )

@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from support import write_wordlevel_tokenizer
+
 from warp_providers.convert import registry
 from warp_providers.convert.plan import Plan
 
@@ -47,22 +49,7 @@ def write(
     h += b" " * ((-len(h)) % 8)
     (d / "model.safetensors").write_bytes(struct.pack("<Q", len(h)) + h + b"".join(blobs))
     (d / "config.json").write_text(json.dumps(cfg))
-    vocab = {f"t{i}": i for i in range(VOCAB)}
-    (d / "tokenizer.json").write_text(
-        json.dumps(
-            {
-                "version": "1.0",
-                "truncation": None,
-                "padding": None,
-                "added_tokens": [],
-                "normalizer": None,
-                "pre_tokenizer": {"type": "Whitespace"},
-                "post_processor": None,
-                "decoder": None,
-                "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "t0"},
-            }
-        )
-    )
+    write_wordlevel_tokenizer(d, VOCAB)
     return data
 
 
