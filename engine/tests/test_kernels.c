@@ -315,7 +315,10 @@ static int same_value(float a, float b)
  * overflows to inf, every set gives the same inf or NaN. */
 static void test_mxfp4_edges(const wpi_kernels *k)
 {
-    static const uint8_t exps[] = {0, 1, 2, 126, 127, 128, 252, 253, 254};
+    /* 25, 26 and 252, 253 bound the scales where a kernel that multiplies by the scale
+     * after the block sum (codes at the top of 32-bit lanes, times 2^(e - 152)) stays
+     * exact; x is large at small scales, so such a kernel fails here */
+    static const uint8_t exps[] = {0, 1, 2, 25, 26, 126, 127, 128, 252, 253, 254};
     size_t rows = 6, n_tok_max = 5;
     int bad_deq = 0, bad_mm = 0, cases = 0;
     for (size_t ei = 0; ei < sizeof exps / sizeof exps[0]; ei++) {
