@@ -363,7 +363,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("convert", help="convert an HF checkpoint dir or a .gguf file")
     p.add_argument("src")
     p.add_argument("out")
-    p.add_argument("--experts", default="q4_0", choices=["q4_0", "q8_0", "f16", "bf16", "f32"])
+    p.add_argument("--experts", default=None,
+                   choices=["q4_0", "q8_0", "mxfp4", "f16", "bf16", "f32"],
+                   help="routed experts' dtype (default: mxfp4 experts as shipped, else q4_0)")
     p.add_argument("--trunk", default="q8_0", choices=["q4_0", "q8_0", "f16", "bf16", "f32"])
     p.add_argument("--resume", action="store_true", help="restart an interrupted conversion")
     p.add_argument("--json", action="store_true")

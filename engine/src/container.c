@@ -164,9 +164,14 @@ static wp_status get_dtype(ectx *e, const wpi_json *obj, const char *where, int3
             return WP_OK;
         }
     }
+    char known[128] = "";
+    for (int id = 0; id < DTYPE_ID_END; id++)
+        if (wpi_dtype_valid(id) && strlen(known) + 8 < sizeof known)
+            snprintf(known + strlen(known), sizeof known - strlen(known), "%s%s",
+                     known[0] ? ", " : "", wpi_dtype_name(id));
     return wpi_fail(e->err, e->cap, WP_E_UNSUPPORTED,
-                    MANIFEST ": %s.dtype: '%.32s' is not a supported dtype "
-                    "(f32, f16, bf16, q8_0, q4_0, q4_1)", where, v->str);
+                    MANIFEST ": %s.dtype: '%.32s' is not a supported dtype (%s)", where,
+                    v->str, known);
 }
 
 /* shape [n] or [rows, cols]: rows/length at s[0], cols at s[1] (1 for a vector). */
@@ -946,10 +951,15 @@ wp_status wpi_container_load_trunk(wpi_container *c, wpi_mem *m, char *err, size
         }
         if (st == WP_OK) {
             uint32_t crc = wpi_crc32c(0, d, (size_t)t->bytes);
+            uint64_t bad;
             if (crc != t->crc32c)
                 st = wpi_fail(err, cap, WP_E_FORMAT,
                               "trunk tensor '%s': checksum mismatch (manifest 0x%08x, data "
                               "0x%08x)", t->name, t->crc32c, crc);
+            else if (!wpi_blocks_valid(t->dtype, d, t->bytes, &bad))
+                st = wpi_fail(err, cap, WP_E_FORMAT,
+                              "trunk tensor '%s': %s block %llu has scale byte 255 (NaN)",
+                              t->name, wpi_dtype_name(t->dtype), (unsigned long long)bad);
         }
         if (st != WP_OK) {
             wpi_free(m, d, (size_t)t->bytes);
