@@ -1,8 +1,8 @@
 /*
  * arch.h -- an architecture (arch/<model_type>.c): its hooks, found by model_type in the
  * registry (arch/registry.c); and what calls them: the sizes and the walk of forward.c.
- * Included by arch/, forward.c, ctx.h (core.c, state.c) and experts/plan.c, which plans
- * with the sizes an architecture's hooks give.
+ * Included by arch/, forward.c and ctx.h (core.c, state.c); experts/plan.c gets the sizes
+ * through wpi_model_sizes, passed by core.c.
  */
 #ifndef WPI_ARCH_H
 #define WPI_ARCH_H
@@ -48,11 +48,14 @@ const char *wpi_arch_names(void);
 /* forward.c: bytes of the KV cache (all the state) at ctx tokens, the same by WP_STATE_*
  * kind (they sum to wpi_kv_bytes), and of the scratch buffers for chunks of `chunk`
  * tokens at ctx tokens, each through the hooks of hp->model_type's architecture (the
- * defaults for an unknown one). plan.c uses exactly what the forward allocates (chunk =
+ * defaults for an unknown one). The plan uses exactly what the forward allocates (chunk =
  * cfg->prefill_chunk, 0 meaning 64). */
 uint64_t wpi_kv_bytes(const wpi_hparams *hp, uint32_t ctx);
 void wpi_state_bytes(const wpi_hparams *hp, uint32_t ctx, uint64_t out[WP_STATE_KINDS]);
 uint64_t wpi_scratch_bytes(const wpi_hparams *hp, uint32_t chunk, uint32_t ctx);
+/* Both, as the wpi_sizes_fn the memory plan (experts/plan.c) takes. */
+void wpi_model_sizes(const wpi_hparams *hp, uint32_t ctx, uint32_t chunk,
+                     uint64_t state_bytes[WP_STATE_KINDS], uint64_t *scratch_bytes);
 
 /* forward.c: binds tensors and carves buffers (kv and scratch as sized above). */
 wp_status wpi_model_init(wpi_model *mdl, const wpi_arch *arch, const wpi_container *c,
