@@ -41,6 +41,17 @@ struct wpi_arch {
     wp_status (*layer_forward)(wpi_model *mdl, uint32_t layer, uint32_t n, uint32_t pos);
 };
 
+/* An architecture's own hparams and model state, beside the central structs: in its
+ * file, WPI_OWN_HPARAMS(type) defines own_hp(hp), its hparams struct in hp->arch (its
+ * hparams hook fills it, its own keys' bounds in a wpi_hp_bound table read by
+ * wpi_hparams_bounds); WPI_OWN_MODEL(type) defines own(m), its struct in m->arch (its
+ * scratch hook carves it with wpi_carve_own, then its per-layer arrays). */
+#define WPI_OWN_HPARAMS(type)                                                         \
+    _Static_assert(sizeof(type) <= WPI_HP_ARCH_BYTES, #type " must fit hparams.arch"); \
+    static inline type *own_hp(const wpi_hparams *hp) { return (type *)(void *)hp->arch; }
+#define WPI_OWN_MODEL(type) \
+    static inline type *own(const wpi_model *m) { return (type *)m->arch; }
+
 const wpi_arch *wpi_arch_find(const char *model_type);
 /* Comma-separated names of every supported model_type. */
 const char *wpi_arch_names(void);

@@ -106,11 +106,19 @@ size_t wpi_mla_state_part(const wpi_model *m, uint32_t l, int v, uint32_t pos, f
 wp_status wpi_mla_check_layer(const wpi_container *c, uint32_t l, char *err, size_t cap);
 void wpi_mla_block(wpi_model *mdl, uint32_t layer, uint32_t n, uint32_t pos);
 /* Its two halves: attn_norm, q (q_a rmsnorm'd into mla_qa, then q), the latent row into the
- * cache -- and the attention plus output projection, into xn and added to x. sparse: each
- * token attends only to the pools in idx_sel / idx_nsel (glm5_next's DSA indexer) and its
- * incomplete pool. */
+ * cache -- and the attention plus output projection, into xn and added to x. pools (NULL:
+ * every key): each token attends only to its selected key pools (an indexer's choice) and,
+ * with tail, its incomplete pool. */
 void wpi_mla_project(wpi_model *mdl, uint32_t layer, uint32_t n, uint32_t pos);
-void wpi_mla_attend(wpi_model *mdl, uint32_t layer, uint32_t n, uint32_t pos, int sparse);
+typedef struct wpi_mla_pools {
+    const int32_t *sel;      /* [n][per] selected pools of each token, ascending */
+    const int32_t *nsel;     /* [n] how many of them */
+    uint32_t pool, per;      /* positions per pool, selections per token (<= WPI_MLA_MAX_POOLS) */
+    int tail;                /* the incomplete pool is always attended */
+} wpi_mla_pools;
+#define WPI_MLA_MAX_POOLS 1024
+void wpi_mla_attend(wpi_model *mdl, uint32_t layer, uint32_t n, uint32_t pos,
+                    const wpi_mla_pools *pools);
 /* Rotates rope_dim dims of n_heads heads, head_dim apart, in GPT-J pairs (2i, 2i+1). */
 void wpi_rope_apply_interleaved(float *v, uint32_t n_heads, uint32_t head_dim,
                                 uint32_t rope_dim, const float *cos, const float *sin);

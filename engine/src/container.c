@@ -345,13 +345,6 @@ static const hp_bound hp_bounds[] = {
     OPT(kda_heads, 1, MAX_HEADS),
     OPT(kda_head_dim, 1, 1024),
     OPT(kda_conv, 1, 64),
-    /* deepseek_v4 */
-    OPT(o_groups, 0, 4096),
-    OPT(o_lora_rank, 0, 1u << 16),
-    OPT(compress_rate_csa, 0, 1u << 16),
-    OPT(compress_rate_hca, 0, 1u << 16),
-    /* glm5_next */
-    OPT(index_kpool, 1, 4096),
 };
 #undef OPT
 #undef HPB
@@ -374,6 +367,32 @@ wp_status wpi_hparam_u32(const struct wpi_json *h, const char *key, wpi_hparams 
         u = (uint32_t)x;
     }
     memcpy((char *)hp + b->off, &u, sizeof u);
+    return WP_OK;
+}
+
+wp_status wpi_hparams_bounds(const struct wpi_json *h, const wpi_hp_bound *table, size_t n,
+                             void *base, char *err, size_t cap)
+{
+    for (size_t i = 0; i < n; i++) {
+        const wpi_hp_bound *b = &table[i];
+        const wpi_json *v = wpi_json_get(h, b->key);
+        const int given = v && v->type != WPI_JSON_NULL;
+        if (b->is_float) {
+            double d = 0;
+            if (given && (!wpi_json_num(v, &d) || !(d >= b->lo && d <= b->hi)))
+                return wpi_fail(err, cap, WP_E_FORMAT, W ".%s: expected a number in [%g, %g]",
+                                b->key, b->lo, b->hi);
+            const float f = (float)d;
+            memcpy((char *)base + b->off, &f, sizeof f);
+        } else {
+            int64_t x = 0;
+            if (given && (!wpi_json_int(v, &x) || x < b->lo || x > b->hi))
+                return wpi_fail(err, cap, WP_E_FORMAT, W ".%s: expected an integer in [%u, %u]",
+                                b->key, (uint32_t)b->lo, (uint32_t)b->hi);
+            const uint32_t u = (uint32_t)x;
+            memcpy((char *)base + b->off, &u, sizeof u);
+        }
+    }
     return WP_OK;
 }
 #undef W

@@ -30,6 +30,13 @@ void *wpi_carve_take(wpi_carve *cv, uint64_t count, size_t size)
     return p;
 }
 
+void *wpi_carve_own(wpi_carve *cv, wpi_model *m, size_t size)
+{
+    void *p = wpi_carve_take(cv, 1, size);
+    if (m) m->arch = p;
+    return p;
+}
+
 void wpi_state_bytes(const wpi_hparams *hp, uint32_t ctx, uint64_t out[WP_STATE_KINDS])
 {
     const wpi_arch *arch = wpi_arch_find(hp->model_type);
