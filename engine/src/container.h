@@ -12,6 +12,7 @@ enum { WPI_QK_NONE = 0, WPI_QK_HEAD = 1, WPI_QK_FULL = 2 };
 
 #define WPI_HC_MAX 16            /* hc_mult: hyper-connection streams (blocks/hyper.c) */
 #define WPI_MAX_LORA_RANK 4096   /* kv_lora_rank (a row buffer of blocks/mla.c) */
+#define WPI_KDA_MAX_HEAD_DIM 1024 /* kda_head_dim (row buffers of blocks/kda.c) */
 #define WPI_HP_ARCH_BYTES (4 * WPI_MAX_LAYERS) /* wpi_hparams.arch */
 
 /* Normalized hyperparameters (docs/FORMAT.md section 3). */
@@ -126,30 +127,30 @@ struct wpi_json;
  * vs head_dim, top_k vs n_experts, layer kinds vs FFN sizes, token ids vs vocab_size.
  * WP_E_FORMAT with a detail naming the key. */
 wp_status wpi_hparams_check(const wpi_hparams *hp, char *err, size_t cap);
-/* container.c: an optional key of the hparams object (absent or null: 0, OK): an integer
- * within its bounds in the one bounds table (container.c), into its field of hp; or a
- * number in [lo, hi] (*present, when not NULL, says whether it was given). Anything else
- * is WP_E_FORMAT naming the key. */
-wp_status wpi_hparam_u32(const struct wpi_json *h, const char *key, wpi_hparams *hp, char *err,
-                         size_t cap);
-wp_status wpi_hparam_num(const struct wpi_json *h, const char *key, double lo, double hi,
-                         float *out, int *present, char *err, size_t cap);
-/* A bound on an optional hparams key read into a field at off of some struct (an
+/* A bound on an hparams key read into a field at off of some struct (wpi_hparams, or an
  * architecture's own hparams, arch.h: WPI_OWN_HPARAMS): an integer into a uint32_t field
- * or a number into a float field, in [lo, hi]. Its table lives beside the code that reads
- * the key, and no other code repeats the limit. */
+ * or (WPI_HPB_FLOAT) a number into a float field, within lo..hi (ends open by flag). The
+ * one table of wpi_hparams' keys is in container.c; an architecture's own keys' table is
+ * in its file; no other code repeats a limit. */
+enum { WPI_HPB_FLOAT = 1, WPI_HPB_REQUIRED = 2, WPI_HPB_LO_OPEN = 4, WPI_HPB_HI_OPEN = 8 };
 typedef struct wpi_hp_bound {
     const char *key;
     size_t off;
     double lo, hi;
-    int is_float;
+    int flags;                              /* WPI_HPB_* */
 } wpi_hp_bound;
 #define WPI_HP_U32(type, key, lo, hi) {#key, offsetof(type, key), lo, hi, 0}
-#define WPI_HP_F32(type, key, lo, hi) {#key, offsetof(type, key), lo, hi, 1}
+#define WPI_HP_F32(type, key, lo, hi) {#key, offsetof(type, key), lo, hi, WPI_HPB_FLOAT}
 /* container.c: reads every key of table[0..n) from the hparams object h into its field of
  * base (absent or null: 0). Anything else is WP_E_FORMAT naming the key and its bounds. */
 wp_status wpi_hparams_bounds(const struct wpi_json *h, const wpi_hp_bound *table, size_t n,
                              void *base, char *err, size_t cap);
+/* container.c: an optional key of the one table, the same way, into its field of hp
+ * (*present, when not NULL, says whether it was given). */
+wp_status wpi_hparam_u32(const struct wpi_json *h, const char *key, wpi_hparams *hp, char *err,
+                         size_t cap);
+wp_status wpi_hparam_f32(const struct wpi_json *h, const char *key, wpi_hparams *hp,
+                         int *present, char *err, size_t cap);
 /* The optional hparams keys of model_type's architecture, read from the object h into hp
  * after the required ones: its hparams hook, else wpi_hparams_shared (blocks.h). Defined
  * by arch/registry.c, the one place that knows the architectures; wpi_container_open

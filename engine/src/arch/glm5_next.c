@@ -22,6 +22,7 @@
 #include "json.h"
 
 #define MAX_SEL WPI_MLA_MAX_POOLS /* index_topk / index_kpool: pools one token may select */
+#define MAX_KPOOL 4096 /* index_kpool: a pool's softmax weights on the stack */
 
 enum { INDEX_NONE = 0, INDEX_FULL = 1, INDEX_SHARED = 2 }; /* per layer (index_kinds) */
 
@@ -97,7 +98,7 @@ static wp_status index_kinds(const wpi_json *h, wpi_hparams *hp, char *err, size
  * blocks' keys (which include the indexer's shape: index_heads, index_head_dim,
  * index_topk). Absent means off. */
 static const wpi_hp_bound bounds[] = {
-    WPI_HP_U32(glm5_hp, index_kpool, 1, 4096),
+    WPI_HP_U32(glm5_hp, index_kpool, 1, MAX_KPOOL),
 };
 
 static wp_status hparams(const struct wpi_json *h, wpi_hparams *hp, char *err, size_t cap)
@@ -182,7 +183,7 @@ static void pool_key(const wpi_hparams *hp, const float *ape, float *rows, uint3
     const size_t RW = 3 * (size_t)D;
     const float *first = rows + (size_t)(p + 1 - P) * RW;
     float *key = rows + (size_t)p * RW + 2 * D;
-    float e[4096];
+    float e[MAX_KPOOL];
     for (uint32_t c = 0; c < D; c++) {
         float mx = -INFINITY, sum = 0, acc = 0;
         for (uint32_t i = 0; i < P; i++) {
