@@ -11,7 +11,7 @@
 
 /* arch/registry.c: an architecture is found by its model_type. Everything that varies
  * between architectures goes through these hooks; NULL takes the shared default, so a
- * llama-shaped model needs only check and layer_forward. forward.c, state.c and core.c
+ * plain decoder needs only check and layer_forward. forward.c, state.c and core.c
  * call the hooks and know no architecture by name or by its fields. */
 struct wpi_arch {
     const char *name;

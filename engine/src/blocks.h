@@ -1,15 +1,15 @@
 /*
  * blocks.h -- the blocks of a layer that two or more architectures compose (blocks/);
- * a block only one architecture uses is static in its arch file instead.
- *   attention.c     GQA with RoPE, q/k norm, clip, biases (the llama-shaped families)
- *   attention_sw.c  attention with sinks over a sliding window (gpt_oss, qwen2_moe)
+ * a block only one architecture uses is static in its arch file instead. Which
+ * architectures use which block: docs/ENGINE.md ("Inside"); this header names none.
+ *   attention.c     GQA with RoPE, q/k norm, clip, biases (the plain decoders)
+ *   attention_sw.c  attention with sinks over a sliding window
  *   ffn.c           SwiGLU, dense layers, the clamped variant
- *   moe.c           routing, the expert driver, the llama-shaped MoE decoder layer
- *   route_noaux.c   grouped, biased selection (deepseek_v3, glm4_moe, kimi_linear, glm5_next)
- *   mla.c           multi-head latent attention and its state (deepseek_v3, kimi_linear,
- *                   glm5_next)
- *   kda.c           Kimi Delta Attention (kimi_linear, glm5_next)
- *   hyper.c         hyper-connections (deepseek_v4, glm5_next)
+ *   moe.c           routing, the expert driver, the plain MoE decoder layer
+ *   route_noaux.c   grouped, biased expert selection
+ *   mla.c           multi-head latent attention and its state
+ *   kda.c           Kimi Delta Attention (linear attention with a recurrent state)
+ *   hyper.c         hyper-connections (mHC streams, Sinkhorn mixing, final head)
  *   hparams.c       the optional hparams keys of these blocks
  */
 #ifndef WPI_BLOCKS_H
@@ -51,9 +51,9 @@ typedef void (*wpi_expert_apply_fn)(void *arg, wpi_model *mdl, const wpi_expert_
                                     float *out);
 wp_status wpi_moe_for_each_expert(wpi_model *mdl, uint32_t layer, const float *xs,
                                   uint32_t nd, wpi_expert_apply_fn fn, void *arg);
-/* A layer of the llama-shaped MoE families (qwen2_moe, qwen3_moe, mixtral, olmoe,
- * glm4_moe): wpi_attention_block, then wpi_moe_block on MoE layers and wpi_ffn_block on
- * dense ones; the arch's hparams decide routing, shared expert and qk norm. */
+/* A layer of the plain MoE decoders: wpi_attention_block, then wpi_moe_block on MoE
+ * layers and wpi_ffn_block on dense ones; the arch's hparams decide routing, shared
+ * expert and qk norm. */
 wp_status wpi_moe_decoder_layer(wpi_model *mdl, uint32_t layer, uint32_t n, uint32_t pos);
 /* attention_sw.c: attention with per-head sinks (layer's attn_sinks, if any) over keys
  * p-window+1..p of each position p (window 0: all); biases, RoPE, no qk norm. */
@@ -132,8 +132,8 @@ int wpi_route_noaux_used(const wpi_hparams *hp, const wpi_layer *L);
 void wpi_route_noaux(const wpi_hparams *hp, const float *scores, const float *bias,
                      float *tmp, int32_t *ids, float *w);
 
-/* hyper.c: manifold-constrained hyper-connections (transformers' DeepseekV4HyperConnection
- * and DeepseekV4HyperHead; glm5_next reuses them). A token's residual is hc streams of dim
+/* hyper.c: manifold-constrained hyper-connections (as transformers' HyperConnection and
+ * HyperHead modules of the models that have them). A token's residual is hc streams of dim
  * floats, x[hc][dim], contiguous; n tokens are hc * dim floats apart. Generic: weights by
  * pointer (f32), dimensions in wpi_hc_dims; the pool may be NULL (inline). */
 typedef struct wpi_hc_dims {

@@ -1,6 +1,6 @@
 /*
  * checks.c -- the tensor checks arch check functions call (model.h): one tensor's shape
- * and dtype, one layer's expert bank, and what every llama-shaped decoder shares.
+ * and dtype, one layer's expert bank, and what every plain decoder shares.
  * err names the tensor, key or layer at fault; nothing is read but the manifest's index.
  */
 #include <stdio.h>

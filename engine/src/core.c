@@ -102,7 +102,7 @@ static wp_status open_ctx(wp_ctx *ctx, const char *path, const wp_cfg *cfg)
         return wpi_ctx_fail(ctx, WP_E_UNSUPPORTED, "isa %d is not supported by this CPU", cfg->isa);
     if ((st = wpi_plan(ctx->c, cfg, wpi_model_sizes, &ctx->plan, err, cap)) != WP_OK) return st;
     if ((st = wpi_container_load_trunk(ctx->c, &ctx->mem, err, cap)) != WP_OK) return st;
-    /* Again with the tensors resident, for the checks of their values (hash tables). */
+    /* Again with the tensors resident, for the checks of their values. */
     if ((st = ctx->arch->check(ctx->c, err, cap)) != WP_OK) return st;
     if ((st = wpi_experts_open(ctx->c, cfg, ctx->plan.cache_bytes, &ctx->mem, &ctx->experts,
                                err, cap)) != WP_OK)
