@@ -52,6 +52,13 @@ struct wpi_arch {
 #define WPI_OWN_MODEL(type) \
     static inline type *own(const wpi_model *m) { return (type *)m->arch; }
 
+/* In a wpi_arch initializer: every hook but no_truncate, each the file's static function
+ * of the hook's name (hparams, check, state_bytes, scratch, bind, state_part,
+ * layer_forward). */
+#define WPI_ARCH_OWN_HOOKS                                                            \
+    .hparams = hparams, .check = check, .state_bytes = state_bytes, .scratch = scratch, \
+    .bind = bind, .state_part = state_part, .layer_forward = layer_forward
+
 const wpi_arch *wpi_arch_find(const char *model_type);
 /* Comma-separated names of every supported model_type. */
 const char *wpi_arch_names(void);

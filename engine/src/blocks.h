@@ -143,6 +143,12 @@ typedef struct wpi_hc_dims {
     float hc_eps;            /* hc_eps */
     float norm_eps;          /* eps of the unweighted RMSNorm over hc * dim (rms_norm_eps) */
 } wpi_hc_dims;
+/* The dimensions of hp's hyper-connections: hc_mult streams of hidden_size floats, its
+ * Sinkhorn iterations and hc_eps, rms_norm_eps for the norm. */
+wpi_hc_dims wpi_hc_dims_of(const wpi_hparams *hp);
+/* The residual's streams from the embedding: row x[t] (dim floats) into each of the hc
+ * streams of token t, for n tokens. */
+void wpi_hc_expand(const wpi_hc_dims *d, const float *x, uint32_t n, float *streams);
 /* Rows of fn: (2 + hc) * hc (pre, post, comb). */
 uint32_t wpi_hc_mix_count(const wpi_hc_dims *d);
 /* Scratch floats wpi_hc_pre / wpi_hc_head need for n tokens. */

@@ -206,8 +206,7 @@ static uint64_t carve(const wpi_hparams *hp, uint32_t C, float *b, v4_scr *o)
 {
     const uint64_t H = hp->hidden_size, hc = hp->hc_mult, hd = hp->head_dim;
     const uint64_t ihd = hp->index_head_dim, ih = hp->index_heads, KI = hp->index_topk;
-    const wpi_hc_dims d = {hp->hc_mult, hp->hidden_size, hp->hc_sinkhorn_iters, hp->hc_eps,
-                           hp->rms_norm_eps};
+    const wpi_hc_dims d = wpi_hc_dims_of(hp);
     uint64_t off = 0;
 #define PART(field, count)                                          \
     do {                                                            \
@@ -772,25 +771,15 @@ static wp_status check(const wpi_container *c, char *err, size_t cap)
     return WP_OK;
 }
 
-static wpi_hc_dims dims(const wpi_hparams *hp)
-{
-    wpi_hc_dims d = {hp->hc_mult, hp->hidden_size, hp->hc_sinkhorn_iters, hp->hc_eps,
-                     hp->rms_norm_eps};
-    return d;
-}
-
 static wp_status layer_forward(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
 {
     const wpi_hparams *hp = m->hp;
     const wpi_layer *L = &m->layers[l];
     const size_t H = hp->hidden_size, hc = hp->hc_mult;
-    const wpi_hc_dims d = dims(hp);
+    const wpi_hc_dims d = wpi_hc_dims_of(hp);
     float *streams, *post, *comb, *hcs, *coll, *y;
     hc_buffers(m, &streams, &post, &comb, &hcs, &coll, &y);
-    if (l == 0)
-        for (uint32_t t = 0; t < n; t++)
-            for (size_t k = 0; k < hc; k++)
-                memcpy(streams + (t * hc + k) * H, m->x + t * H, H * sizeof(float));
+    if (l == 0) wpi_hc_expand(&d, m->x, n, streams);
 
     wpi_hc_pre(m->k, m->pool, &d, L->hc_attn_fn, L->hc_attn_base, L->hc_attn_scale, streams,
                n, post, comb, coll, H, hcs);
@@ -889,12 +878,6 @@ static const char *no_truncate(const wpi_hparams *hp)
 
 const wpi_arch wpi_arch_deepseek_v4 = {
     .name = "deepseek_v4",
-    .hparams = hparams,
-    .check = check,
-    .state_bytes = state_bytes,
-    .scratch = scratch,
-    .bind = bind,
-    .state_part = state_part,
+    WPI_ARCH_OWN_HOOKS,
     .no_truncate = no_truncate,
-    .layer_forward = layer_forward,
 };

@@ -347,13 +347,9 @@ static wp_status layer_forward(wpi_model *m, uint32_t l, uint32_t n, uint32_t po
 {
     const wpi_hparams *hp = m->hp;
     const wpi_layer *L = &m->layers[l];
-    const size_t H = hp->hidden_size, S = (size_t)hp->hc_mult * H;
-    const wpi_hc_dims d = {hp->hc_mult, hp->hidden_size, hp->hc_sinkhorn_iters, hp->hc_eps,
-                           hp->rms_norm_eps};
-    if (l == 0) /* the embedding into every stream */
-        for (uint32_t t = 0; t < n; t++)
-            for (uint32_t s = 0; s < hp->hc_mult; s++)
-                memcpy(own(m)->hc_x + t * S + s * H, m->x + t * H, H * sizeof(float));
+    const size_t H = hp->hidden_size;
+    const wpi_hc_dims d = wpi_hc_dims_of(hp);
+    if (l == 0) wpi_hc_expand(&d, m->x, n, own(m)->hc_x); /* the embedding into every stream */
 
     /* attention: the block reads x and leaves its output in xn */
     wpi_hc_pre(m->k, m->pool, &d, L->hc_attn_fn, L->hc_attn_base, L->hc_attn_scale, own(m)->hc_x,
@@ -406,7 +402,7 @@ static void state_bytes(const wpi_hparams *hp, uint32_t ctx, uint64_t out[WP_STA
 static void scratch(const wpi_hparams *hp, uint32_t chunk, wpi_model *m, wpi_carve *cv)
 {
     const uint64_t C = chunk, H = hp->hidden_size, HC = hp->hc_mult;
-    const wpi_hc_dims hd = {hp->hc_mult, hp->hidden_size, hp->hc_sinkhorn_iters, 0, 0};
+    const wpi_hc_dims hd = wpi_hc_dims_of(hp);
     const uint64_t NI = own_hp(hp)->index_kpool ? hp->index_heads : 0;
     const uint64_t SEL = own_hp(hp)->index_kpool ? hp->index_topk / own_hp(hp)->index_kpool : 0;
     glm5_model *a = wpi_carve_own(cv, m, sizeof *a);
@@ -455,12 +451,6 @@ static size_t state_part(const wpi_model *m, uint32_t l, int v, uint32_t pos, fl
 
 const wpi_arch wpi_arch_glm5_next = {
     .name = "glm5_next",
-    .hparams = hparams,
-    .check = check,
-    .state_bytes = state_bytes,
-    .scratch = scratch,
-    .bind = bind,
-    .state_part = state_part,
+    WPI_ARCH_OWN_HOOKS,
     .no_truncate = wpi_kda_no_truncate,
-    .layer_forward = layer_forward,
 };
