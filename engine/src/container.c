@@ -391,6 +391,32 @@ static wp_status read_optional(const struct wpi_json *h, const char *key, int is
                     is_float ? "number" : "integer");
 }
 
+wp_status wpi_hparam_kinds(const struct wpi_json *h, const char *key, const char *const *names,
+                           uint32_t n_names, uint32_t n_layers, uint8_t *out, char *err,
+                           size_t cap)
+{
+    const wpi_json *v = wpi_json_get(h, key);
+    if (!v || v->type == WPI_JSON_NULL) return WP_OK;
+    if (v->type != WPI_JSON_ARRAY || v->len != n_layers)
+        return wpi_fail(err, cap, WP_E_FORMAT, W ".%s: expected %u strings", key, n_layers);
+    for (uint32_t l = 0; l < n_layers; l++) {
+        const char *k = wpi_json_str(&v->items[l]);
+        uint32_t i = 0;
+        while (i < n_names && !(k && !strcmp(k, names[i]))) i++;
+        if (i < n_names) {
+            out[l] = (uint8_t)i;
+            continue;
+        }
+        char list[256];
+        size_t off = 0;
+        for (uint32_t j = 0; j < n_names && off < sizeof list; j++)
+            off += (size_t)snprintf(list + off, sizeof list - off, "%s\"%s\"", j ? ", " : "",
+                                    names[j]);
+        return wpi_fail(err, cap, WP_E_FORMAT, W ".%s[%u]: expected one of %s", key, l, list);
+    }
+    return WP_OK;
+}
+
 wp_status wpi_hparam_u32(const struct wpi_json *h, const char *key, wpi_hparams *hp, char *err,
                          size_t cap)
 {

@@ -127,6 +127,12 @@ struct wpi_json;
  * vs head_dim, top_k vs n_experts, layer kinds vs FFN sizes, token ids vs vocab_size.
  * WP_E_FORMAT with a detail naming the key. */
 wp_status wpi_hparams_check(const wpi_hparams *hp, char *err, size_t cap);
+/* container.c: an optional array of n_layers strings, each one of names[0..n_names),
+ * into out[l] = its index (absent or null: out untouched). Anything else is WP_E_FORMAT
+ * naming key[l] and the names. */
+wp_status wpi_hparam_kinds(const struct wpi_json *h, const char *key, const char *const *names,
+                           uint32_t n_names, uint32_t n_layers, uint8_t *out, char *err,
+                           size_t cap);
 /* A bound on an hparams key read into a field at off of some struct (wpi_hparams, or an
  * architecture's own hparams, arch.h: WPI_OWN_HPARAMS): an integer into a uint32_t field
  * or (WPI_HPB_FLOAT) a number into a float field, within lo..hi (ends open by flag). The

@@ -72,27 +72,17 @@ static wp_status hparams(const struct wpi_json *h, wpi_hparams *hp, char *err, s
     TRY(wpi_hparams_shared(h, hp, err, cap));
     memset(o, 0, sizeof *o);
     TRY(wpi_hparams_bounds(h, bounds, sizeof bounds / sizeof bounds[0], o, err, cap));
-    const wpi_json *v;
-    v = wpi_json_get(h, "compress_kinds");
-    if (v && v->type != WPI_JSON_NULL) {
-        if (v->type != WPI_JSON_ARRAY || v->len != hp->n_layers)
-            return wpi_fail(err, cap, WP_E_FORMAT, W ".compress_kinds: expected %u strings",
-                            hp->n_layers);
-        for (uint32_t l = 0; l < hp->n_layers; l++) {
-            const char *k = wpi_json_str(&v->items[l]);
-            if (k && !strcmp(k, "none"))
-                o->layer_compress[l] = CMP_NONE;
-            else if (k && !strcmp(k, "csa") && o->compress_rate_csa)
-                o->layer_compress[l] = CMP_CSA;
-            else if (k && !strcmp(k, "hca") && o->compress_rate_hca)
-                o->layer_compress[l] = CMP_HCA;
-            else
-                return wpi_fail(err, cap, WP_E_FORMAT,
-                                W ".compress_kinds[%u]: expected \"none\", \"csa\" (with "
-                                  "compress_rate_csa) or \"hca\" (with compress_rate_hca)", l);
-        }
-    }
-    v = wpi_json_get(h, "hash_layers");
+    static const char *const kinds[] = {[CMP_NONE] = "none", [CMP_CSA] = "csa",
+                                        [CMP_HCA] = "hca"};
+    TRY(wpi_hparam_kinds(h, "compress_kinds", kinds, 3, hp->n_layers, o->layer_compress, err,
+                         cap));
+    for (uint32_t l = 0; l < hp->n_layers; l++)
+        if ((o->layer_compress[l] == CMP_CSA && !o->compress_rate_csa) ||
+            (o->layer_compress[l] == CMP_HCA && !o->compress_rate_hca))
+            return wpi_fail(err, cap, WP_E_FORMAT,
+                            W ".compress_kinds[%u]: \"%s\" needs compress_rate_%s", l,
+                            kinds[o->layer_compress[l]], kinds[o->layer_compress[l]]);
+    const wpi_json *v = wpi_json_get(h, "hash_layers");
     if (v && v->type != WPI_JSON_NULL) {
         if (v->type != WPI_JSON_ARRAY || v->len != hp->n_layers)
             return wpi_fail(err, cap, WP_E_FORMAT, W ".hash_layers: expected %u booleans",

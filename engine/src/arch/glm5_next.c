@@ -65,29 +65,17 @@ static wp_status index_kinds(const wpi_json *h, wpi_hparams *hp, char *err, size
 {
     glm5_hp *o = own_hp(hp);
     memset(o->layer_index, INDEX_NONE, sizeof o->layer_index);
-    const wpi_json *v = wpi_json_get(h, "index_kinds");
-    if (!v || v->type == WPI_JSON_NULL) return WP_OK;
-    if (v->type != WPI_JSON_ARRAY || v->len != hp->n_layers)
-        return wpi_fail(err, cap, WP_E_FORMAT, W ".index_kinds: expected %u strings",
-                        hp->n_layers);
+    static const char *const kinds[] = {[INDEX_NONE] = "none", [INDEX_FULL] = "full",
+                                        [INDEX_SHARED] = "shared"};
+    TRY(wpi_hparam_kinds(h, "index_kinds", kinds, 3, hp->n_layers, o->layer_index, err, cap));
     for (uint32_t l = 0; l < hp->n_layers; l++) {
-        const char *k = wpi_json_str(&v->items[l]);
-        if (k && !strcmp(k, "none"))
-            own_hp(hp)->layer_index[l] = INDEX_NONE;
-        else if (k && !strcmp(k, "full"))
-            own_hp(hp)->layer_index[l] = INDEX_FULL;
-        else if (k && !strcmp(k, "shared"))
-            own_hp(hp)->layer_index[l] = INDEX_SHARED;
-        else
-            return wpi_fail(err, cap, WP_E_FORMAT,
-                            W ".index_kinds[%u]: expected \"none\", \"full\" or \"shared\"", l);
-        if (own_hp(hp)->layer_index[l] != INDEX_NONE && !hp->index_heads)
+        if (o->layer_index[l] != INDEX_NONE && !hp->index_heads)
             return wpi_fail(err, cap, WP_E_FORMAT,
                             W ".index_kinds[%u]: an indexer needs index_heads, index_head_dim, "
                               "index_topk and index_kpool", l);
         /* a shared layer reuses the selection of the layer right before it */
-        if (own_hp(hp)->layer_index[l] == INDEX_SHARED &&
-            (l == 0 || own_hp(hp)->layer_index[l - 1] != INDEX_FULL))
+        if (o->layer_index[l] == INDEX_SHARED &&
+            (l == 0 || o->layer_index[l - 1] != INDEX_FULL))
             return wpi_fail(err, cap, WP_E_FORMAT,
                             W ".index_kinds[%u]: \"shared\" must follow a \"full\" layer", l);
     }

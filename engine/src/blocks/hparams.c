@@ -124,21 +124,11 @@ static wp_status layer_keys(const wpi_json *h, wpi_hparams *hp, char *err, size_
         (st = wpi_hparam_u32(h, "kda_head_dim", hp, err, cap)) != WP_OK ||
         (st = wpi_hparam_u32(h, "kda_conv", hp, err, cap)) != WP_OK)
         return st;
-    const wpi_json *v = wpi_json_get(h, "attn_kinds");
-    if (!v || v->type == WPI_JSON_NULL) return WP_OK;
-    if (v->type != WPI_JSON_ARRAY || v->len != hp->n_layers)
-        return wpi_fail(err, cap, WP_E_FORMAT, W ".attn_kinds: expected %u strings", hp->n_layers);
+    static const char *const kinds[] = {[WPI_ATTN_FULL] = "full",
+                                        [WPI_ATTN_SLIDING] = "sliding",
+                                        [WPI_ATTN_KDA] = "kda"};
+    TRY(wpi_hparam_kinds(h, "attn_kinds", kinds, 3, hp->n_layers, hp->layer_attn, err, cap));
     for (uint32_t l = 0; l < hp->n_layers; l++) {
-        const char *k = wpi_json_str(&v->items[l]);
-        if (k && !strcmp(k, "full"))
-            hp->layer_attn[l] = WPI_ATTN_FULL;
-        else if (k && !strcmp(k, "sliding"))
-            hp->layer_attn[l] = WPI_ATTN_SLIDING;
-        else if (k && !strcmp(k, "kda"))
-            hp->layer_attn[l] = WPI_ATTN_KDA;
-        else
-            return wpi_fail(err, cap, WP_E_FORMAT,
-                            W ".attn_kinds[%u]: expected \"full\", \"sliding\" or \"kda\"", l);
         if (hp->layer_attn[l] == WPI_ATTN_SLIDING && !hp->sliding_window)
             return wpi_fail(err, cap, WP_E_FORMAT,
                             W ".attn_kinds[%u]: \"sliding\" needs sliding_window", l);
