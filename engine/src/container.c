@@ -504,6 +504,9 @@ static wp_status get_float(ectx *e, const wpi_json *h, const char *where, const 
     return WP_OK;
 }
 
+const char *const wpi_qk_norm_names[3] = {[WPI_QK_NONE] = "none", [WPI_QK_HEAD] = "head",
+                                          [WPI_QK_FULL] = "full"};
+
 static wp_status parse_hparams(ectx *e, const wpi_json *h, wpi_hparams *hp)
 {
     const char *w = "hparams";
@@ -532,13 +535,10 @@ static wp_status parse_hparams(ectx *e, const wpi_json *h, wpi_hparams *hp)
     const wpi_json *v;
     if ((st = need(e, h, w, "qk_norm", WPI_JSON_STRING, &v)) != WP_OK)
         return st;
-    if (!strcmp(v->str, "none"))
-        hp->qk_norm = WPI_QK_NONE;
-    else if (!strcmp(v->str, "head"))
-        hp->qk_norm = WPI_QK_HEAD;
-    else if (!strcmp(v->str, "full"))
-        hp->qk_norm = WPI_QK_FULL;
-    else
+    hp->qk_norm = -1;
+    for (int k = WPI_QK_NONE; k <= WPI_QK_FULL; k++)
+        if (!strcmp(v->str, wpi_qk_norm_names[k])) hp->qk_norm = k;
+    if (hp->qk_norm < 0)
         return wpi_fail(e->err, e->cap, WP_E_FORMAT,
                         MANIFEST ": hparams.qk_norm: '%.32s' is not none, head or full", v->str);
 

@@ -9,6 +9,8 @@
 #include "kernels/kernels.h"
 
 enum { WPI_QK_NONE = 0, WPI_QK_HEAD = 1, WPI_QK_FULL = 2 };
+/* hparams.qk_norm's names by WPI_QK_* kind (container.c), the one table of them. */
+extern const char *const wpi_qk_norm_names[3];
 
 #define WPI_HC_MAX 16            /* hc_mult: hyper-connection streams (blocks/hyper.c) */
 #define WPI_MAX_LORA_RANK 4096   /* kv_lora_rank (a row buffer of blocks/mla.c) */

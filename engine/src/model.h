@@ -147,6 +147,10 @@ wp_status wpi_opt_vector(const wpi_container *c, const char *name, uint64_t n,
 /* Checks what every decoder shares: embeddings, norms, rope, q/k/v/o (+ biases present),
  * qk norms per hparams, dense FFN or router + expert bank per layer, shared expert. */
 wp_status wpi_check_decoder(const wpi_container *c, char *err, size_t cap);
+/* A plain decoder's check, err naming arch: qk_norm of kind qk_norm (WPI_QK_*), no shared
+ * expert unless shared, then wpi_check_decoder. */
+wp_status wpi_check_plain(const wpi_container *c, const char *arch, int qk_norm, int shared,
+                          char *err, size_t cap);
 /* Checks layer l's expert bank: present, n_experts x [moe_intermediate_size, hidden_size],
  * a dtype the kernels read. */
 wp_status wpi_check_expert_bank(const wpi_container *c, uint32_t l, char *err, size_t cap);
