@@ -1,8 +1,8 @@
 /*
  * arch.h -- an architecture (arch/<model_type>.c): its hooks, found by model_type in the
  * registry (arch/registry.c); and what calls them: the sizes and the walk of forward.c.
- * Included by arch/, forward.c, ctx.h (core.c, state.c) and experts/plan.c, which plans
- * with the sizes an architecture's hooks give.
+ * Included by arch/, forward.c and ctx.h (core.c, state.c); experts/plan.c gets the sizes
+ * through wpi_model_sizes, passed by core.c.
  */
 #ifndef WPI_ARCH_H
 #define WPI_ARCH_H
@@ -11,7 +11,7 @@
 
 /* arch/registry.c: an architecture is found by its model_type. Everything that varies
  * between architectures goes through these hooks; NULL takes the shared default, so a
- * llama-shaped model needs only check and layer_forward. forward.c, state.c and core.c
+ * plain decoder needs only check and layer_forward. forward.c, state.c and core.c
  * call the hooks and know no architecture by name or by its fields. */
 struct wpi_arch {
     const char *name;
@@ -41,6 +41,24 @@ struct wpi_arch {
     wp_status (*layer_forward)(wpi_model *mdl, uint32_t layer, uint32_t n, uint32_t pos);
 };
 
+/* An architecture's own hparams and model state, beside the central structs: in its
+ * file, WPI_OWN_HPARAMS(type) defines own_hp(hp), its hparams struct in hp->arch (its
+ * hparams hook fills it, its own keys' bounds in a wpi_hp_bound table read by
+ * wpi_hparams_bounds); WPI_OWN_MODEL(type) defines own(m), its struct in m->arch (its
+ * scratch hook carves it with wpi_carve_own, then its per-layer arrays). */
+#define WPI_OWN_HPARAMS(type)                                                         \
+    _Static_assert(sizeof(type) <= WPI_HP_ARCH_BYTES, #type " must fit hparams.arch"); \
+    static inline type *own_hp(const wpi_hparams *hp) { return (type *)(void *)hp->arch; }
+#define WPI_OWN_MODEL(type) \
+    static inline type *own(const wpi_model *m) { return (type *)m->arch; }
+
+/* In a wpi_arch initializer: every hook but no_truncate, each the file's static function
+ * of the hook's name (hparams, check, state_bytes, scratch, bind, state_part,
+ * layer_forward). */
+#define WPI_ARCH_OWN_HOOKS                                                            \
+    .hparams = hparams, .check = check, .state_bytes = state_bytes, .scratch = scratch, \
+    .bind = bind, .state_part = state_part, .layer_forward = layer_forward
+
 const wpi_arch *wpi_arch_find(const char *model_type);
 /* Comma-separated names of every supported model_type. */
 const char *wpi_arch_names(void);
@@ -48,11 +66,14 @@ const char *wpi_arch_names(void);
 /* forward.c: bytes of the KV cache (all the state) at ctx tokens, the same by WP_STATE_*
  * kind (they sum to wpi_kv_bytes), and of the scratch buffers for chunks of `chunk`
  * tokens at ctx tokens, each through the hooks of hp->model_type's architecture (the
- * defaults for an unknown one). plan.c uses exactly what the forward allocates (chunk =
+ * defaults for an unknown one). The plan uses exactly what the forward allocates (chunk =
  * cfg->prefill_chunk, 0 meaning 64). */
 uint64_t wpi_kv_bytes(const wpi_hparams *hp, uint32_t ctx);
 void wpi_state_bytes(const wpi_hparams *hp, uint32_t ctx, uint64_t out[WP_STATE_KINDS]);
 uint64_t wpi_scratch_bytes(const wpi_hparams *hp, uint32_t chunk, uint32_t ctx);
+/* Both, as the wpi_sizes_fn the memory plan (experts/plan.c) takes. */
+void wpi_model_sizes(const wpi_hparams *hp, uint32_t ctx, uint32_t chunk,
+                     uint64_t state_bytes[WP_STATE_KINDS], uint64_t *scratch_bytes);
 
 /* forward.c: binds tensors and carves buffers (kv and scratch as sized above). */
 wp_status wpi_model_init(wpi_model *mdl, const wpi_arch *arch, const wpi_container *c,

@@ -100,9 +100,9 @@ static wp_status open_ctx(wp_ctx *ctx, const char *path, const wp_cfg *cfg)
     const wpi_kernels *k = wpi_kernels_get(cfg->isa);
     if (!k)
         return wpi_ctx_fail(ctx, WP_E_UNSUPPORTED, "isa %d is not supported by this CPU", cfg->isa);
-    if ((st = wpi_plan(ctx->c, cfg, &ctx->plan, err, cap)) != WP_OK) return st;
+    if ((st = wpi_plan(ctx->c, cfg, wpi_model_sizes, &ctx->plan, err, cap)) != WP_OK) return st;
     if ((st = wpi_container_load_trunk(ctx->c, &ctx->mem, err, cap)) != WP_OK) return st;
-    /* Again with the tensors resident, for the checks of their values (hash tables). */
+    /* Again with the tensors resident, for the checks of their values. */
     if ((st = ctx->arch->check(ctx->c, err, cap)) != WP_OK) return st;
     if ((st = wpi_experts_open(ctx->c, cfg, ctx->plan.cache_bytes, &ctx->mem, &ctx->experts,
                                err, cap)) != WP_OK)
@@ -290,4 +290,34 @@ wp_status wp_hotlist_save(wp_ctx *ctx, const char *path)
     if (!path) return wpi_ctx_fail(ctx, WP_E_ARG, "path is NULL");
     if (!ctx->experts) return wpi_ctx_fail(ctx, WP_E_UNSUPPORTED, "the model has no experts");
     return wpi_experts_hotlist_save(ctx->experts, path, ctx->err, sizeof ctx->err);
+}
+
+/* The memory plan without opening: container, architecture check, then wpi_plan with the
+ * architecture's sizes (wpi_model_sizes). */
+wp_status wp_plan_memory(const char *path, const wp_cfg *cfg, wp_plan *out, char *err,
+                         size_t err_cap)
+{
+    if (err && err_cap)
+        err[0] = '\0';
+    if (!path || !out)
+        return wpi_fail(err, err_cap, WP_E_ARG, "wp_plan_memory: NULL argument");
+    wp_cfg defaults;
+    if (!cfg) {
+        wp_cfg_init(&defaults);
+        cfg = &defaults;
+    }
+    wpi_container *c = NULL;
+    wp_status st = wpi_container_open(path, &c, err, err_cap);
+    if (st != WP_OK)
+        return st;
+    const wpi_arch *arch = wpi_arch_find(c->hp.model_type);
+    if (!arch) {
+        st = wpi_fail(err, err_cap, WP_E_UNSUPPORTED,
+                      "model_type '%s' is not supported (supported: %s)", c->hp.model_type,
+                      wpi_arch_names());
+    } else if (!arch->check || (st = arch->check(c, err, err_cap)) == WP_OK) {
+        st = wpi_plan(c, cfg, wpi_model_sizes, out, err, err_cap);
+    }
+    wpi_container_close(c, NULL);
+    return st;
 }

@@ -1,7 +1,7 @@
 /*
  * forward.c -- the model-level forward pass shared by every architecture.
  *
- * Owns: the KV and scratch sizes (also used by plan.c), binding trunk tensors to a
+ * Owns: the KV and scratch sizes (also given to the plan), binding trunk tensors to a
  * wpi_model, the walk embedding -> arch layer_forward per layer -> final norm -> LM head,
  * and the row-parallel matmul used by every block. What an architecture adds (its state,
  * scratch, tensors) comes through its hooks (arch.h); the tensor checks arch files call
@@ -27,6 +27,13 @@ void *wpi_carve_take(wpi_carve *cv, uint64_t count, size_t size)
 {
     void *p = cv->base ? cv->base + cv->off : NULL;
     cv->off += (count * size + ALIGN - 1) / ALIGN * ALIGN;
+    return p;
+}
+
+void *wpi_carve_own(wpi_carve *cv, wpi_model *m, size_t size)
+{
+    void *p = wpi_carve_take(cv, 1, size);
+    if (m) m->arch = p;
     return p;
 }
 
@@ -99,6 +106,13 @@ uint64_t wpi_scratch_bytes(const wpi_hparams *hp, uint32_t chunk, uint32_t ctx)
 {
     (void)ctx; /* attention streams keys in fixed blocks: no ctx-sized buffer */
     return layout(wpi_arch_find(hp->model_type), hp, chunk ? chunk : 1, NULL, NULL);
+}
+
+void wpi_model_sizes(const wpi_hparams *hp, uint32_t ctx, uint32_t chunk,
+                     uint64_t state_bytes[WP_STATE_KINDS], uint64_t *scratch_bytes)
+{
+    wpi_state_bytes(hp, ctx, state_bytes);
+    *scratch_bytes = wpi_scratch_bytes(hp, chunk, ctx);
 }
 
 /* ---- binding --------------------------------------------------------------------- */

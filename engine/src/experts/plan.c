@@ -1,5 +1,6 @@
 /*
- * plan.c -- the memory plan (floor, working set, budget, cache size) and usable RAM.
+ * plan.c -- the memory plan (floor, working set, budget, cache size). The state and
+ * scratch sizes come from the layer above (wpi_sizes_fn): no architecture is known here.
  *
  *   floor       = trunk + kv + scratch + minimum cache (top_k x record x 2, so one
  *                 layer's experts can be in use while the next layer's are read, plus
@@ -22,7 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "arch.h"
+#include "experts.h"
 
 #define GIB (1024.0 * 1024.0 * 1024.0)
 #define DEFAULT_CTX 4096
@@ -39,10 +40,10 @@ static uint64_t sat_mul(uint64_t a, uint64_t b)
     return __builtin_mul_overflow(a, b, &r) ? UINT64_MAX : r;
 }
 
-wp_status wpi_plan(const wpi_container *c, const wp_cfg *cfg, wp_plan *out, char *err,
-                   size_t cap)
+wp_status wpi_plan(const wpi_container *c, const wp_cfg *cfg, wpi_sizes_fn sizes,
+                   wp_plan *out, char *err, size_t cap)
 {
-    if (!c || !cfg || !out)
+    if (!c || !cfg || !sizes || !out)
         return wpi_fail(err, cap, WP_E_ARG, "plan: NULL argument");
     memset(out, 0, sizeof(*out));
     const wpi_hparams *hp = &c->hp;
@@ -56,9 +57,8 @@ wp_status wpi_plan(const wpi_container *c, const wp_cfg *cfg, wp_plan *out, char
 
     out->ctx_tokens = ctx;
     out->trunk_bytes = c->trunk_bytes;
-    out->kv_bytes = wpi_kv_bytes(hp, ctx);
-    wpi_state_bytes(hp, ctx, out->state_bytes);
-    out->scratch_bytes = wpi_scratch_bytes(hp, chunk, ctx);
+    sizes(hp, ctx, chunk, out->state_bytes, &out->scratch_bytes);
+    for (int k = 0; k < WP_STATE_KINDS; k++) out->kv_bytes += out->state_bytes[k];
     out->record_bytes = rec;
     out->experts_total_bytes = c->experts_total_bytes;
     /* The cache's bookkeeping (slot table, map, usage counts) is part of the minimum:
@@ -116,35 +116,5 @@ wp_status wpi_plan(const wpi_container *c, const wp_cfg *cfg, wp_plan *out, char
             out->cache_bytes = 0;
         out->cache_slots = wpi_cache_slots(c, out->cache_bytes);
     }
-    return st;
-}
-
-/* ---- public ------------------------------------------------------------------------ */
-
-wp_status wp_plan_memory(const char *path, const wp_cfg *cfg, wp_plan *out, char *err,
-                         size_t err_cap)
-{
-    if (err && err_cap)
-        err[0] = '\0';
-    if (!path || !out)
-        return wpi_fail(err, err_cap, WP_E_ARG, "wp_plan_memory: NULL argument");
-    wp_cfg defaults;
-    if (!cfg) {
-        wp_cfg_init(&defaults);
-        cfg = &defaults;
-    }
-    wpi_container *c = NULL;
-    wp_status st = wpi_container_open(path, &c, err, err_cap);
-    if (st != WP_OK)
-        return st;
-    const wpi_arch *arch = wpi_arch_find(c->hp.model_type);
-    if (!arch) {
-        st = wpi_fail(err, err_cap, WP_E_UNSUPPORTED,
-                      "model_type '%s' is not supported (supported: %s)", c->hp.model_type,
-                      wpi_arch_names());
-    } else if (!arch->check || (st = arch->check(c, err, err_cap)) == WP_OK) {
-        st = wpi_plan(c, cfg, out, err, err_cap);
-    }
-    wpi_container_close(c, NULL);
     return st;
 }
