@@ -168,11 +168,16 @@ static wp_status check(const wpi_container *c, char *err, size_t cap)
     return WP_OK;
 }
 
-static wp_status layer_forward(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
+static void mixer(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
 {
     const wpi_hparams *hp = m->hp;
     wpi_attention_sw_block(m, l, n, pos,
                            hp->layer_attn[l] == WPI_ATTN_SLIDING ? hp->sliding_window : 0);
+}
+
+static wp_status layer_forward(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
+{
+    mixer(m, l, n, pos);
     return moe_block(m, l, n);
 }
 
@@ -194,4 +199,6 @@ const wpi_arch wpi_arch_gpt_oss = {
     .check = check,
     .bind = bind,
     .layer_forward = layer_forward,
+    .mixer = mixer,
+    .ffn = moe_block,
 };

@@ -318,7 +318,7 @@ wp_status wpi_moe_block(wpi_model *m, uint32_t l, uint32_t n)
     return WP_OK;
 }
 
-wp_status wpi_moe_decoder_layer(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
+void wpi_moe_decoder_mixer(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
 {
     /* a layer hparams.attn_kinds marks "sliding" (mixtral, qwen2_moe, qwen3_moe) sees
      * only the last sliding_window keys; no sinks there, so it is plain attention within */
@@ -326,11 +326,21 @@ wp_status wpi_moe_decoder_layer(wpi_model *m, uint32_t l, uint32_t n, uint32_t p
         wpi_attention_sw_block(m, l, n, pos, m->hp->sliding_window);
     else
         wpi_attention_block(m, l, n, pos);
+}
+
+wp_status wpi_moe_decoder_ffn(wpi_model *m, uint32_t l, uint32_t n)
+{
     if (!m->layers[l].is_moe) {
         wpi_ffn_block(m, l, n);
         return WP_OK;
     }
     return wpi_moe_block(m, l, n);
+}
+
+wp_status wpi_moe_decoder_layer(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
+{
+    wpi_moe_decoder_mixer(m, l, n, pos);
+    return wpi_moe_decoder_ffn(m, l, n);
 }
 
 void wpi_topk_insert(float *w, int32_t *ids, uint32_t k, uint32_t *filled, float s, int32_t id)
