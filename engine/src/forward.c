@@ -362,6 +362,9 @@ wp_status wpi_model_forward_batch(wpi_model *b, const wpi_arch *arch, wpi_model 
         rows += n[i];
     }
     b->tokens = NULL;
+    b->la_rows = rows; /* a decode step (one row per sequence) looks ahead for each */
+    for (uint32_t i = 0; i < n_seqs; i++)
+        if (n[i] != 1) b->la_rows = 0;
     wp_status st = WP_OK;
     for (uint32_t l = 0; l < hp->n_layers && st == WP_OK; l++) {
         for (uint32_t i = 0; i < n_seqs; i++) arch->mixer(ms[i], l, n[i], pos[i]);

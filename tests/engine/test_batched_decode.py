@@ -294,3 +294,21 @@ def test_state_of_another_shape_is_refused_per_sequence(moe, tmp_path):
     with pytest.raises(StateMismatchError, match="ctx_tokens"):
         t.load_state(str(tmp_path / "s.st"))
     assert t.position == 0
+
+
+def test_batched_decode_step_looks_ahead_for_every_sequence(moe):
+    """Lookahead prefetches the next layer's likely experts of every row of a batched
+    decode step; timing only, so the logits are those without it."""
+    out = {}
+    for la in (0, 1):
+        c = _ctx(moe, 4, lookahead=la)
+        seqs = [None] + [c.seq_open() for _ in range(3)]
+        lg = np.zeros((4, c.vocab_size), np.float32)
+        c.eval_batch(seqs, [np.array(p[:4], np.int32) for p in PROMPTS[1:5]], lg)
+        c.stats_reset()
+        c.eval_batch(seqs, [np.array([int(r.argmax())], np.int32) for r in lg], lg)
+        out[la] = (lg.copy(), c.stats())
+    assert np.array_equal(out[0][0], out[1][0])
+    assert out[0][1]["prefetch_issued"] == 0
+    assert out[1][1]["prefetch_issued"] > 0 and out[1][1]["prefetch_hits"] > 0
+    assert out[1][1]["expert_misses"] < out[0][1]["expert_misses"]

@@ -91,14 +91,17 @@ static void routed_expert(void *arg, wpi_model *m, const wpi_expert_view *v, int
     expert_ffn(m, (const wpi_layer *)arg, v, expert, rows, cnt, out);
 }
 
-static void lookahead(wpi_model *m, uint32_t l)
+static void lookahead(wpi_model *m, uint32_t l, uint32_t n)
 {
     const wpi_hparams *hp = m->hp;
     const wpi_layer *N = &m->layers[l + 1];
-    wpi_rmsnorm(m->xg, m->x, N->ffn_norm, hp->hidden_size, hp->rms_norm_eps);
-    route(m, N, m->xg, 1, m->la_probs);
-    wpi_topk(m->la_probs, hp->n_experts, hp->top_k, m->la_ids, m->la_w);
-    wpi_experts_prefetch(m->experts, l + 1, m->la_ids, hp->top_k);
+    for (uint32_t t = 0; t < n; t++) {
+        wpi_rmsnorm(m->xg, m->x + (size_t)t * hp->hidden_size, N->ffn_norm, hp->hidden_size,
+                    hp->rms_norm_eps);
+        route(m, N, m->xg, 1, m->la_probs);
+        wpi_topk(m->la_probs, hp->n_experts, hp->top_k, m->la_ids, m->la_w);
+        wpi_experts_prefetch(m->experts, l + 1, m->la_ids, hp->top_k);
+    }
 }
 
 static wp_status moe_block(wpi_model *m, uint32_t l, uint32_t n)
@@ -126,8 +129,9 @@ static wp_status moe_block(wpi_model *m, uint32_t l, uint32_t n)
         for (size_t i = 0; i < H; i++) x[i] += acc[i];
     }
 
-    if (m->lookahead && n == 1 && l + 1 < hp->n_layers && m->layers[l + 1].is_moe)
-        lookahead(m, l);
+    if (m->lookahead && (n == 1 || n == m->la_rows) && l + 1 < hp->n_layers &&
+        m->layers[l + 1].is_moe)
+        lookahead(m, l, n);
     return WP_OK;
 }
 
