@@ -33,6 +33,22 @@ cdef inline int _check(wp_status status, wp_ctx *ctx) except -1:
     return 0
 
 
+ctypedef wp_status (*_ctx_path_fn)(wp_ctx *, const char *) noexcept nogil
+ctypedef wp_status (*_seq_path_fn)(wp_seq *, const char *) noexcept nogil
+
+
+cdef int _path_call(_ctx_path_fn on_ctx, wp_ctx *ctx, _seq_path_fn on_seq, wp_seq *seq,
+                    str path) except -1:
+    """A state file call on the context's own state (on_ctx) or on a sequence (on_seq),
+    without the GIL; errors raised with ctx's detail."""
+    cdef bytes b = path.encode()
+    cdef const char *p = b
+    cdef wp_status st
+    with nogil:
+        st = on_ctx(ctx, p) if on_ctx != NULL else on_seq(seq, p)
+    return _check(st, ctx)
+
+
 cdef class _Cfg:
     """Owns a wp_cfg and the bytes its string fields point to."""
 
@@ -202,21 +218,11 @@ cdef class Context:
 
     def save_state(self, str path):
         self._live()
-        cdef bytes b = path.encode()
-        cdef const char *p = b
-        cdef wp_status st
-        with nogil:
-            st = wp_state_save(self.ctx, p)
-        _check(st, self.ctx)
+        _path_call(wp_state_save, self.ctx, NULL, NULL, path)
 
     def load_state(self, str path):
         self._live()
-        cdef bytes b = path.encode()
-        cdef const char *p = b
-        cdef wp_status st
-        with nogil:
-            st = wp_state_load(self.ctx, p)
-        _check(st, self.ctx)
+        _path_call(wp_state_load, self.ctx, NULL, NULL, path)
 
     def seq_open(self):
         """Takes a free sequence (BudgetError when all max_sequences are in use)."""
@@ -368,18 +374,8 @@ cdef class Sequence:
 
     def save_state(self, str path):
         self._live()
-        cdef bytes b = path.encode()
-        cdef const char *p = b
-        cdef wp_status st
-        with nogil:
-            st = wp_seq_save(self.seq, p)
-        _check(st, self.owner.ctx)
+        _path_call(NULL, self.owner.ctx, wp_seq_save, self.seq, path)
 
     def load_state(self, str path):
         self._live()
-        cdef bytes b = path.encode()
-        cdef const char *p = b
-        cdef wp_status st
-        with nogil:
-            st = wp_seq_load(self.seq, p)
-        _check(st, self.owner.ctx)
+        _path_call(NULL, self.owner.ctx, wp_seq_load, self.seq, path)

@@ -56,18 +56,20 @@ def _llama():
 
 
 def _kimi_linear():
+    """Layers KDA, MLA, KDA; the first dense, the others routed (grouped, biased)."""
     import transformers as tf
 
-    kw = dict(_COMMON)
-    kw.update(
-        num_hidden_layers=4, intermediate_size=128, moe_intermediate_size=32, num_experts=8,
-        num_experts_per_token=2, n_shared_experts=1, num_expert_group=4, topk_group=2,
-        routed_scaling_factor=2.5, moe_renormalize=True, kv_lora_rank=32, q_lora_rank=None,
-        qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, num_key_value_heads=4,
-        linear_attn_config={"head_dim": 32, "num_heads": 2, "short_conv_kernel_size": 4,
-                            "kda_layers": [1, 3], "full_attn_layers": [2, 4]},
-        mlp_layer_types=["dense", "sparse", "sparse", "sparse"])
-    return tf.KimiLinearConfig(**kw)
+    attn = {"head_dim": 16, "num_heads": 2, "short_conv_kernel_size": 3,
+            "kda_layers": [1, 3], "full_attn_layers": [2]}
+    moe_kw = {"moe_intermediate_size": 32, "num_experts": 8, "num_experts_per_token": 2,
+              "n_shared_experts": 1, "num_expert_group": 2, "topk_group": 1,
+              "routed_scaling_factor": 1.5, "moe_renormalize": True,
+              "mlp_layer_types": ["dense", "sparse", "sparse"]}
+    mla_kw = {"kv_lora_rank": 16, "q_lora_rank": None, "qk_rope_head_dim": 8,
+              "qk_nope_head_dim": 16, "v_head_dim": 16}
+    base = {**_COMMON, "num_hidden_layers": 3, "num_key_value_heads": 4,
+            "intermediate_size": 96}
+    return tf.KimiLinearConfig(**base, **moe_kw, **mla_kw, linear_attn_config=attn)
 
 
 @pytest.fixture(scope="module")
