@@ -185,9 +185,12 @@ static wp_status check_batch(wp_ctx *ctx, const tables *tb, wp_seq *const *seqs,
     memset(tb->mark, 0, ctx->n_seqs);
     for (uint32_t i = 0; i < n_seqs; i++) {
         wp_seq *s = seqs && seqs[i] ? seqs[i] : &ctx->seqs[0];
-        if (s < ctx->seqs || s >= ctx->seqs + ctx->n_seqs || !s->open)
+        /* compared as addresses: s may point anywhere */
+        const uintptr_t at = (uintptr_t)s, first = (uintptr_t)ctx->seqs;
+        if (at < first || at >= first + ctx->n_seqs * sizeof *s ||
+            (at - first) % sizeof *s != 0 || !s->open)
             return wpi_ctx_fail(ctx, WP_E_ARG, "sequence %u is not an open sequence of this context", i);
-        size_t k = (size_t)(s - ctx->seqs);
+        size_t k = (at - first) / sizeof *s;
         if (tb->mark[k])
             return wpi_ctx_fail(ctx, WP_E_ARG, "sequence %u is given twice in one batch", i);
         tb->mark[k] = 1;
