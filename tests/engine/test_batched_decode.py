@@ -1,7 +1,8 @@
 """Many sequences on one context and wp_eval_batch, through the binding.
 
 Batched equals alone (greedy tokens, logits within 1e-4 on F32 containers) on a tiny MoE,
-a tiny dense llama and a tiny kimi_linear (KDA + MLA layers); sequences are isolated from
+a tiny dense llama, a tiny kimi_linear (KDA + MLA layers) and a tiny deepseek_v4 (batched
+one sequence after another); sequences are isolated from
 each other's reset, truncate, copy and load; a bad input anywhere in a batch changes no
 sequence; the sequences are a bounded, typed resource; the plan's floor grows by one
 sequence's bytes per sequence; and one batched step reads the union of the sequences'
@@ -17,7 +18,7 @@ import numpy as np
 import pytest
 
 from support import has_module, requires
-from tiny import tiny_moe
+from tiny import tiny_deepseek_v4, tiny_moe
 from warp_providers import ContextOverflowError, MemoryBudgetError, StateMismatchError, _engine
 from warp_providers import plan_memory as engine_plan
 
@@ -77,10 +78,14 @@ def moe(tmp_path_factory) -> Path:
     return tiny_moe(tmp_path_factory.mktemp("bmoe"), experts="f32", trunk="f32")
 
 
-@pytest.fixture(scope="module", params=["qwen3_moe", "llama", "kimi_linear"])
+@pytest.fixture(scope="module", params=["qwen3_moe", "llama", "kimi_linear", "deepseek_v4"])
 def any_model(request, tmp_path_factory) -> Path:
+    """deepseek_v4 has no mixer / ffn split: its batch runs sequence after sequence, each
+    on its own state and layer table (its layers point into their sequence's state)."""
     if request.param == "qwen3_moe":
         return request.getfixturevalue("moe")
+    if request.param == "deepseek_v4":
+        return tiny_deepseek_v4(tmp_path_factory.mktemp("bv4"), experts="f32")
     requires(has_module("torch") and has_module("transformers"),
              "torch and transformers (the tiny dense and kimi_linear models)")
     make = _llama if request.param == "llama" else _kimi_linear
