@@ -104,6 +104,10 @@ def _options(
             if not isinstance(value, int) or value < 0:
                 raise ValueError(f"{key} must be a non-negative int")
             opts[key] = value
+        elif key == "max_sequences":
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 65536:
+                raise ValueError(f"max_sequences must be an int in [0, 65536], got {value!r}")
+            opts[key] = value
         elif key == "usable_ram":
             opts["usable_ram_bytes"] = parse_size(value)
         elif key in ("hotlist_path", "cgroup_root", "proc_root"):
@@ -303,7 +307,8 @@ class Engine:
                 hotlist (True: warm the cache from the hotlist `save_hotlist()` wrote
                 in the container; no file yet is a first run, not an error),
                 hotlist_path (a hotlist file elsewhere), usable_ram, cgroup_root,
-                proc_root.
+                proc_root, max_sequences (sequences the engine holds at once, each
+                state counted inside the budget; 0 or absent = 1).
 
         Raises:
             ModelNotFoundError, ModelFormatError, UnsupportedModelError,

@@ -55,6 +55,14 @@ wp_status wpi_moe_for_each_expert(wpi_model *mdl, uint32_t layer, const float *x
  * layers and wpi_ffn_block on dense ones; the arch's hparams decide routing, shared
  * expert and qk norm. */
 wp_status wpi_moe_decoder_layer(wpi_model *mdl, uint32_t layer, uint32_t n, uint32_t pos);
+/* Its two halves for wp_eval_batch (arch.h mixer / ffn): the attention of the layer's
+ * kind; the dense FFN or the MoE block (also deepseek_v3's and kimi_linear's ffn). */
+void wpi_moe_decoder_mixer(wpi_model *mdl, uint32_t layer, uint32_t n, uint32_t pos);
+wp_status wpi_moe_decoder_ffn(wpi_model *mdl, uint32_t layer, uint32_t n);
+/* The hooks of a layer that is wpi_moe_decoder_mixer then _ffn. */
+#define WPI_MOE_DECODER_HOOKS                                                         \
+    .layer_forward = wpi_moe_decoder_layer, .mixer = wpi_moe_decoder_mixer,            \
+    .ffn = wpi_moe_decoder_ffn
 /* attention_sw.c: attention with per-head sinks (layer's attn_sinks, if any) over keys
  * p-window+1..p of each position p (window 0: all); biases, RoPE, no qk norm. */
 void wpi_attention_sw_block(wpi_model *mdl, uint32_t layer, uint32_t n, uint32_t pos,

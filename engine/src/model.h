@@ -59,6 +59,8 @@ typedef struct wpi_model {
     wpi_experts *experts;
     uint32_t ctx, chunk;         /* context length, tokens per chunk */
     int lookahead;               /* decode-time prefetch of the next layer's experts */
+    uint32_t la_rows;            /* a batched decode step's rows (one per sequence), which
+                                    the lookahead predicts for as for one token; else 0 */
     const wpi_wmat *lm_head;     /* output.weight or token_embd.weight */
     wpi_wmat tok_embd, output;
     const float *out_norm;       /* [hidden] */

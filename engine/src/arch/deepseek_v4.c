@@ -40,9 +40,10 @@ typedef struct v4_layer {
     wpi_wmat idx_q, idx_w;            /* [ih*ihd, q_lora_rank], [ih, H] */
     const float *idx_bias, *idx_norm; /* [rate, 2ihd], [ihd] */
     const float *hash_ids;            /* [vocab, top_k] expert ids as f32, or NULL */
-    float *cstate;                    /* this layer's state block */
+    size_t cstate;                    /* this layer's state block: floats into m->kcache */
 } v4_layer;
-/* Its model state (m->arch, carved by scratch). */
+/* Its model state (m->arch, carved by scratch; shared by a context's sequences, so it
+ * holds no pointer into a sequence's state: cstate is an offset into m->kcache). */
 typedef struct v4_model {
     v4_layer *layers;                 /* [n_layers] */
     float *buf;                       /* scratch_floats: the carve below */
@@ -448,7 +449,7 @@ static void v4_attention(wpi_model *m, uint32_t l, const float *x, uint32_t n, u
     const int csa = own_hp(hp)->layer_compress[l] == CMP_CSA;
     v4_scr s;
     carve(hp, m->chunk, own(m)->buf, &s);
-    float *S = V->cstate;
+    float *S = m->kcache + V->cstate;
 
     /* rope of this layer at the chunk's positions */
     const float *cosv = m->rope_cos, *sinv = m->rope_sin;
@@ -849,7 +850,7 @@ static void bind(wpi_model *m, const wpi_container *c, void *kv)
         V->idx_bias = wpi_bind_vec(c, "blk.%u.attn_idx_bias", l);
         V->idx_norm = wpi_bind_vec(c, "blk.%u.attn_idx_norm.weight", l);
         V->hash_ids = own_hp(hp)->layer_hash[l] ? wpi_bind_vec(c, "blk.%u.ffn_hash_ids", l) : NULL;
-        V->cstate = (float *)kv + off;
+        V->cstate = off;
         off += layer_state_floats(hp, l, m->ctx);
     }
 }
@@ -857,7 +858,7 @@ static void bind(wpi_model *m, const wpi_container *c, void *kv)
 /* A layer's whole state block is its part 0, whatever the position. */
 static size_t state_part(const wpi_model *m, uint32_t l, int v, uint32_t pos, float **at)
 {
-    *at = own(m)->layers[l].cstate;
+    *at = m->kcache + own(m)->layers[l].cstate;
     return v ? 0 : layer_state_floats(m->hp, l, m->ctx) * sizeof(float);
 }
 

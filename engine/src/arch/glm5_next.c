@@ -41,9 +41,10 @@ typedef struct glm5_layer {
     wpi_wmat idx_gate, idx_k;         /* [index_head_dim, hidden] */
     const float *idx_k_norm, *idx_k_norm_b; /* LayerNorm [index_head_dim] */
     const float *idx_ape;             /* [index_kpool, index_head_dim] */
-    uint32_t idx_slot;                /* this layer's block of idx_cache */
+    uint32_t idx_slot;                /* this layer's block of idx_cache(m) */
 } glm5_layer;
-/* Its model state (m->arch, carved by scratch). */
+/* Its model state (m->arch, carved by scratch; shared by a context's sequences, so it
+ * holds no pointer into a sequence's state). */
 typedef struct glm5_model {
     glm5_layer *layers;          /* [n_layers] */
     float *hc_x;                 /* [C, hc_mult, hidden] hyper-connection streams */
@@ -53,9 +54,14 @@ typedef struct glm5_model {
     float *idx_wt;               /* [C, index_heads] indexer head weights */
     int32_t *idx_sel;            /* [C, index_topk / index_kpool] selected pools, ascending */
     int32_t *idx_nsel;           /* [C] */
-    float *idx_cache;            /* [indexer layers][ctx][dsa_row_floats], after kda_state */
 } glm5_model;
 WPI_OWN_MODEL(glm5_model)
+
+/* The indexer rows of m's sequence: [indexer layers][ctx][dsa_row_floats], after kda_state. */
+static float *idx_cache(const wpi_model *m)
+{
+    return m->kda_state + (size_t)wpi_kda_layers(m->hp) * wpi_kda_state_floats(m->hp);
+}
 
 /* ---- hparams: the keys only glm5_next reads ----------------------------------------- */
 
@@ -234,7 +240,7 @@ static void dsa_index(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
     const glm5_layer *G = &own(m)->layers[l];
     const uint32_t D = hp->index_head_dim, NI = hp->index_heads, P = own_hp(hp)->index_kpool;
     const size_t H = hp->hidden_size, RW = 3 * (size_t)D;
-    float *rows = own(m)->idx_cache + (size_t)G->idx_slot * m->ctx * RW;
+    float *rows = idx_cache(m) + (size_t)G->idx_slot * m->ctx * RW;
     float *r0 = rows + (size_t)pos * RW;
 
     wpi_mm a[3] = {{&G->idx_k, r0, RW}, {&G->idx_gate, r0 + D, RW}, {&G->idx_w, own(m)->idx_wt, NI}};
@@ -411,7 +417,6 @@ static void bind(wpi_model *m, const wpi_container *c, void *kv)
     const wpi_hparams *hp = m->hp;
     uint32_t n_idx = 0;
     wpi_mla_bind(m, c, kv);
-    own(m)->idx_cache = m->kda_state + (size_t)wpi_kda_layers(hp) * wpi_kda_state_floats(hp);
     for (uint32_t l = 0; l < hp->n_layers; l++) {
         glm5_layer *G = &own(m)->layers[l];
         if (!is_indexer(hp, l)) continue;
@@ -431,7 +436,7 @@ static size_t state_part(const wpi_model *m, uint32_t l, int v, uint32_t pos, fl
 {
     const wpi_hparams *hp = m->hp;
     if (v && is_indexer(hp, l)) {
-        *at = own(m)->idx_cache + (size_t)own(m)->layers[l].idx_slot * m->ctx * dsa_row_floats(hp);
+        *at = idx_cache(m) + (size_t)own(m)->layers[l].idx_slot * m->ctx * dsa_row_floats(hp);
         return dsa_row_floats(hp) * sizeof(float) * pos;
     }
     return wpi_mla_state_part(m, l, v, pos, at);

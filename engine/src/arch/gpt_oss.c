@@ -103,14 +103,17 @@ static void routed_expert(void *arg, wpi_model *m, const wpi_expert_view *v, int
     expert_ffn(m, (const oss_layer *)arg, v, expert, rows, cnt, out);
 }
 
-static void lookahead(wpi_model *m, uint32_t l)
+static void lookahead(wpi_model *m, uint32_t l, uint32_t n)
 {
     const wpi_hparams *hp = m->hp;
     const wpi_layer *N = &m->layers[l + 1];
-    wpi_rmsnorm(m->xg, m->x, N->ffn_norm, hp->hidden_size, hp->rms_norm_eps);
-    route(m, l + 1, m->xg, 1, m->la_probs);
-    wpi_topk(m->la_probs, hp->n_experts, hp->top_k, m->la_ids, m->la_w);
-    wpi_experts_prefetch(m->experts, l + 1, m->la_ids, hp->top_k);
+    for (uint32_t t = 0; t < n; t++) {
+        wpi_rmsnorm(m->xg, m->x + (size_t)t * hp->hidden_size, N->ffn_norm, hp->hidden_size,
+                    hp->rms_norm_eps);
+        route(m, l + 1, m->xg, 1, m->la_probs);
+        wpi_topk(m->la_probs, hp->n_experts, hp->top_k, m->la_ids, m->la_w);
+        wpi_experts_prefetch(m->experts, l + 1, m->la_ids, hp->top_k);
+    }
 }
 
 static wp_status moe_block(wpi_model *m, uint32_t l, uint32_t n)
@@ -139,8 +142,9 @@ static wp_status moe_block(wpi_model *m, uint32_t l, uint32_t n)
         for (size_t i = 0; i < H; i++) x[i] += acc[i];
     }
 
-    if (m->lookahead && n == 1 && l + 1 < hp->n_layers && m->layers[l + 1].is_moe)
-        lookahead(m, l);
+    if (m->lookahead && (n == 1 || n == m->la_rows) && l + 1 < hp->n_layers &&
+        m->layers[l + 1].is_moe)
+        lookahead(m, l, n);
     return WP_OK;
 }
 
@@ -181,11 +185,16 @@ static wp_status check(const wpi_container *c, char *err, size_t cap)
     return WP_OK;
 }
 
-static wp_status layer_forward(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
+static void mixer(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
 {
     const wpi_hparams *hp = m->hp;
     wpi_attention_sw_block(m, l, n, pos,
                            hp->layer_attn[l] == WPI_ATTN_SLIDING ? hp->sliding_window : 0);
+}
+
+static wp_status layer_forward(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
+{
+    mixer(m, l, n, pos);
     return moe_block(m, l, n);
 }
 
@@ -214,4 +223,6 @@ const wpi_arch wpi_arch_gpt_oss = {
     .scratch = scratch,
     .bind = bind,
     .layer_forward = layer_forward,
+    .mixer = mixer,
+    .ffn = moe_block,
 };

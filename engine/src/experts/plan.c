@@ -5,6 +5,8 @@
  *   floor       = trunk + kv + scratch + minimum cache (top_k x record x 2, so one
  *                 layer's experts can be in use while the next layer's are read, plus
  *                 the cache's bookkeeping: wpi_cache_meta_bytes)
+ *                 + (sequences - 1) x sequence (its state and its layer table; the
+ *                 scratch is shared, sequence 0's state is kv)
  *   ws          = top_k x record x MoE layers: one token's expert traffic
  *   recommended = floor + 3 ws, capped where every expert record fits
  *   budget      = explicit: exactly as given (below the floor: WP_E_BUDGET)
@@ -56,8 +58,9 @@ wp_status wpi_plan(const wpi_container *c, const wp_cfg *cfg, wpi_sizes_fn sizes
     uint64_t topk = c->n_banks ? hp->top_k : 0;
 
     out->ctx_tokens = ctx;
+    out->sequences = cfg->max_sequences ? cfg->max_sequences : 1;
     out->trunk_bytes = c->trunk_bytes;
-    sizes(hp, ctx, chunk, out->state_bytes, &out->scratch_bytes);
+    sizes(hp, ctx, chunk, out->state_bytes, &out->scratch_bytes, &out->sequence_bytes);
     for (int k = 0; k < WP_STATE_KINDS; k++) out->kv_bytes += out->state_bytes[k];
     out->record_bytes = rec;
     out->experts_total_bytes = c->experts_total_bytes;
@@ -67,8 +70,10 @@ wp_status wpi_plan(const wpi_container *c, const wp_cfg *cfg, wpi_sizes_fn sizes
     uint64_t most = records > 2 * topk ? records : 2 * topk;
     uint64_t meta = wpi_cache_meta_bytes(c, most > UINT32_MAX ? UINT32_MAX : (uint32_t)most);
     out->min_cache_bytes = sat_add(sat_mul(sat_mul(topk, rec), 2), meta);
-    out->floor_bytes = sat_add(sat_add(sat_add(out->trunk_bytes, out->kv_bytes),
-                                       out->scratch_bytes), out->min_cache_bytes);
+    const uint64_t more = sat_mul(out->sequences - 1, out->sequence_bytes);
+    out->floor_bytes = sat_add(sat_add(sat_add(sat_add(out->trunk_bytes, out->kv_bytes),
+                                               out->scratch_bytes), out->min_cache_bytes),
+                               more);
     out->working_set_bytes = sat_mul(sat_mul(topk, rec), c->n_banks);
     /* The most cache that can be useful: every record (never below the minimum). */
     uint64_t all = c->n_banks ? sat_add(c->experts_total_bytes, meta) : 0;
@@ -85,14 +90,15 @@ wp_status wpi_plan(const wpi_container *c, const wp_cfg *cfg, wpi_sizes_fn sizes
         if (cfg->budget_bytes < out->floor_bytes) {
             st = wpi_fail(err, cap, WP_E_BUDGET,
                           "budget %llu bytes (%.2f GiB) is below the floor %llu bytes "
-                          "(%.2f GiB): trunk %llu + kv %llu + scratch %llu + minimum expert "
-                          "cache %llu",
+                          "(%.2f GiB) for %u sequences: trunk %llu + kv %llu + scratch %llu "
+                          "+ minimum expert cache %llu + %u more sequences x %llu",
                           (unsigned long long)cfg->budget_bytes, cfg->budget_bytes / GIB,
                           (unsigned long long)out->floor_bytes, out->floor_bytes / GIB,
-                          (unsigned long long)out->trunk_bytes,
+                          out->sequences, (unsigned long long)out->trunk_bytes,
                           (unsigned long long)out->kv_bytes,
                           (unsigned long long)out->scratch_bytes,
-                          (unsigned long long)out->min_cache_bytes);
+                          (unsigned long long)out->min_cache_bytes, out->sequences - 1,
+                          (unsigned long long)out->sequence_bytes);
         }
     } else {
         uint64_t cap_bytes = out->usable_ram_bytes / 4 * 3;
