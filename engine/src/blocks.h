@@ -56,7 +56,7 @@ wp_status wpi_moe_for_each_expert(wpi_model *mdl, uint32_t layer, const float *x
  * expert and qk norm. */
 wp_status wpi_moe_decoder_layer(wpi_model *mdl, uint32_t layer, uint32_t n, uint32_t pos);
 /* Its two halves for wp_eval_batch (arch.h mixer / ffn): the attention of the layer's
- * kind; the dense FFN or the MoE block (also deepseek_v3's and kimi_linear's ffn). */
+ * kind; the dense FFN or the MoE block (also the ffn of the MLA and KDA decoders). */
 void wpi_moe_decoder_mixer(wpi_model *mdl, uint32_t layer, uint32_t n, uint32_t pos);
 wp_status wpi_moe_decoder_ffn(wpi_model *mdl, uint32_t layer, uint32_t n);
 /* The hooks of a layer that is wpi_moe_decoder_mixer then _ffn. */
