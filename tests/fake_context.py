@@ -70,13 +70,15 @@ class FakeContext:
         max_sequences: sequences allocated at open (sequence 0 is the context's own).
         recurrent: truncating to anything but the current position raises.
         step_seconds: each evaluation sleeps this long (lets concurrent callers pile up).
+        refuse: token ids a prompt chunk (2 tokens or more) may not hold: the evaluation
+            refuses it (ValueError) before any sequence changes.
     """
 
     def __init__(self, vocab: int, ctx_tokens: int = 4096, max_sequences: int = 4, *,
-                 recurrent: bool = False,
-                 step_seconds: float = 0.0) -> None:
+                 recurrent: bool = False, step_seconds: float = 0.0,
+                 refuse: frozenset[int] = frozenset()) -> None:
         self.vocab, self.ctx_tokens, self.recurrent = vocab, ctx_tokens, recurrent
-        self.step_seconds = step_seconds
+        self.step_seconds, self.refuse = step_seconds, refuse
         self.closed = False
         self.max_sequences = max_sequences
         self.seq0 = FakeSequence(self, 0)
@@ -157,6 +159,8 @@ class FakeContext:
             raise ValueError("the engine is closed")
         if not toks or min(toks) < 0 or max(toks) >= self.vocab:
             raise ValueError("token id out of range")
+        if len(toks) > 1 and self.refuse.intersection(toks):
+            raise ValueError(f"refused token in {toks}")
         if len(seq.ids) + len(toks) > self.ctx_tokens:
             raise ContextOverflowError("the sequence is full")
 

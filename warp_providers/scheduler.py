@@ -96,6 +96,11 @@ class Scheduler:
             self._cv.notify()
         return req.events(self.wake)
 
+    def counts(self) -> tuple[int, int]:
+        """(requests running, requests waiting for a sequence)."""
+        with self._cv:
+            return len(self._active), len(self._waiting)
+
     def wake(self) -> None:
         """Something changed for the worker (an event taken, a request cancelled)."""
         with self._cv:
