@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from warp_providers.engine import Engine
 from warp_providers.errors import ContextOverflowError, MemoryBudgetError, StateMismatchError
 
 MOD = (1 << 61) - 1
@@ -202,3 +203,12 @@ class FakeSingleContext(FakeContext):
         del self.max_sequences
 
     seq_open = None  # type: ignore[assignment]
+
+
+def engine_on(ctx: FakeContext, **kw: Any) -> Engine:
+    """An `Engine` over a Context double, with the byte-level test tokenizer and ChatML."""
+    from fake_engine import CHATML_TEMPLATE, make_tokenizer
+
+    eng = Engine(ctx, "fake.warp", make_tokenizer(), **kw)
+    eng.chat_metadata = lambda: {"format": None, "template": CHATML_TEMPLATE}  # type: ignore
+    return eng

@@ -16,20 +16,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from fake_context import FakeBatchContext, FakeContext, FakeSingleContext, logits_after
-from fake_engine import CHATML_TEMPLATE, make_tokenizer
+from fake_context import FakeBatchContext, FakeSingleContext, logits_after
+from fake_context import engine_on as engine
+from fake_engine import make_tokenizer
 
 from warp_providers import Engine
 from warp_providers.session import ChatSession
 
-TOK = make_tokenizer()
-V = TOK.vocab_size
-
-
-def engine(ctx: FakeContext, **kw) -> Engine:
-    eng = Engine(ctx, "fake.warp", TOK, **kw)
-    eng.chat_metadata = lambda: {"format": None, "template": CHATML_TEMPLATE}  # type: ignore
-    return eng
+V = make_tokenizer().vocab_size
 
 
 def prompt(seed: int, n: int) -> list[int]:
