@@ -159,16 +159,20 @@ class Scheduler:
     # -- the worker -----------------------------------------------------------------
     def _loop(self) -> None:
         while True:
-            with self._cv:
-                ready = self._gather()
-                if ready is None:
-                    return
+            ready: list[Request] = []
             try:
+                with self._cv:
+                    got = self._gather()
+                if got is None:
+                    return
+                ready = got
                 self._step(ready)
             except BaseException as exc:  # a fault of the step itself: its requests fail
-                for r in ready:
-                    r.slot.ids = None
-                    r.fail(exc)
+                with self._cv:
+                    for r in ready or list(self._waiting) + self._active:
+                        if r.slot is not None:
+                            r.slot.ids = None  # unknown state: reset before reuse
+                        r.fail(exc)
             with self._cv:
                 self._retire()
 
@@ -191,9 +195,9 @@ class Scheduler:
 
     def _retire(self) -> None:
         for r in list(self._waiting):
-            if r.cancelled:
+            if r.cancelled or r.done:
                 self._waiting.remove(r)
-                r.finish("cancelled")
+                r.finish("cancelled")  # nothing when it failed already
         keep = []
         for r in self._active:
             if r.cancelled and not r.done:
