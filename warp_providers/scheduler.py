@@ -3,7 +3,8 @@
 Owns: the sequence slots of one context (slot 0 is the context's own state, the others come
 from `Context.seq_open()`), the FIFO of requests waiting for a slot, prefix reuse across
 slots (an idle slot keeps its tokens; a new request takes the idle slot sharing the longest
-token prefix with its prompt, the least recently used among equals), the step (every ready
+token prefix with its prompt, the least recently used among equals, or copies the state of
+a running sequence that shares more), the step (every ready
 request contributes its next prefill chunk or its one decode token; one `eval_batch`; each
 request samples from its row), the split of the engine counters among a step's requests,
 and the lock every call into the context holds.
@@ -32,6 +33,9 @@ __all__ = ["Scheduler", "Slot"]
 GATHER_SECONDS = 0.002
 """How long a step waits for the consumers of the last step to take their events, so the
 step batches them instead of leaving them to the next one."""
+COPY_MIN = 32
+"""Prompt tokens a running sequence must share beyond the best free one for its state to
+be copied (smaller gains are not worth a state copy)."""
 _INPUT_ERRORS = (ValueError, ContextOverflowError, StateMismatchError)
 """What `eval_batch` raises for a bad input before anything runs (no sequence changed)."""
 
@@ -65,6 +69,9 @@ class Scheduler:
         n = int(getattr(ctx, "max_sequences", 1) or 1)
         self.batched = n > 1 and hasattr(ctx, "eval_batch")
         self.slots = [Slot(0, None)]
+        # the other sequences count as older: requests take them first, leaving sequence 0
+        # (no handle a copy could use) to the low-level calls while there are others
+        self.slots[0].used = time.monotonic()
         if self.batched:
             self.slots += [Slot(i, ctx.seq_open()) for i in range(1, n)]
         self._cv = threading.Condition()
@@ -222,7 +229,11 @@ class Scheduler:
             slot.busy = True
             req.slot = slot
             try:
-                common = self._rewind(slot, common)
+                donor, shared = self._donor(req.ids, slot, common)
+                if donor is not None:
+                    common = self._copy(slot, donor, shared)
+                else:
+                    common = self._rewind(slot, common)
             except BaseException as exc:
                 slot.busy = False
                 slot.ids = None
@@ -244,6 +255,33 @@ class Scheduler:
             if best_key is None or key > best_key:
                 best, best_key = s, key
         return best, (best_key[0] if best_key else 0)
+
+    def _donor(self, ids: list[int], target: Slot, have: int) -> tuple[Slot | None, int]:
+        """A running sequence sharing at least `COPY_MIN` more prompt tokens than `have`.
+
+        Its state is copied, then truncated, instead of prefilling the shared tokens again
+        (requests that share a system prompt or a tool list, arriving while one runs).
+        Sequence 0 has no handle to copy: it is neither donor nor target.
+        """
+        if target.seq is None:
+            return None, have
+        best, n = None, have + COPY_MIN - 1
+        for s in self.slots:
+            if s is target or not s.busy or s.seq is None or s.ids is None:
+                continue
+            c = _common(s.ids, ids)
+            if c > n and (self._can_truncate or c == len(s.ids)):
+                best, n = s, c
+        return best, n
+
+    def _copy(self, slot: Slot, donor: Slot, shared: int) -> int:
+        """Makes the slot hold the donor's first `shared` tokens; returns the tokens kept."""
+        assert donor.ids is not None
+        with self.ctx_lock:
+            slot.ids = None
+            slot.seq.copy_from(donor.seq)
+            slot.ids = list(donor.ids)
+        return self._rewind(slot, shared)
 
     def _rewind(self, slot: Slot, common: int) -> int:
         """Makes the slot hold ids[:common]; returns the tokens kept."""

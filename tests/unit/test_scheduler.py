@@ -243,6 +243,26 @@ def test_a_shared_200_token_prefix_is_prefilled_once_across_sequences():
     assert b.token_ids == alone.token_ids == greedy(second, 8)
 
 
+def test_a_request_copies_the_state_of_a_running_sequence_sharing_its_prefix():
+    shared = prompt(21, 120)
+    first, second = shared + prompt(22, 6), shared + prompt(23, 4)
+    ctx = FakeBatchContext(V, max_sequences=3, step_seconds=0.002)
+    eng = engine(ctx)
+    box: dict[str, object] = {}
+    t = threading.Thread(target=lambda: box.update(a=eng.generate(first, max_tokens=40,
+                                                                  stop_ids=[])))
+    t.start()
+    while sum(len(toks) for call in ctx.calls for _, toks in call) < len(first) + 3:
+        time.sleep(0.0005)  # the first request is decoding
+    n_calls = len(ctx.calls)
+    b = eng.generate(second, max_tokens=6, stop_ids=[])
+    t.join(30)
+    assert b.cached_tokens == 120 and b.token_ids == greedy(second, 6)
+    assert box["a"].token_ids == greedy(first, 40)  # the donor is untouched
+    later = [len(toks) for call in ctx.calls[n_calls:] for _, toks in call]
+    assert max(later) == 4  # its prefill: only the tokens after the shared prefix
+
+
 def test_idle_sequences_are_evicted_least_recently_used_first():
     ctx = FakeBatchContext(V, max_sequences=2)
     eng = engine(ctx)
