@@ -21,6 +21,7 @@ from fake_context import engine_on as engine
 from fake_engine import make_tokenizer
 
 from warp_providers import Engine
+from warp_providers.errors import MemoryBudgetError
 from warp_providers.session import ChatSession
 
 V = make_tokenizer().vocab_size
@@ -340,3 +341,45 @@ def test_close_cancels_the_generations_in_progress():
     assert 3 <= len(box["r"].token_ids) < 10_000
     with pytest.raises(ValueError, match="closed"):
         eng.generate([1, 2], max_tokens=1)
+
+
+class _Binding:
+    """A binding whose Context holds at most `fits` sequences in its budget."""
+
+    def __init__(self, fits: int, sequences: bool = True) -> None:
+        self.opened: list[dict] = []
+        binding = self
+
+        class Context:
+            def __init__(self, where: str, opts: dict) -> None:
+                binding.opened.append(dict(opts))
+                if opts.get("max_sequences", 1) > fits:
+                    raise MemoryBudgetError(f"{opts['max_sequences']} states exceed it")
+
+        if sequences:
+            Context.seq_open = lambda self: None  # type: ignore[attr-defined]
+        self.Context = Context
+
+
+def test_the_default_sequences_shrink_to_what_the_budget_holds():
+    from warp_providers.engine import DEFAULT_SEQUENCES, _open_context
+
+    b = _Binding(fits=2)
+    _open_context(b, "m.warp", {"budget_bytes": None})
+    assert [o["max_sequences"] for o in b.opened] == [DEFAULT_SEQUENCES, 2]
+    with pytest.raises(MemoryBudgetError, match="max_sequences=3.*lower max_sequences"):
+        _open_context(_Binding(fits=2), "m.warp", {"max_sequences": 3})
+    none = _Binding(fits=0)
+    with pytest.raises(MemoryBudgetError, match="1 states"):
+        _open_context(none, "m.warp", {})
+    assert [o["max_sequences"] for o in none.opened] == [DEFAULT_SEQUENCES, 2, 1]
+
+
+def test_a_binding_without_sequences_opens_one_and_refuses_more():
+    from warp_providers.engine import _open_context
+
+    b = _Binding(fits=1, sequences=False)
+    _open_context(b, "m.warp", {"max_sequences": 1})
+    assert b.opened == [{}]  # the option never reaches a binding that does not know it
+    with pytest.raises(ValueError, match="max_sequences=2: this build"):
+        _open_context(b, "m.warp", {"max_sequences": 2})
