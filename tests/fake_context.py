@@ -154,7 +154,7 @@ class FakeContext:
     def close(self) -> None:
         self.closed = True
 
-    # -- helpers --------------------------------------------------------------------
+    # -- checks and records ---------------------------------------------------------
     def _check(self, seq: FakeSequence, toks: list[int]) -> None:
         if self.closed or seq.closed:
             raise ValueError("the engine is closed")
