@@ -33,6 +33,9 @@ __all__ = ["Scheduler", "Slot"]
 GATHER_SECONDS = 0.002
 """How long a step waits for the consumers of the last step to take their events, so the
 step batches them instead of leaving them to the next one."""
+IDLE_EXIT_SECONDS = 1.0
+"""The worker thread ends after this long with nothing to do (an engine nobody closes can
+then be freed); the next request starts it again."""
 COPY_MIN = 32
 """Prompt tokens a running sequence must share beyond the best free one for its state to
 be copied (smaller gains are not worth a state copy)."""
@@ -186,11 +189,19 @@ class Scheduler:
     def _gather(self) -> list[Request] | None:
         """Admits, retires and picks the requests of the next step (None: stop)."""
         waited = False
+        idle_since: float | None = None
         while True:
             self._retire()
             self._admit()
-            if self._closing and not self._active and not self._waiting:
-                return None
+            if not self._active and not self._waiting:
+                now = time.monotonic()
+                idle_since = now if idle_since is None else idle_since
+                if self._closing or now - idle_since >= IDLE_EXIT_SECONDS:
+                    self._worker = None  # the next submit starts another
+                    return None
+                self._cv.wait(IDLE_EXIT_SECONDS)
+                continue
+            idle_since = None
             ready = [r for r in self._active if r.ready]
             if ready and (waited or len(ready) == len(self._active)):
                 return ready

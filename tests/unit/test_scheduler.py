@@ -383,3 +383,17 @@ def test_a_binding_without_sequences_opens_one_and_refuses_more():
     assert b.opened == [{}]  # the option never reaches a binding that does not know it
     with pytest.raises(ValueError, match="max_sequences=2: this build"):
         _open_context(b, "m.warp", {"max_sequences": 2})
+
+
+def test_the_worker_thread_ends_when_idle_and_restarts_for_the_next_request():
+    from warp_providers.scheduler import IDLE_EXIT_SECONDS
+
+    eng = engine(FakeBatchContext(V, max_sequences=2))
+    p = prompt(31, 6)
+    assert eng.generate(p, max_tokens=3, stop_ids=[]).token_ids == greedy(p, 3)
+    deadline = time.monotonic() + 10 * IDLE_EXIT_SECONDS
+    while eng._sched._worker is not None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert eng._sched._worker is None
+    assert eng.generate(p + [1], max_tokens=3, stop_ids=[]).token_ids == greedy(p + [1], 3)
+    assert eng._sched._worker is not None and eng._sched._worker.is_alive()
