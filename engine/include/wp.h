@@ -72,7 +72,7 @@ typedef struct wp_cfg {
     uint64_t usable_ram_bytes;  /* 0 = detect (physical RAM and cgroup limits) */
     const char *cgroup_root;    /* where cgroup files are read; NULL = "/sys/fs/cgroup" */
     const char *proc_root;      /* where /proc/self/cgroup is read; NULL = "/proc" */
-    uint32_t max_sequences;     /* sequences (states) allocated at open; 0 = 1 (see wp_seq) */
+    uint32_t max_sequences;     /* states allocated at open, at most 4096; 0 = 1 (wp_seq) */
 } wp_cfg;
 
 /* Fills every field with its default. Never fails. */

@@ -247,3 +247,21 @@ def test_a_generation_closed_by_its_consumer_records_its_own_result(model):
     assert result.prompt_tokens == len(longer)
     assert result.stats["prompt_tokens_evaluated"] + result.stats["cached_tokens"] == \
         result.prompt_tokens
+
+
+def test_max_sequences_on_this_binding(model):
+    """One sequence always opens; more open where the binding has sequences, and are
+    refused by name where it has not (the scheduler then runs one request at a time)."""
+    from warp_providers import _engine
+
+    with Engine.open(model, threads=1, max_sequences=1) as eng:
+        assert eng.info()["max_sequences"] == 1
+        assert eng.generate(PROMPT, max_tokens=2, stop_ids=[]).token_ids
+    if hasattr(_engine.Context, "seq_open"):
+        with Engine.open(model, threads=1, max_sequences=3) as eng:
+            assert eng.info()["max_sequences"] == 3
+    else:
+        with pytest.raises(ValueError, match="max_sequences=3: this build"):
+            Engine.open(model, max_sequences=3)
+    with pytest.raises(ValueError, match="max_sequences must be"):
+        Engine.open(model, max_sequences=0)

@@ -30,6 +30,7 @@
 #define GIB (1024.0 * 1024.0 * 1024.0)
 #define DEFAULT_CTX 4096
 #define DEFAULT_CHUNK 64
+#define WPI_MAX_SEQUENCES 4096 /* states a context may hold */
 
 static uint64_t sat_add(uint64_t a, uint64_t b)
 {
@@ -57,6 +58,9 @@ wp_status wpi_plan(const wpi_container *c, const wp_cfg *cfg, wpi_sizes_fn sizes
     uint64_t rec = c->n_banks ? c->max_record_bytes : 0;
     uint64_t topk = c->n_banks ? hp->top_k : 0;
 
+    if (cfg->max_sequences > WPI_MAX_SEQUENCES)
+        return wpi_fail(err, cap, WP_E_ARG, "max_sequences %u is above the limit %u",
+                        cfg->max_sequences, WPI_MAX_SEQUENCES);
     out->ctx_tokens = ctx;
     out->sequences = cfg->max_sequences ? cfg->max_sequences : 1;
     out->trunk_bytes = c->trunk_bytes;
