@@ -411,7 +411,9 @@ class Engine:
 
     @property
     def position(self) -> int:
-        """Tokens held in the context (sequence 0)."""
+        """Tokens held in sequence 0, the state `eval`, `prompt_logits`, `truncate`,
+        `reset` and the state files act on (generations run on the other sequences while
+        one is free, and on sequence 0 only when none is)."""
         return int(self._ctx.position)
 
     def reset(self) -> None:

@@ -112,6 +112,10 @@ def test_truncate_and_prompt_cache(model):
         b = eng.generate(PROMPT, max_tokens=4, stop_ids=[])
         assert a.token_ids == b.token_ids
         assert b.cached_tokens == len(PROMPT) - 1
+        # the low-level calls act on sequence 0, which generations leave to them while
+        # another sequence is free
+        eng.eval(PROMPT)
+        assert eng.position == len(PROMPT)
         eng.truncate(3)
         assert eng.position == 3
 
@@ -121,15 +125,29 @@ def test_plan_and_budget(model):
     for key in ("trunk_bytes", "kv_bytes", "scratch_bytes", "min_cache_bytes", "floor_bytes",
                 "working_set_bytes", "recommended_bytes"):
         assert plan[key] > 0, key
+    # the sequences Engine.open would hold (each beyond the first adds sequence_bytes)
+    assert plan["sequences"] >= 1
     assert plan["floor_bytes"] == (plan["trunk_bytes"] + plan["kv_bytes"] +
-                                   plan["scratch_bytes"] + plan["min_cache_bytes"])
-    too_small = plan["floor_bytes"] - 1
+                                   plan["scratch_bytes"] + plan["min_cache_bytes"] +
+                                   (plan["sequences"] - 1) * plan["sequence_bytes"])
+    one = plan_memory(model, max_sequences=1)
+    assert one["sequences"] == 1
+    assert one["floor_bytes"] == plan["floor_bytes"] - (plan["sequences"] - 1) * plan["sequence_bytes"]
+    too_small = one["floor_bytes"] - 1
     with pytest.raises(MemoryBudgetError) as e:
         Engine.open(model, budget=too_small)
-    assert str(plan["floor_bytes"]) in str(e.value) or "floor" in str(e.value)
+    assert str(one["floor_bytes"]) in str(e.value) or "floor" in str(e.value)
+    with pytest.raises(MemoryBudgetError, match=r"below the floor \d+ bytes .* for 1 sequence:"):
+        Engine.open(model, budget=too_small, max_sequences=1)
     with Engine.open(model, budget=plan["floor_bytes"]) as eng:
+        assert eng.info()["max_sequences"] == plan["sequences"]
         eng.eval(PROMPT)
         assert eng.stats()["peak_bytes"] <= plan["floor_bytes"]
+    if plan["sequences"] > 1:  # below the default's floor it holds fewer sequences
+        with Engine.open(model, budget=plan["floor_bytes"] - 1) as eng:
+            assert 1 <= eng.info()["max_sequences"] < plan["sequences"]
+            eng.eval(PROMPT)
+            assert eng.stats()["peak_bytes"] <= plan["floor_bytes"] - 1
 
 
 def test_parse_size():

@@ -94,11 +94,12 @@ wp_status wpi_plan(const wpi_container *c, const wp_cfg *cfg, wpi_sizes_fn sizes
         if (cfg->budget_bytes < out->floor_bytes) {
             st = wpi_fail(err, cap, WP_E_BUDGET,
                           "budget %llu bytes (%.2f GiB) is below the floor %llu bytes "
-                          "(%.2f GiB) for %u sequences: trunk %llu + kv %llu + scratch %llu "
+                          "(%.2f GiB) for %u sequence%s: trunk %llu + kv %llu + scratch %llu "
                           "+ minimum expert cache %llu + %u more sequences x %llu",
                           (unsigned long long)cfg->budget_bytes, cfg->budget_bytes / GIB,
                           (unsigned long long)out->floor_bytes, out->floor_bytes / GIB,
-                          out->sequences, (unsigned long long)out->trunk_bytes,
+                          out->sequences, out->sequences == 1 ? "" : "s",
+                          (unsigned long long)out->trunk_bytes,
                           (unsigned long long)out->kv_bytes,
                           (unsigned long long)out->scratch_bytes,
                           (unsigned long long)out->min_cache_bytes, out->sequences - 1,
