@@ -455,6 +455,12 @@ class Engine:
         """The container's chat format name and chat template text (either may be None)."""
         return container_chat_metadata(self.path, self.tokenizer)
 
+    def batching(self) -> dict[str, int]:
+        """How generations were batched since open: "steps" (batched evaluations),
+        "sequences" (the sequences they evaluated, summed: sequences / steps is the mean
+        batch) and "widest" (the most sequences in one step)."""
+        return self._sched.batching()
+
     def stats(self) -> dict[str, Any]:
         """Cumulative engine counters since open (expert hits/misses, bytes read...)."""
         with self._sched.ctx_lock:

@@ -83,6 +83,7 @@ class Scheduler:
         self._worker: threading.Thread | None = None
         self._closing = False
         self._can_truncate = True
+        self._batching = {"steps": 0, "sequences": 0, "widest": 0}
         self._owner0: int | None = None  # thread holding slot 0 for a low-level call
         self._depth0 = 0
         self._wanted0 = 0
@@ -105,6 +106,11 @@ class Scheduler:
                 self._worker.start()
             self._cv.notify()
         return req.events(self.wake)
+
+    def batching(self) -> dict[str, int]:
+        """Steps run since open, the sequences they evaluated in all, and the most in one."""
+        with self._cv:
+            return dict(self._batching)
 
     def counts(self) -> tuple[int, int]:
         """(requests running, requests waiting for a sequence)."""
@@ -319,6 +325,11 @@ class Scheduler:
             rows, errors = self._eval(plan)
             after = self._ctx.stats()
         total = sum(len(t) for r, t in plan if r not in errors) or 1
+        with self._cv:
+            b = self._batching
+            b["steps"] += 1
+            b["sequences"] += len(plan)
+            b["widest"] = max(b["widest"], len(plan))
         for r, toks in plan:
             if r in errors:
                 r.fail(errors[r])

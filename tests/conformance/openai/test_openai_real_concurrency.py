@@ -1,9 +1,10 @@
-"""Concurrency on one shared real model: 16 threads + 16 asyncio tasks at once.
+"""Concurrency on one shared real model: 32 threads + 32 asyncio tasks at once.
 
 Every request has its own prompt and kind (blocking, streamed, JSON-constrained, a forced
 tool call), so a request that saw another's context (the prompt cache), grammar state,
 sampler or result would reply differently from when it runs alone. Greedy decoding makes
-"the same reply" exact: content, tool calls, finish reason and token counts.
+"the same reply" exact: content, tool calls, finish reason and token counts. The engine's
+scheduler must have batched them (steps of several sequences), in-process and over HTTP.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-N = 16
+N = 32
 PAINT = {
     "type": "object",
     "properties": {"color": {"enum": ["red", "green", "blue"]}, "glossy": {"type": "boolean"}},
@@ -107,10 +108,16 @@ def test_threads_and_tasks_at_once_match_alone(connect, moe_path, via):
         await client.close()
         return list(out)
 
+    before = target.engine.batching()
     with ThreadPoolExecutor(N) as pool:
         futures = [pool.submit(in_thread, i) for i in range(N)]
         from_tasks = asyncio.run(asyncio.wait_for(tasks(), 120))
         from_threads = [f.result(timeout=120) for f in futures]
     together = from_threads + from_tasks
+    after = target.engine.batching()
+    assert after["widest"] > 1, "the concurrent requests were never batched"
+    steps = after["steps"] - before["steps"]
+    mean = (after["sequences"] - before["sequences"]) / steps
+    assert mean > 1.5, f"{steps} steps averaged {mean:.2f} sequences: hardly batched"
     for i, (got, want) in enumerate(zip(together, alone)):
         assert got == want, f"request {i} ({bodies[i]}) changed when run concurrently"
