@@ -225,4 +225,8 @@ def test_cached_tokens_report_the_reused_prefix(connect, moe_path):
     raw = client.completions.create(model="m", prompt="Something else entirely", max_tokens=1)
     raw2 = client.completions.create(model="m", prompt="Something else entirely", max_tokens=1)
     assert raw2.usage.prompt_tokens_details.cached_tokens == raw2.usage.prompt_tokens - 1
-    assert raw.usage.prompt_tokens_details.cached_tokens < raw2.usage.prompt_tokens - 1
+    if target.engine.info()["max_sequences"] > 1:
+        # the first completion's sequence still holds its prompt beside the chat's
+        assert raw.usage.prompt_tokens_details.cached_tokens == raw.usage.prompt_tokens - 1
+    else:  # one state: the chat replaced it
+        assert raw.usage.prompt_tokens_details.cached_tokens < raw2.usage.prompt_tokens - 1
