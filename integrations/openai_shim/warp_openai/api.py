@@ -207,7 +207,7 @@ class WarpAPI:
         on_close: Callable[[], Any] | None = None,
         max_body: int = MAX_BODY_BYTES,
         jobs_dir: str | Path | None = None,
-        batch_concurrency: int = 1,
+        batch_concurrency: int | None = None,
         max_file_bytes: int | None = None,
     ) -> None:
         """Serve a session (or an engine: its chat format is resolved here).
@@ -223,7 +223,9 @@ class WarpAPI:
             max_body: largest raw request body in bytes (a 413 above it).
             jobs_dir: where files and batch jobs live (default: `jobs` under the user
                 cache directory, `$WARP_CACHE` when set); opened on first use.
-            batch_concurrency: lines of a batch in flight at once.
+            batch_concurrency: lines of a batch in flight at once (default: the engine's
+                `max_sequences`, so a batch fills the scheduler's batched steps; a
+                request from another caller waits for the next free sequence in order).
             max_file_bytes: largest file /v1/files accepts (default `MAX_FILE_BYTES`).
 
         """
@@ -252,6 +254,8 @@ class WarpAPI:
         """The /v1/responses routes and their store of finished responses."""
         from warp_openai.batches import MAX_FILE_BYTES, Batches
 
+        if batch_concurrency is None:
+            batch_concurrency = max(1, int(info.get("max_sequences") or 1))
         self.batches = Batches(self, jobs_dir=jobs_dir, concurrency=batch_concurrency,
                                max_file_bytes=max_file_bytes or MAX_FILE_BYTES)
         """The /v1/files and /v1/batches routes, their job store and batch worker."""

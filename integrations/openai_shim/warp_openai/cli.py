@@ -80,8 +80,9 @@ class ServeCommand:
                        help="seconds in-flight requests get to finish on SIGTERM (default 30)")
         p.add_argument("--jobs-dir", help="where files and batch jobs live (default: jobs "
                        "under the user cache, $WARP_CACHE when set)")
-        p.add_argument("--batch-concurrency", type=_positive, default=1, metavar="N",
-                       help="lines of a batch in flight at once (default 1)")
+        p.add_argument("--batch-concurrency", type=_positive, default=None, metavar="N",
+                       help="lines of a batch in flight at once (default: the engine's "
+                            "--max-sequences)")
         _engine_args(p)
 
     def run(self, a: argparse.Namespace) -> int:
@@ -139,8 +140,9 @@ class BatchCommand:
                             "only when a line failed)")
         p.add_argument("--resume", action="store_true",
                        help="continue the interrupted job of this input and output")
-        p.add_argument("--max-concurrency", type=_positive, default=1, metavar="N",
-                       help="lines in flight at once (default 1)")
+        p.add_argument("--max-concurrency", type=_positive, default=None, metavar="N",
+                       help="lines in flight at once (default: the engine's --max-sequences, "
+                            "each line a sequence of its batched steps)")
         p.add_argument("--endpoint", choices=["/v1/chat/completions", "/v1/completions"],
                        help="the endpoint of every line (default: the first line's url)")
         p.add_argument("--jobs-dir", help="where the job's state lives (default: jobs under "
