@@ -417,10 +417,12 @@ class Engine:
         return int(self._ctx.position)
 
     def reset(self) -> None:
-        """Empties the context."""
+        """Empties sequence 0 and forgets the prompts the idle sequences hold, so that no
+        later request reuses a prefix from before (a running generation keeps its own)."""
         with self._sched.seq0() as slot, self._sched.ctx_lock:
             self._ctx.reset()
             slot.ids = []
+        self._sched.forget()
 
     def truncate(self, n: int) -> None:
         """Keeps the first n tokens of the context."""

@@ -148,6 +148,14 @@ class Scheduler:
                 s.seq.close()
 
     # -- slot 0 for the low-level calls ---------------------------------------------
+    def forget(self) -> None:
+        """Drops the prefixes the idle sequences hold: the next request on one of them
+        evaluates its whole prompt (running requests keep theirs)."""
+        with self._cv:
+            for s in self.slots[1:]:
+                if not s.busy:
+                    s.ids = None
+
     @contextmanager
     def seq0(self) -> Iterator[Slot]:
         """Holds sequence 0 (the context's own state) for a low-level call of this thread."""

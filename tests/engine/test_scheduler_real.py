@@ -164,3 +164,15 @@ def test_eight_sequences_at_their_floor_stay_within_the_budget(tmp_path):
     # what the process gained over the interpreter and its imports, less the two
     # tokenizers (the test's own and the engine's copy)
     assert r["peak"] - r["base"] - 2 * r["tokenizer"] <= floor + (64 << 20), r
+
+
+def test_reset_forgets_the_prefixes_every_idle_sequence_holds(moe):
+    with Engine.open(moe, max_sequences=4) as eng:
+        p = prompts(eng.vocab_size)[3]
+        first = eng.generate(p, max_tokens=4, stop_ids=[])
+        assert eng.generate(p, max_tokens=4, stop_ids=[]).cached_tokens == len(p) - 1
+        eng.reset()
+        again = eng.generate(p, max_tokens=4, stop_ids=[])
+    assert again.cached_tokens == 0
+    assert again.stats["prompt_tokens_evaluated"] == len(p)
+    assert again.token_ids == first.token_ids
