@@ -1,0 +1,100 @@
+/*
+ * x8_avx512_body.h -- the 512-bit 8-bit-activation row dots, included by
+ * kernels_x8_avx512bw.c (X8_DPBUSD from maddubs + madd) and kernels_x8_avx512vnni.c
+ * (vpdpbusd) under their own target pragmas, which define X8_DPBUSD(acc, u, s) and
+ * X8_TABLE / X8_NAME.
+ *
+ * Two blocks per vector (lanes 0..7 the even block, 8..15 the odd one; a last odd block
+ * is paired with zeros), signed products through the sign trick (|w| times x negated
+ * where w < 0), 16 int32 lane sums converted to float and multiplied by each half's
+ * scales into a float accumulator; q4_1's m * s terms go into a second.
+ * Private to engine/src/kernels/.
+ */
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+static inline float x8_f16(const uint8_t *p)
+{
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+static inline __m512i x8_pair(__m256i lo, __m256i hi)
+{
+    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
+static inline __m512i x8_dot_ss(__m512i w, __m512i x)
+{
+    __m512i sx = _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(w), _mm512_setzero_si512(), x);
+    return X8_DPBUSD(_mm512_setzero_si512(), _mm512_abs_epi8(w), sx);
+}
+
+static inline __m256i x8_nibbles(const uint8_t *q)
+{
+    __m128i v = _mm_loadu_si128((const __m128i *)q);
+    __m256i n = _mm256_set_m128i(_mm_srli_epi16(v, 4), v);
+    return _mm256_and_si256(n, _mm256_set1_epi8(15));
+}
+
+/* Blocks b and b + 1 of x (b + 1 only if odd_too; else zeros). */
+static inline __m512i x8_load_x(const wpi_xq *xq, size_t b, int odd_too)
+{
+    __m256i lo = _mm256_loadu_si256((const __m256i *)xq[b].q);
+    __m256i hi = odd_too ? _mm256_loadu_si256((const __m256i *)xq[b + 1].q)
+                         : _mm256_setzero_si256();
+    return x8_pair(lo, hi);
+}
+
+static inline __m512 x8_scaled(__m512i s, float d0, float d1, __m512 acc)
+{
+    __m512 d = _mm512_mask_blend_ps(0xff00, _mm512_set1_ps(d0), _mm512_set1_ps(d1));
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), d, acc);
+}
+
+/* The loop over block pairs; W(p) is block p's weights as 32 bytes (a __m256i),
+ * D(p, b) its scale times x's, EXTRA(p, b) a per-block float added to the second sum,
+ * DOT the product kernel. */
+#define X8_ROW(name, bytes, W, D, EXTRA, DOT)                                            \
+    static float name(const uint8_t *row, const wpi_xq *xq, size_t nb)                   \
+    {                                                                                    \
+        __m512 acc = _mm512_setzero_ps();                                                \
+        float extra = 0.0f;                                                              \
+        for (size_t b = 0; b < nb; b += 2) {                                             \
+            const uint8_t *p0 = row + b * (bytes), *p1 = p0 + (bytes);                   \
+            int two = b + 1 < nb;                                                        \
+            __m512i w = x8_pair(W(p0), two ? W(p1) : _mm256_setzero_si256());            \
+            acc = x8_scaled(DOT(w, x8_load_x(xq, b, two)), D(p0, b),                     \
+                            two ? D(p1, b + 1) : 0.0f, acc);                             \
+            extra += EXTRA(p0, b);                                                       \
+            if (two)                                                                     \
+                extra += EXTRA(p1, b + 1);                                               \
+        }                                                                                \
+        return _mm512_reduce_add_ps(acc) + extra;                                        \
+    }
+
+#define X8_NONE(p, b) 0.0f
+#define X8_DOT_US(w, x) X8_DPBUSD(_mm512_setzero_si512(), (w), (x))
+
+#define W_Q8_0(p) _mm256_loadu_si256((const __m256i *)((p) + 2))
+#define D_Q8_0(p, b) (x8_f16(p) * xq[b].d)
+X8_ROW(x8_q8_0, 34, W_Q8_0, D_Q8_0, X8_NONE, x8_dot_ss)
+
+#define W_Q4_0(p) _mm256_sub_epi8(x8_nibbles((p) + 2), _mm256_set1_epi8(8))
+X8_ROW(x8_q4_0, 18, W_Q4_0, D_Q8_0, X8_NONE, x8_dot_ss)
+
+#define W_Q4_1(p) x8_nibbles((p) + 4)
+#define M_Q4_1(p, b) (x8_f16((p) + 2) * xq[b].s)
+X8_ROW(x8_q4_1, 20, W_Q4_1, D_Q8_0, M_Q4_1, X8_DOT_US)
+
+#define W_MXFP4(p) _mm256_shuffle_epi8(_mm256_setr_epi8(WPI_MXFP4_X2, WPI_MXFP4_X2),      \
+                                       x8_nibbles((p) + 1))
+#define D_MXFP4(p, b) (wpi_e8m0_half((p)[0]) * xq[b].d)
+X8_ROW(x8_mxfp4, WPI_MXFP4_BYTES, W_MXFP4, D_MXFP4, X8_NONE, x8_dot_ss)
+
+const wpi_blocks_x8 X8_TABLE = {
+    .name = X8_NAME,
+    .row_dot = {x8_q8_0, x8_q4_0, x8_q4_1, x8_mxfp4},
+};
