@@ -16,7 +16,7 @@ DEF ERR_CAP = 1024
 
 _CFG_INT_FIELDS = (
     "ctx_tokens", "n_threads", "reader_threads", "prefill_chunk", "cache_policy",
-    "direct_io", "verify", "lookahead", "isa",
+    "direct_io", "verify", "lookahead", "isa", "exact",
 )
 
 
@@ -74,6 +74,8 @@ cdef class _Cfg:
                 self.cfg.lookahead = <int32_t>value
             elif key == "isa":
                 self.cfg.isa = <int32_t>value
+            elif key == "exact":
+                self.cfg.exact = <int32_t>value
             else:
                 raise TypeError(f"unknown engine option {key!r}")
 

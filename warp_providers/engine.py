@@ -100,6 +100,9 @@ def _options(
             opts[key] = _ISAS[value]
         elif key in ("direct_io", "verify", "lookahead"):
             opts[key] = int(bool(value))
+        elif key == "exact":
+            if value is not None:
+                opts[key] = int(bool(value))
         elif key in ("reader_threads", "prefill_chunk"):
             if not isinstance(value, int) or value < 0:
                 raise ValueError(f"{key} must be a non-negative int")
@@ -300,6 +303,8 @@ class Engine:
             ctx: context length in tokens (None = min(model maximum, 4096)).
             **options: cache_policy ("lfru"/"lru"), direct_io, verify, lookahead,
                 reader_threads, prefill_chunk, isa ("auto"/"scalar"/"avx2"/"avx512"/"neon"),
+                exact (True: float32 activations in every matmul; False: 8-bit
+                activations against quantized weights; None: the engine's default),
                 hotlist (True: warm the cache from the hotlist `save_hotlist()` wrote
                 in the container; no file yet is a first run, not an error),
                 hotlist_path (a hotlist file elsewhere), usable_ram, cgroup_root,
