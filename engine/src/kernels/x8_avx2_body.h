@@ -6,7 +6,8 @@
  *
  * One block per vector: its 32 weights as bytes, signed products through the sign trick
  * (|w| times x with w's sign), 8 int32 lane sums converted to float and multiplied by
- * the block's two scales into a float accumulator; q4_1's m * s terms go into a second.
+ * the block's two scales into one of two float accumulators (even and odd blocks);
+ * q4_1's m * s terms go into a third sum.
  * Private to engine/src/kernels/.
  */
 #include <immintrin.h>
@@ -42,58 +43,54 @@ static inline __m256i x8_nibbles(const uint8_t *q)
     return _mm256_and_si256(n, _mm256_set1_epi8(15));
 }
 
-static inline __m256i x8_load_x(const wpi_xq *x)
-{
-    return _mm256_loadu_si256((const __m256i *)x->q);
-}
-
 static inline __m256 x8_scaled(__m256i s, float d, __m256 acc)
 {
     return _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d), acc);
 }
 
-static float x8_q8_0(const uint8_t *row, const wpi_xq *xq, size_t nb)
-{
-    __m256 acc = _mm256_setzero_ps();
-    for (size_t b = 0; b < nb; b++, row += 34) {
-        __m256i w = _mm256_loadu_si256((const __m256i *)(row + 2));
-        acc = x8_scaled(x8_dot_ss(w, x8_load_x(xq + b)), x8_f16(row) * xq[b].d, acc);
-    }
-    return x8_hsum(acc);
-}
+/* One block's lane sums: W(p) is block p's weights as 32 bytes, DOT the product. */
+#define X8_BLOCK(W, DOT, p, x) DOT(W(p), _mm256_loadu_si256((const __m256i *)(x)->q))
 
-static float x8_q4_0(const uint8_t *row, const wpi_xq *xq, size_t nb)
-{
-    __m256 acc = _mm256_setzero_ps();
-    for (size_t b = 0; b < nb; b++, row += 18) {
-        __m256i w = _mm256_sub_epi8(x8_nibbles(row + 2), _mm256_set1_epi8(8));
-        acc = x8_scaled(x8_dot_ss(w, x8_load_x(xq + b)), x8_f16(row) * xq[b].d, acc);
+/* The loop over blocks, even and odd blocks into two accumulators; D(p, b) is block b's
+ * weight scale times x's, EXTRA(p, b) a per-block float added to a third sum. */
+#define X8_ROW(name, bytes, W, D, EXTRA, DOT)                                            \
+    static float name(const uint8_t *row, const wpi_xq *xq, size_t nb)                   \
+    {                                                                                    \
+        __m256 e = _mm256_setzero_ps(), o = e;                                           \
+        float extra = 0.0f;                                                              \
+        size_t b = 0;                                                                    \
+        for (; b + 2 <= nb; b += 2) {                                                    \
+            const uint8_t *p0 = row + b * (bytes), *p1 = p0 + (bytes);                   \
+            e = x8_scaled(X8_BLOCK(W, DOT, p0, xq + b), D(p0, b), e);                    \
+            o = x8_scaled(X8_BLOCK(W, DOT, p1, xq + b + 1), D(p1, b + 1), o);            \
+            extra += EXTRA(p0, b) + EXTRA(p1, b + 1);                                    \
+        }                                                                                \
+        if (b < nb) {                                                                    \
+            const uint8_t *p0 = row + b * (bytes);                                       \
+            e = x8_scaled(X8_BLOCK(W, DOT, p0, xq + b), D(p0, b), e);                    \
+            extra += EXTRA(p0, b);                                                       \
+        }                                                                                \
+        return x8_hsum(_mm256_add_ps(e, o)) + extra;                                     \
     }
-    return x8_hsum(acc);
-}
 
-static float x8_q4_1(const uint8_t *row, const wpi_xq *xq, size_t nb)
-{
-    __m256 acc = _mm256_setzero_ps();
-    float ms = 0.0f;
-    for (size_t b = 0; b < nb; b++, row += 20) {
-        __m256i s = X8_DPBUSD(_mm256_setzero_si256(), x8_nibbles(row + 4), x8_load_x(xq + b));
-        acc = x8_scaled(s, x8_f16(row) * xq[b].d, acc);
-        ms += x8_f16(row + 2) * xq[b].s;
-    }
-    return x8_hsum(acc) + ms;
-}
+#define X8_NONE(p, b) 0.0f
+#define X8_DOT_US(w, x) X8_DPBUSD(_mm256_setzero_si256(), (w), (x))
 
-static float x8_mxfp4(const uint8_t *row, const wpi_xq *xq, size_t nb)
-{
-    const __m256i lut = _mm256_setr_epi8(WPI_MXFP4_X2, WPI_MXFP4_X2);
-    __m256 acc = _mm256_setzero_ps();
-    for (size_t b = 0; b < nb; b++, row += WPI_MXFP4_BYTES) {
-        __m256i w = _mm256_shuffle_epi8(lut, x8_nibbles(row + 1));
-        acc = x8_scaled(x8_dot_ss(w, x8_load_x(xq + b)), wpi_e8m0_half(row[0]) * xq[b].d, acc);
-    }
-    return x8_hsum(acc);
-}
+#define W_Q8_0(p) _mm256_loadu_si256((const __m256i *)((p) + 2))
+#define D_Q8_0(p, b) (x8_f16(p) * xq[b].d)
+X8_ROW(x8_q8_0, 34, W_Q8_0, D_Q8_0, X8_NONE, x8_dot_ss)
+
+#define W_Q4_0(p) _mm256_sub_epi8(x8_nibbles((p) + 2), _mm256_set1_epi8(8))
+X8_ROW(x8_q4_0, 18, W_Q4_0, D_Q8_0, X8_NONE, x8_dot_ss)
+
+#define W_Q4_1(p) x8_nibbles((p) + 4)
+#define M_Q4_1(p, b) (x8_f16((p) + 2) * xq[b].s)
+X8_ROW(x8_q4_1, 20, W_Q4_1, D_Q8_0, M_Q4_1, X8_DOT_US)
+
+#define W_MXFP4(p) _mm256_shuffle_epi8(_mm256_setr_epi8(WPI_MXFP4_X2, WPI_MXFP4_X2),      \
+                                       x8_nibbles((p) + 1))
+#define D_MXFP4(p, b) (wpi_e8m0_half((p)[0]) * xq[b].d)
+X8_ROW(x8_mxfp4, WPI_MXFP4_BYTES, W_MXFP4, D_MXFP4, X8_NONE, x8_dot_ss)
 
 const wpi_blocks_x8 X8_TABLE = {
     .name = X8_NAME,

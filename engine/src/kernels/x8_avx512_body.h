@@ -7,7 +7,8 @@
  * Two blocks per vector (lanes 0..7 the even block, 8..15 the odd one; a last odd block
  * is paired with zeros), signed products through the sign trick (|w| times x negated
  * where w < 0), 16 int32 lane sums converted to float and multiplied by each half's
- * scales into a float accumulator; q4_1's m * s terms go into a second.
+ * scales into one of two float accumulators (alternate pairs); q4_1's m * s terms go into
+ * a third sum.
  * Private to engine/src/kernels/.
  */
 #include <immintrin.h>
@@ -54,25 +55,33 @@ static inline __m512 x8_scaled(__m512i s, float d0, float d1, __m512 acc)
     return _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), d, acc);
 }
 
-/* The loop over block pairs; W(p) is block p's weights as 32 bytes (a __m256i),
- * D(p, b) its scale times x's, EXTRA(p, b) a per-block float added to the second sum,
- * DOT the product kernel. */
+/* Blocks b and b + 1 (b + 1 only if two) dotted and scaled into acc. W(p) is block p's
+ * weights as 32 bytes (a __m256i), D(p, b) its scale times x's, DOT the product kernel. */
+#define X8_PAIR(acc, bytes, W, D, DOT, b, two)                                           \
+    do {                                                                                 \
+        const uint8_t *p0 = row + (b) * (bytes), *p1 = p0 + (bytes);                     \
+        __m512i w = x8_pair(W(p0), (two) ? W(p1) : _mm256_setzero_si256());              \
+        acc = x8_scaled(DOT(w, x8_load_x(xq, (b), (two))), D(p0, (b)),                   \
+                        (two) ? D(p1, (b) + 1) : 0.0f, acc);                             \
+    } while (0)
+
+/* The loop over block pairs, alternate pairs into two accumulators; EXTRA(p, b) is a
+ * per-block float added to a third sum. */
 #define X8_ROW(name, bytes, W, D, EXTRA, DOT)                                            \
     static float name(const uint8_t *row, const wpi_xq *xq, size_t nb)                   \
     {                                                                                    \
-        __m512 acc = _mm512_setzero_ps();                                                \
+        __m512 e = _mm512_setzero_ps(), o = e;                                           \
         float extra = 0.0f;                                                              \
-        for (size_t b = 0; b < nb; b += 2) {                                             \
-            const uint8_t *p0 = row + b * (bytes), *p1 = p0 + (bytes);                   \
-            int two = b + 1 < nb;                                                        \
-            __m512i w = x8_pair(W(p0), two ? W(p1) : _mm256_setzero_si256());            \
-            acc = x8_scaled(DOT(w, x8_load_x(xq, b, two)), D(p0, b),                     \
-                            two ? D(p1, b + 1) : 0.0f, acc);                             \
-            extra += EXTRA(p0, b);                                                       \
-            if (two)                                                                     \
-                extra += EXTRA(p1, b + 1);                                               \
+        size_t b = 0;                                                                    \
+        for (; b + 4 <= nb; b += 4) {                                                    \
+            X8_PAIR(e, bytes, W, D, DOT, b, 1);                                          \
+            X8_PAIR(o, bytes, W, D, DOT, b + 2, 1);                                      \
         }                                                                                \
-        return _mm512_reduce_add_ps(acc) + extra;                                        \
+        for (; b < nb; b += 2)                                                           \
+            X8_PAIR(e, bytes, W, D, DOT, b, b + 1 < nb);                                 \
+        for (b = 0; b < nb; b++)                                                         \
+            extra += EXTRA(row + b * (bytes), b);                                        \
+        return _mm512_reduce_add_ps(_mm512_add_ps(e, o)) + extra;                        \
     }
 
 #define X8_NONE(p, b) 0.0f
