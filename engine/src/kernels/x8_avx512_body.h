@@ -11,16 +11,7 @@
  * a third sum.
  * Private to engine/src/kernels/.
  */
-#include <immintrin.h>
-#include <stdint.h>
-#include <string.h>
-
-static inline float x8_f16(const uint8_t *p)
-{
-    uint16_t h;
-    memcpy(&h, p, 2);
-    return _cvtsh_ss(h);
-}
+#include "kernels/x8_blocks.h"
 
 static inline __m512i x8_pair(__m256i lo, __m256i hi)
 {
@@ -31,13 +22,6 @@ static inline __m512i x8_dot_ss(__m512i w, __m512i x)
 {
     __m512i sx = _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(w), _mm512_setzero_si512(), x);
     return X8_DPBUSD(_mm512_setzero_si512(), _mm512_abs_epi8(w), sx);
-}
-
-static inline __m256i x8_nibbles(const uint8_t *q)
-{
-    __m128i v = _mm_loadu_si128((const __m128i *)q);
-    __m256i n = _mm256_set_m128i(_mm_srli_epi16(v, 4), v);
-    return _mm256_and_si256(n, _mm256_set1_epi8(15));
 }
 
 /* Blocks b and b + 1 of x (b + 1 only if odd_too; else zeros). */
@@ -84,26 +68,6 @@ static inline __m512 x8_scaled(__m512i s, float d0, float d1, __m512 acc)
         return _mm512_reduce_add_ps(_mm512_add_ps(e, o)) + extra;                        \
     }
 
-#define X8_NONE(p, b) 0.0f
 #define X8_DOT_US(w, x) X8_DPBUSD(_mm512_setzero_si512(), (w), (x))
 
-#define W_Q8_0(p) _mm256_loadu_si256((const __m256i *)((p) + 2))
-#define D_Q8_0(p, b) (x8_f16(p) * xq[b].d)
-X8_ROW(x8_q8_0, 34, W_Q8_0, D_Q8_0, X8_NONE, x8_dot_ss)
-
-#define W_Q4_0(p) _mm256_sub_epi8(x8_nibbles((p) + 2), _mm256_set1_epi8(8))
-X8_ROW(x8_q4_0, 18, W_Q4_0, D_Q8_0, X8_NONE, x8_dot_ss)
-
-#define W_Q4_1(p) x8_nibbles((p) + 4)
-#define M_Q4_1(p, b) (x8_f16((p) + 2) * xq[b].s)
-X8_ROW(x8_q4_1, 20, W_Q4_1, D_Q8_0, M_Q4_1, X8_DOT_US)
-
-#define W_MXFP4(p) _mm256_shuffle_epi8(_mm256_setr_epi8(WPI_MXFP4_X2, WPI_MXFP4_X2),      \
-                                       x8_nibbles((p) + 1))
-#define D_MXFP4(p, b) (wpi_e8m0_half((p)[0]) * xq[b].d)
-X8_ROW(x8_mxfp4, WPI_MXFP4_BYTES, W_MXFP4, D_MXFP4, X8_NONE, x8_dot_ss)
-
-const wpi_blocks_x8 X8_TABLE = {
-    .name = X8_NAME,
-    .row_dot = {x8_q8_0, x8_q4_0, x8_q4_1, x8_mxfp4},
-};
+X8_ROWS
