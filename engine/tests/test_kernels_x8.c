@@ -10,7 +10,8 @@
  *     <= 1e-6 * mag + 1e-30 (float accumulation order and the rounded scale products)
  *   scalar int8 vs the float32 path: <= sum_b d_b / 2 * sum_{j in b} |w_j| (each
  *     |x_j - x~_j| <= d_b / 2), plus 1e-5 * (mag + sum_j |w_j x_j|)
- * and splitting a row range in two never changes a bit.
+ * and neither splitting a row range in two nor computing one token at a time changes a
+ * bit.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -71,7 +72,7 @@ static float offset(int dtype, const uint8_t *row, size_t b)
 
 typedef struct {
     double worst_twin, worst_quant; /* max |err| / bound */
-    int bad_split, bad_untouched, cases;
+    int bad_split, bad_untouched, bad_ntok, cases;
 } x8_stats;
 
 static void x8_case(const wpi_kernels *k, int dtype, size_t rows, size_t cols, size_t n_tok,
@@ -102,13 +103,20 @@ static void x8_case(const wpi_kernels *k, int dtype, size_t rows, size_t cols, s
         y[i] = y2[i] = yr[i] = yf[i] = NAN;
 
     wpi_kernels_matmul_x8(&wpi_kernels_ref, dtype)(w, cols, r0, r1, xq, ldq, n_tok, yr, ldy);
-    wpi_kernels_matmul(&wpi_kernels_ref, dtype)(w, cols, r0, r1, x, ldx, n_tok, yf, ldy);
     wpi_matmul_x8_fn fn = wpi_kernels_matmul_x8(k, dtype);
     fn(w, cols, r0, r1, xq, ldq, n_tok, y, ldy);
     size_t mid = r0 + (r1 - r0) / 3;
     fn(w, cols, r0, mid, xq, ldq, n_tok, y2, ldy);
     fn(w, cols, mid, r1, xq, ldq, n_tok, y2, ldy);
+    for (size_t t = 0; t < n_tok; t++) { /* one token at a time: the same bits */
+        fn(w, cols, r0, r1, xq + t * ldq, ldq, 1, yf + t * ldy, ldy);
+        for (size_t r = r0; r < r1; r++)
+            st->bad_ntok += memcmp(&yf[t * ldy + r], &y[t * ldy + r], 4) != 0;
+        for (size_t r = r0; r < r1; r++)
+            yf[t * ldy + r] = NAN;
+    }
 
+    wpi_kernels_matmul(&wpi_kernels_ref, dtype)(w, cols, r0, r1, x, ldx, n_tok, yf, ldy);
     for (size_t t = 0; t < n_tok; t++) {
         for (size_t r = 0; r < ldy; r++) {
             float v = y[t * ldy + r];
@@ -158,10 +166,11 @@ static void test_set(const wpi_kernels *k)
                 for (size_t ri = 0; ri < sizeof rowss / sizeof rowss[0]; ri++)
                     x8_case(k, dt, rowss[ri], colss[ci], ntoks[ti], &st);
         int ok = st.worst_twin <= 1.0 && st.worst_quant <= 1.0 && !st.bad_split &&
-                 !st.bad_untouched;
+                 !st.bad_untouched && !st.bad_ntok;
         CHECK(ok, "%s x8 %s: worst twin err/tol %.3f, quant err/bound %.3f, split %d, "
-              "untouched %d", k->x8_name, wpi_dtype_name(dt), st.worst_twin, st.worst_quant,
-              st.bad_split, st.bad_untouched);
+              "untouched %d, differing from one token at a time %d", k->x8_name,
+              wpi_dtype_name(dt), st.worst_twin, st.worst_quant, st.bad_split,
+              st.bad_untouched, st.bad_ntok);
         printf("%s %-10s x8 %-5s: %d shapes, worst twin err/tol %.3f, int8 vs f32 err/bound "
                "%.3f\n", ok ? "PASS" : "FAIL", k->x8_name, wpi_dtype_name(dt), st.cases,
                st.worst_twin, st.worst_quant);

@@ -142,9 +142,15 @@ typedef struct wpi_blocks {
 typedef float (*wpi_row_dot_x8_fn)(const uint8_t *row, const wpi_xq *xq, size_t nb);
 #define WPI_X8_SLOTS 4
 
+/* Optional: one row dotted with 4 tokens' blocks (xt[k], repeated for a ragged group),
+ * the weights decoded once; out[k] must equal row_dot's result for xt[k] bit for bit. */
+typedef void (*wpi_row_dot4_x8_fn)(const uint8_t *row, const wpi_xq *const xt[4], size_t nb,
+                                   float out[4]);
+
 typedef struct wpi_blocks_x8 {
     const char *name;
     wpi_row_dot_x8_fn row_dot[WPI_X8_SLOTS];
+    wpi_row_dot4_x8_fn row_dot4[WPI_X8_SLOTS]; /* several tokens (prefill) */
 } wpi_blocks_x8;
 
 extern const wpi_blocks_x8 wpi_x8_ref;

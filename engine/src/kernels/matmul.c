@@ -84,10 +84,23 @@ static void matmul_x8(const wpi_blocks_x8 *b, int slot, int dtype, const void *w
     if (rb == 0 && cols != 0)
         return;
     wpi_row_dot_x8_fn dot = b->row_dot[slot - WPI_SLOT_Q8_0];
+    wpi_row_dot4_x8_fn dot4 = b->row_dot4[slot - WPI_SLOT_Q8_0];
+    size_t nb = cols / WPI_QK;
     for (size_t r = r0; r < r1; r++) {
         const uint8_t *row = (const uint8_t *)w + r * rb;
-        for (size_t t = 0; t < n_tok; t++)
-            y[t * ldy + r] = dot(row, xq + t * ldq, cols / WPI_QK);
+        size_t t = 0;
+        for (; dot4 && t + 2 <= n_tok; t += 4) {
+            size_t nt = n_tok - t < 4 ? n_tok - t : 4;
+            const wpi_xq *xt[4];
+            float s[4];
+            for (size_t k = 0; k < 4; k++)
+                xt[k] = xq + (t + (k < nt ? k : 0)) * ldq;
+            dot4(row, xt, nb, s);
+            for (size_t k = 0; k < nt; k++)
+                y[(t + k) * ldy + r] = s[k];
+        }
+        for (; t < n_tok; t++)
+            y[t * ldy + r] = dot(row, xq + t * ldq, nb);
     }
 }
 

@@ -11,6 +11,7 @@
  * a third sum.
  * Private to engine/src/kernels/.
  */
+#define X8_HAVE_ROW4 1 /* this body defines X8_ROW4 */
 #include "kernels/x8_blocks.h"
 
 static inline __m512i x8_pair(__m256i lo, __m256i hi)
@@ -66,6 +67,48 @@ static inline __m512 x8_scaled(__m512i s, float d0, float d1, __m512 acc)
         for (b = 0; b < nb; b++)                                                         \
             extra += EXTRA(row + b * (bytes), b);                                        \
         return _mm512_reduce_add_ps(_mm512_add_ps(e, o)) + extra;                        \
+    }
+
+/* The same for 4 tokens (wpi_row_dot4_x8_fn), each weight pair decoded once: every
+ * token's sums are formed in X8_ROW's order, so each out[k] equals X8_ROW's result. */
+#define X8_ROW4(name, bytes, W, D, EXTRA, DOT)                                           \
+    static void name(const uint8_t *row, const wpi_xq *const xt[4], size_t nb,           \
+                     float out[4])                                                       \
+    {                                                                                    \
+        __m512 e[4], o[4];                                                               \
+        for (int k = 0; k < 4; k++)                                                      \
+            e[k] = o[k] = _mm512_setzero_ps();                                           \
+        size_t b = 0;                                                                    \
+        for (; b + 4 <= nb; b += 4) {                                                    \
+            const uint8_t *p0 = row + b * (bytes), *p1 = p0 + (bytes);                   \
+            const uint8_t *p2 = p1 + (bytes), *p3 = p2 + (bytes);                        \
+            __m512i w01 = x8_pair(W(p0), W(p1)), w23 = x8_pair(W(p2), W(p3));            \
+            for (int k = 0; k < 4; k++) {                                                \
+                const wpi_xq *xq = xt[k];                                                \
+                e[k] = x8_scaled(DOT(w01, x8_load_x(xq, b, 1)), D(p0, b), D(p1, b + 1),  \
+                                 e[k]);                                                  \
+                o[k] = x8_scaled(DOT(w23, x8_load_x(xq, b + 2, 1)), D(p2, b + 2),        \
+                                 D(p3, b + 3), o[k]);                                    \
+            }                                                                            \
+        }                                                                                \
+        for (; b < nb; b += 2) {                                                         \
+            int two = b + 1 < nb;                                                        \
+            const uint8_t *p0 = row + b * (bytes), *p1 = p0 + (bytes);                   \
+            __m512i w = x8_pair(W(p0), two ? W(p1) : _mm256_setzero_si256());            \
+            for (int k = 0; k < 4; k++) {                                                \
+                const wpi_xq *xq = xt[k];                                                \
+                e[k] = x8_scaled(DOT(w, x8_load_x(xq, b, two)), D(p0, b),                \
+                                 two ? D(p1, b + 1) : 0.0f, e[k]);                       \
+            }                                                                            \
+        }                                                                                \
+        for (int k = 0; k < 4; k++) {                                                    \
+            const wpi_xq *xq = xt[k];                                                    \
+            float extra = 0.0f;                                                          \
+            (void)xq; /* read by EXTRA only where there is one */                        \
+            for (b = 0; b < nb; b++)                                                     \
+                extra += EXTRA(row + b * (bytes), b);                                    \
+            out[k] = _mm512_reduce_add_ps(_mm512_add_ps(e[k], o[k])) + extra;            \
+        }                                                                                \
     }
 
 #define X8_DOT_US(w, x) X8_DPBUSD(_mm512_setzero_si512(), (w), (x))

@@ -41,7 +41,22 @@ static inline __m256i x8_nibbles(const uint8_t *q)
     X8_ROW(x8_q4_0, 18, W_Q4_0, D_Q8_0, X8_NONE, x8_dot_ss)                              \
     X8_ROW(x8_q4_1, 20, W_Q4_1, D_Q8_0, M_Q4_1, X8_DOT_US)                               \
     X8_ROW(x8_mxfp4, WPI_MXFP4_BYTES, W_MXFP4, D_MXFP4, X8_NONE, x8_dot_ss)              \
+    X8_ROWS4                                                                             \
     const wpi_blocks_x8 X8_TABLE = {                                                     \
         .name = X8_NAME,                                                                 \
         .row_dot = {x8_q8_0, x8_q4_0, x8_q4_1, x8_mxfp4},                                \
+        .row_dot4 = {X8_ROW4_FNS},                                                       \
     };
+
+/* The 4-token row dots, where the body has X8_ROW4 (X8_HAVE_ROW4); else none. */
+#if defined(X8_HAVE_ROW4)
+#define X8_ROWS4                                                                         \
+    X8_ROW4(x8_q8_0_4, 34, W_Q8_0, D_Q8_0, X8_NONE, x8_dot_ss)                           \
+    X8_ROW4(x8_q4_0_4, 18, W_Q4_0, D_Q8_0, X8_NONE, x8_dot_ss)                           \
+    X8_ROW4(x8_q4_1_4, 20, W_Q4_1, D_Q8_0, M_Q4_1, X8_DOT_US)                            \
+    X8_ROW4(x8_mxfp4_4, WPI_MXFP4_BYTES, W_MXFP4, D_MXFP4, X8_NONE, x8_dot_ss)
+#define X8_ROW4_FNS x8_q8_0_4, x8_q4_0_4, x8_q4_1_4, x8_mxfp4_4
+#else
+#define X8_ROWS4
+#define X8_ROW4_FNS NULL
+#endif
