@@ -25,6 +25,7 @@ cdef extern from "wp.h" nogil:
         int32_t verify
         int32_t lookahead
         int32_t isa
+        int32_t exact
         const char *hotlist_path
         uint64_t usable_ram_bytes
         const char *cgroup_root

@@ -17,7 +17,7 @@ DEF ERR_CAP = 1024
 
 _CFG_INT_FIELDS = (
     "ctx_tokens", "n_threads", "reader_threads", "prefill_chunk", "cache_policy",
-    "direct_io", "verify", "lookahead", "isa", "max_sequences",
+    "direct_io", "verify", "lookahead", "isa", "max_sequences", "exact",
 )
 
 
@@ -93,6 +93,8 @@ cdef class _Cfg:
                 self.cfg.isa = <int32_t>value
             elif key == "max_sequences":
                 self.cfg.max_sequences = <uint32_t>value
+            elif key == "exact":
+                self.cfg.exact = <int32_t>value
             else:
                 raise TypeError(f"unknown engine option {key!r}")
 

@@ -106,6 +106,9 @@ def _options(
             if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 256:
                 raise ValueError(f"max_sequences must be an int in [1, 256], got {value!r}")
             opts[key] = value
+        elif key == "exact":
+            if value is not None:
+                opts[key] = int(bool(value))
         elif key in ("reader_threads", "prefill_chunk"):
             if not isinstance(value, int) or value < 0:
                 raise ValueError(f"{key} must be a non-negative int")
@@ -317,9 +320,11 @@ class Engine:
             ctx: context length in tokens (None = min(model maximum, 4096)).
             **options: cache_policy ("lfru"/"lru"), direct_io, verify, lookahead,
                 reader_threads, prefill_chunk (also the prompt tokens a request evaluates
-                per step while others decode), isa ("auto"/"scalar"/"avx2"/"avx512"/
-                "neon"), hotlist (True: warm the cache from the hotlist `save_hotlist()`
-                wrote in the container; no file yet is a first run, not an error),
+                per step while others decode), isa ("auto"/"scalar"/"avx2"/"avx512"/"neon"),
+                exact (True: float32 activations in every matmul; False: 8-bit
+                activations against quantized weights; None: the engine's default),
+                hotlist (True: warm the cache from the hotlist `save_hotlist()` wrote
+                in the container; no file yet is a first run, not an error),
                 hotlist_path (a hotlist file elsewhere), usable_ram, cgroup_root,
                 proc_root, max_sequences (requests generated at once, each with its own
                 KV / recurrent state inside the budget; default `DEFAULT_SEQUENCES`, fewer

@@ -26,6 +26,7 @@ void wp_cfg_init(wp_cfg *cfg)
     cfg->verify = 0;
     cfg->lookahead = 1;
     cfg->isa = WP_ISA_AUTO;
+    cfg->exact = 1;
 }
 
 const char *wp_strerror(wp_status status)
@@ -149,6 +150,7 @@ static wp_status open_ctx(wp_ctx *ctx, const char *path, const wp_cfg *cfg)
         m->pool = ctx->pool;
         m->experts = ctx->experts;
         m->lookahead = cfg->lookahead != 0;
+        m->exact = cfg->exact != 0;
         m->err = ctx->err;
         m->err_cap = sizeof ctx->err;
     }

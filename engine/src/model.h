@@ -61,6 +61,7 @@ typedef struct wpi_model {
     int lookahead;               /* decode-time prefetch of the next layer's experts */
     uint32_t la_rows;            /* a batched decode step's rows (one per sequence), which
                                     the lookahead predicts for as for one token; else 0 */
+    int exact;                   /* float32 activations only (no 8-bit path) */
     const wpi_wmat *lm_head;     /* output.weight or token_embd.weight */
     wpi_wmat tok_embd, output;
     const float *out_norm;       /* [hidden] */
@@ -70,6 +71,8 @@ typedef struct wpi_model {
     /* scratch, per chunk of C tokens */
     float *x;                    /* [C, hidden] residual stream */
     float *xn;                   /* [C, hidden] normed input of a block */
+    wpi_xq *xq;                  /* [xq_blocks] a matmul's input as 8-bit blocks */
+    uint64_t xq_blocks;          /* C * (widest matmul input / 32) */
     float *q;                    /* [C, n_heads*head_dim] */
     float *att;                  /* [C, n_heads*head_dim] attention output */
     float *rope_cos, *rope_sin;  /* [C, rope_dim/2] at the chunk's positions */
