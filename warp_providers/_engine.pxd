@@ -29,6 +29,8 @@ cdef extern from "wp.h" nogil:
         uint64_t usable_ram_bytes
         const char *cgroup_root
         const char *proc_root
+        const char *route_trace_path
+        uint64_t route_trace_offset
 
     void wp_cfg_init(wp_cfg *cfg)
 

@@ -303,7 +303,10 @@ class Engine:
                 hotlist (True: warm the cache from the hotlist `save_hotlist()` wrote
                 in the container; no file yet is a first run, not an error),
                 hotlist_path (a hotlist file elsewhere), usable_ram, cgroup_root,
-                proc_root.
+                proc_root; benchmarks only: route_trace (a routing trace, JSONL or
+                WPRT, whose experts replace the router's: `warp_providers.route_trace`),
+                route_trace_offset (the trace token of the first token evaluated),
+                route_trace_experts (the trace's expert count; default from its ids).
 
         Raises:
             ModelNotFoundError, ModelFormatError, UnsupportedModelError,
@@ -312,8 +315,20 @@ class Engine:
         from warp_providers import _engine
 
         where = _container(path)
+        trace = options.pop("route_trace", None)
+        offset = options.pop("route_trace_offset", 0)
+        n_experts = options.pop("route_trace_experts", None)
         opts = _options(where, budget, threads, ctx, options)
-        ctx_ = _engine.Context(where, opts)
+        if trace is None:
+            ctx_ = _engine.Context(where, opts)
+        else:
+            if not isinstance(offset, int) or offset < 0:
+                raise ValueError(f"route_trace_offset must be a non-negative int, got {offset!r}")
+            from warp_providers.route_trace import binary_trace
+
+            with binary_trace(trace, n_experts) as bin_path:  # read whole at open
+                opts.update(route_trace_path=bin_path, route_trace_offset=offset)
+                ctx_ = _engine.Context(where, opts)
         try:  # after the engine: token ids are checked against the model's vocabulary
             tokenizer = Tokenizer.from_dir(where, vocab_size=ctx_.info()["vocab_size"])
         except BaseException:

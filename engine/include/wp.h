@@ -72,6 +72,11 @@ typedef struct wp_cfg {
     uint64_t usable_ram_bytes;  /* 0 = detect (physical RAM and cgroup limits) */
     const char *cgroup_root;    /* where cgroup files are read; NULL = "/sys/fs/cgroup" */
     const char *proc_root;      /* where /proc/self/cgroup is read; NULL = "/proc" */
+    /* Benchmarks only: replay the experts of a recorded routing trace instead of the
+     * router's choice (file format in docs/ENGINE.md); NULL = the model's own router.
+     * The trace's top_k and expert count must be the model's (else WP_E_ARG). */
+    const char *route_trace_path;
+    uint64_t route_trace_offset; /* trace token read by the context's first token */
 } wp_cfg;
 
 /* Fills every field with its default. Never fails. */

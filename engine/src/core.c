@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "ctx.h"
+#include "route_trace.h"
 
 #define STR2(x) #x
 #define STR(x) STR2(x)
@@ -81,6 +82,7 @@ void wp_close(wp_ctx *ctx)
     if (ctx->experts) wpi_experts_close(ctx->experts, &ctx->mem);
     if (ctx->scratch) wpi_free(&ctx->mem, ctx->scratch, ctx->scratch_bytes);
     if (ctx->kv) wpi_free(&ctx->mem, ctx->kv, ctx->kv_bytes);
+    wpi_route_trace_free(ctx->trace, &ctx->mem);
     if (ctx->c) wpi_container_close(ctx->c, &ctx->mem);
     free(ctx);
 }
@@ -132,6 +134,13 @@ static wp_status open_ctx(wp_ctx *ctx, const char *path, const wp_cfg *cfg)
     m->lookahead = cfg->lookahead != 0;
     m->err = ctx->err;
     m->err_cap = sizeof ctx->err;
+    if (cfg->route_trace_path) {
+        if ((st = wpi_route_trace_load(cfg->route_trace_path, ctx->c, &ctx->mem, &ctx->trace,
+                                       err, cap)) != WP_OK)
+            return st;
+        m->trace = ctx->trace;
+        m->trace_cursor = cfg->route_trace_offset % ctx->trace->n_tokens;
+    }
     return WP_OK;
 }
 
@@ -226,6 +235,7 @@ wp_status wp_eval(wp_ctx *ctx, const int32_t *tokens, uint32_t n, int all_logits
         else if (logits && last) out = logits;
         st = wpi_model_forward(&ctx->mdl, ctx->arch, tokens + i, c, ctx->pos + i, out,
                                all_logits);
+        ctx->mdl.trace_cursor += c;
     }
     ctx->eval_seconds += wpi_now() - t0;
     if (st != WP_OK) return st; /* position unchanged; rows past it are garbage */

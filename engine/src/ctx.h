@@ -23,6 +23,7 @@ struct wp_ctx {
     uint64_t tokens;             /* stats since the last reset */
     double eval_seconds;
     uint64_t other_bytes_base;   /* c->bytes_read at the last stats reset */
+    wpi_route_trace *trace;      /* cfg.route_trace_path, or NULL */
     char err[WPI_ERR_CAP];
 };
 
