@@ -2,11 +2,12 @@
 
 Per stream count N, one child process opens the container once, warms the expert cache
 with one short generation, then starts N threads that each call `Engine.generate` on
-their own prompt (greedy, EOS ignored, `--decode-tokens` each) and waits for all of
-them. Reported per N: aggregate tok/s (generated tokens of all streams / wall time,
-prompts included), expert hit rate, expert bytes read per generated token, and % of the
-disk bound (tok/s x bytes read per token / the disk's O_DIRECT random-read rate,
-measured in the same run with streaming.disk_bandwidth over the container's banks).
+their own 4-token prompt (greedy, EOS ignored, `--decode-tokens` each) and waits for all
+of them. Reported per N: aggregate tok/s (generated tokens of all streams / wall time,
+the short prompts included), expert hit rate (lookups the cache served with no read),
+the share a prefetch (lookahead) read served, expert bytes read per generated token,
+and % of the disk bound (tok/s x bytes read per token / the disk's O_DIRECT random-read
+rate, measured in the same run with streaming.disk_bandwidth over the container's banks).
 
 Options:
   --trace FILE     a recorded routing trace (../shared/data/routing-traces/*.jsonl, or
@@ -18,7 +19,10 @@ Options:
                    its own cursor and offset.
   --cap F          run each child in a cgroup memory limit of F x the container size
                    (v1 /sys/fs/cgroup/memory/<name>, else v2), created and removed
-                   here; the engine resolves its budget from the limit. Needs root.
+                   here; the engine budget is the limit less 192 MiB for the Python
+                   process around it (the engine's own resolver keeps whole working
+                   sets and would leave only the minimum cache at 1/4 of a container).
+                   Needs root.
   --budget B       an explicit engine budget instead ("6G").
 
     python benchmarks/concurrency.py --container moe.warp \
@@ -35,7 +39,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import threading
 import time
@@ -47,12 +50,13 @@ from streaming import (  # noqa: E402  (benchmarks/ is not a package)
     MemCgroup,
     bank_files,
     disk_bandwidth,
-    drop_caches,
     machine,
     peak_rss,
+    run_json_child,
 )
 
-PROMPT_TOKENS = 16
+PROMPT_TOKENS = 4
+CAP_HEADROOM = 192 << 20  # the Python process around the engine, under --cap
 
 
 def container_bytes(container: Path) -> int:
@@ -112,18 +116,9 @@ def run_child(a: argparse.Namespace, n: int, cgroup: MemCgroup | None) -> dict:
     if a.trace:
         cmd += ["--trace", a.trace]
     if a.budget:
-        cmd += ["--budget", a.budget]
-    dropped = drop_caches()
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")]))
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env,
-                       preexec_fn=cgroup.enter if cgroup else None)
-    if p.returncode != 0:
-        return {"streams": n, "error": f"exit {p.returncode}: {p.stderr[-2000:]}"}
-    r = json.loads(p.stdout.strip().splitlines()[-1])
-    r["caches_dropped"] = dropped
-    if cgroup:
-        r["cgroup_limit"], r["cgroup_peak"] = cgroup.limit, cgroup.peak()
+        cmd += ["--budget", str(a.budget)]
+    r = run_json_child(cmd, cgroup)
+    r.setdefault("streams", n)
     return r
 
 
@@ -131,7 +126,10 @@ def summarize(r: dict, bw: float) -> dict:
     if "error" in r:
         return r
     d, n = r["stats"], max(r["tokens"], 1)
-    r["hit_rate"] = d["expert_hits"] / max(d["expert_lookups"], 1)
+    looks = max(d["expert_lookups"], 1)
+    # served by the cache with no read of its own; a lookup a prefetch served was a read
+    r["hit_rate"] = (d["expert_hits"] - d["prefetch_hits"]) / looks
+    r["prefetched"] = d["prefetch_hits"] / looks
     r["bytes_per_token"] = d["bytes_read"] / n
     r["of_disk_bound"] = r["tok_s"] * r["bytes_per_token"] / bw if bw else None
     return r
@@ -168,6 +166,8 @@ def main() -> None:
         bw = max(out["disk"].values())
         print(f"disk O_DIRECT random read: best {bw / GIB:.2f} GiB/s", flush=True)
     cg = None
+    if a.cap and not a.budget:
+        a.budget = max(int(size * a.cap) - CAP_HEADROOM, 1)
     if a.cap:
         try:
             cg = MemCgroup(int(size * a.cap))
@@ -177,7 +177,7 @@ def main() -> None:
             sys.exit(f"cannot create the memory cgroup ({e}); run as root or drop --cap")
     try:
         base = None
-        print("streams  tok/s  vs 1  hit rate  bytes/token  of disk bound  peak RSS")
+        print("streams  tok/s  vs 1  hit rate  prefetched  bytes/token  of disk bound  peak RSS")
         for n in (int(s) for s in a.streams.split(",")):
             r = summarize(run_child(a, n, cg), bw)
             out["runs"].append(r)
@@ -187,7 +187,7 @@ def main() -> None:
             base = base or r["tok_s"]
             bound = f"{r['of_disk_bound']:.0%}" if r["of_disk_bound"] is not None else "-"
             print(f"{n:7d}  {r['tok_s']:5.2f}  {r['tok_s'] / base:4.2f}x  {r['hit_rate']:8.1%}  "
-                  f"{r['bytes_per_token'] / (1 << 20):8.2f} MiB  {bound:>13}  "
+                  f"{r['prefetched']:10.1%}  {r['bytes_per_token'] / (1 << 20):8.2f} MiB  {bound:>13}  "
                   f"{r['peak_rss'] / GIB:.2f} GiB" + (f"  errors {r['errors']}" if r["errors"]
                                                       else ""), flush=True)
     finally:
