@@ -11,8 +11,8 @@ whose arguments parse (or a reply cut by max_tokens); JSON matching the schema (
 
 Reported per 10% of the run (by completion order): errors, p50/p95/p99 latency, tok/s
 (completion tokens / the decile's wall span) and RSS; then the RSS drift, median RSS of
-the last 10% against that of the first 10% (after a warm-up of concurrency x 12
-requests: every kind and path on about every worker). Per-request figures go to arrays
+the last 10% against that of the first 10% (after a warm-up of 600 requests, at least
+concurrency x 12: every kind and path on about every worker, and Python's re cache full). Per-request figures go to arrays
 allocated before the run, so the harness itself does not grow. Exits 1 on any error.
 
     python benchmarks/soak.py [--model DIR] [--requests 10000] [--concurrency 8]
@@ -54,6 +54,9 @@ TOOL = {"type": "function", "function": {"name": "count", "parameters": {
     "type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
     "required": ["n"], "additionalProperties": False}}}
 CONSTRAINED_MAX_TOKENS = 48  # room for the JSON frame; a cut reply is still accepted
+# Warm-up before the measured run: Python's re cache (512 patterns) fills up, since the
+# chat format compiles one pattern per request (its sentinels carry a nonce).
+WARM_REQUESTS = 600
 
 
 def rss_bytes() -> int:
@@ -216,7 +219,7 @@ def soak(model: Path, requests: int, concurrency: int, max_tokens: int) -> dict[
     server = threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True)
     server.start()
     clients = Clients(engine, f"http://127.0.0.1:{httpd.server_address[1]}/v1")
-    n_warm = concurrency * len(KINDS) * len(PATHS)
+    n_warm = max(concurrency * len(KINDS) * len(PATHS), WARM_REQUESTS)
     warm, log = Log(n_warm), Log(requests)
     try:
         with ThreadPoolExecutor(concurrency) as pool:
