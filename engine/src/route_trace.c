@@ -115,7 +115,7 @@ void wpi_route_trace_ids(const wpi_model *m, uint32_t l, uint32_t t, int32_t *id
 {
     const wpi_route_trace *tr = m->trace;
     const int32_t moe = tr->moe_of_layer[l] < 0 ? 0 : tr->moe_of_layer[l];
-    const uint64_t tok = (m->trace_cursor + t) % tr->n_tokens;
+    const uint64_t tok = (m->trace_rows ? m->trace_rows[t] : m->trace_cursor + t) % tr->n_tokens;
     const uint16_t *row = tr->ids + (tok * tr->n_layers + (uint32_t)moe % tr->n_layers) * tr->top_k;
     for (uint32_t j = 0; j < tr->top_k; j++) ids[j] = row[j];
 }

@@ -6,7 +6,9 @@
  * File (little-endian, written by warp_providers.route_trace from the JSONL traces):
  *   "WPRT"  u32 version (1)  u32 n_tokens  u32 n_layers  u32 top_k  u32 n_experts
  *   u16 ids[n_tokens][n_layers][top_k]        each < n_experts; nothing after them
- * Token i of the context's evaluation order reads trace token (offset + i) % n_tokens;
+ * Token i of a sequence's evaluation order reads trace token (start + i) % n_tokens,
+ * start = its cursor at open (core.c: offset + k * stride for sequence k); in a batched
+ * step each row reads its own sequence's cursor (wpi_model.trace_rows, forward.c).
  * MoE layer j (the j-th layer with experts) reads trace layer j % n_layers.
  */
 #ifndef WPI_ROUTE_TRACE_H

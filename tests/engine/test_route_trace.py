@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from warp_providers import Engine
-from warp_providers.route_trace import read_jsonl
+from warp_providers import Engine, _engine
+from warp_providers.route_trace import binary_trace, read_jsonl
 
 from tiny import tiny_moe
 
@@ -85,6 +85,60 @@ def test_experts_read_are_the_traces(model: Path, tmp_path: Path, offset: int) -
             eng.eval(toks[at:at + n])
             at += n
         assert hotlist_counts(eng, tmp_path / "hot2") != want
+
+
+def batch_counts(ids: np.ndarray, moe_layers: list[int],
+                 steps: list[list[tuple[int, int]]]) -> Counter[tuple[int, int]]:
+    """Each step's (first trace token, rows) per sequence: every MoE layer looks up the
+    union of all its rows' experts once."""
+    want: Counter[tuple[int, int]] = Counter()
+    for step in steps:
+        for j, layer in enumerate(moe_layers):
+            distinct = {int(e) for start, n in step for t in range(start, start + n)
+                        for e in ids[t % len(ids), j % ids.shape[1]]}
+            for e in distinct:
+                want[(layer, e)] += 1
+    return want
+
+
+@pytest.mark.parametrize("stride", [0, 3])
+def test_batched_rows_read_their_own_sequences_trace(model: Path, tmp_path: Path,
+                                                     stride: int) -> None:
+    """Sequence k starts at offset + k * stride (0: the trace's length / sequences) and
+    advances by its own tokens; in a batched step each row reads its sequence's cursor."""
+    ids = write_trace(tmp_path / "t.jsonl", N_TOK, N_LAYERS, TOP_K, EXPERTS, seed=5)
+    offset, n_seqs = 1, 3
+    step = stride or N_TOK // n_seqs  # 2
+    with binary_trace(tmp_path / "t.jsonl", EXPERTS) as wprt:
+        c = _engine.Context(str(model), {
+            "n_threads": 2, "max_sequences": n_seqs, "lookahead": False,
+            "route_trace_path": wprt, "route_trace_offset": offset,
+            "route_trace_stride": stride,
+        })
+    try:
+        seqs = [None, c.seq_open(), c.seq_open()]
+        for lens in ([2, 3, 1], [1, 1, 1], [1, 1, 1], [1, 1, 1]):  # a prefill step, decodes
+            lg = np.zeros((n_seqs, c.vocab_size), np.float32)
+            c.eval_batch(seqs, [np.arange(10, 10 + n, dtype=np.int32) for n in lens], lg)
+        c.eval_batch([seqs[1]], [np.array([7], np.int32)], lg[:1])  # alone: unbatched path
+        c.hotlist_save(str(tmp_path / "hot"))
+    finally:
+        c.close()
+    lines = (tmp_path / "hot").read_text().splitlines()[1:]
+    got = Counter({(int(a), int(b)): int(n) for a, b, n in (ln.split() for ln in lines)})
+    want = batch_counts(ids, [0, 1, 2], replay_steps([offset + k * step for k in range(3)]))
+    assert got == want
+    # the check tells the sequences apart: one cursor for all would read other experts
+    assert batch_counts(ids, [0, 1, 2], replay_steps([offset] * 3)) != want
+
+
+def replay_steps(start: list[int]) -> list[list[tuple[int, int]]]:
+    """The (first trace token, rows) of each sequence in each step of the test above."""
+    steps = []
+    for lens in ([2, 3, 1], [1, 1, 1], [1, 1, 1], [1, 1, 1]):
+        steps.append([(start[k], lens[k]) for k in range(3)])
+        start = [start[k] + lens[k] for k in range(3)]
+    return steps + [[(start[1], 1)]]
 
 
 def test_state_reset_keeps_the_cursor(model: Path, tmp_path: Path) -> None:
