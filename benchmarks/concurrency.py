@@ -12,11 +12,9 @@ rate, measured in the same run with streaming.disk_bandwidth over the container'
 Options:
   --trace FILE     a recorded routing trace (../shared/data/routing-traces/*.jsonl, or
                    any JSONL of that shape) replayed instead of the router
-                   (`route_trace=`). The trace cursor belongs to the context and
-                   advances by every token it evaluates, so each stream reads its own
-                   stretch of the trace (its offset is where the tokens evaluated before
-                   it left the cursor); with one context per sequence each will carry
-                   its own cursor and offset.
+                   (`route_trace=`). Each sequence of the engine carries its own trace
+                   cursor, sequence k starting at k x (trace length / max_sequences), so
+                   concurrent streams replay different stretches of the trace.
   --cap F          run each child in a cgroup memory limit of F x the container size
                    (v1 /sys/fs/cgroup/memory/<name>, else v2), created and removed
                    here; the engine budget is the limit less 192 MiB for the Python
@@ -24,14 +22,17 @@ Options:
                    sets and would leave only the minimum cache at 1/4 of a container).
                    Needs root.
   --budget B       an explicit engine budget instead ("6G").
+  --resident       warm the cache with every expert at open (a hotlist naming them all;
+                   give a --budget that holds the whole container), so no expert is read
+                   while decoding.
+
+The engine opens with max_sequences = the stream count, so the scheduler behind
+`Engine.stream` decodes all the streams together, one batched step at a time.
 
     python benchmarks/concurrency.py --container moe.warp \
         --trace ../shared/data/routing-traces/olmoe_299.jsonl --cap 0.25 \
         [--streams 1,2,4,8] [--decode-tokens 32] [--threads 2] [--json out.json]
 
-Until the engine decodes several sequences at once, the streams are served one after
-another behind the engine's lock, so the aggregate rate stays at the one-stream rate;
-the same script measures the batched scheduler once it lands.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -70,16 +72,35 @@ def trace_len(path: str | None) -> int:
         return sum(1 for ln in f if ln.strip())
 
 
+def every_expert_hotlist(container: Path) -> str:
+    """A hotlist naming every expert of every layer once (the cache's warm-up list)."""
+    hp = json.loads((container / "manifest.json").read_text())["hparams"]
+    path = Path(tempfile.mkdtemp(prefix="wp-resident-")) / "hotlist"
+    rows = [f"{lay} {e} 1" for lay in range(hp["n_layers"])
+            for e in range(hp["n_experts"])]
+    path.write_text("warp-hotlist 1\n" + "\n".join(rows) + "\n")
+    return str(path)
+
+
 def child(a: argparse.Namespace) -> dict:
     from warp_providers import Engine
 
     n = a.child
-    opts = {"route_trace": a.trace} if a.trace else {}
-    eng = Engine.open(a.container, budget=a.budget, threads=a.threads, ctx=512, **opts)
+    opts: dict = {"route_trace": a.trace} if a.trace else {}
+    if a.resident:
+        opts["hotlist_path"] = every_expert_hotlist(a.container)
+    eng = Engine.open(a.container, budget=a.budget, threads=a.threads, ctx=512,
+                      max_sequences=n, **opts)
     vocab = eng.vocab_size
     prompts = [[(97 * s + 13 * i) % (vocab - 10) + 5 for i in range(PROMPT_TOKENS)]
                for s in range(n)]
     eng.generate([3, 4, 5], max_tokens=4, stop_ids=[])  # warm pools and cache
+    if a.resident:  # the hotlist's preload runs in the background: wait for its end
+        last, t_end = -1, time.monotonic() + 120
+        while eng.stats()["cache_bytes"] != last and time.monotonic() < t_end:
+            last = eng.stats()["cache_bytes"]
+            time.sleep(1.0)
+        eng.generate([3, 4, 5], max_tokens=4, stop_ids=[])
     s0 = eng.stats()
     done = [0] * n
     errors: list[str] = []
@@ -117,6 +138,8 @@ def run_child(a: argparse.Namespace, n: int, cgroup: MemCgroup | None) -> dict:
         cmd += ["--trace", a.trace]
     if a.budget:
         cmd += ["--budget", str(a.budget)]
+    if a.resident:
+        cmd.append("--resident")
     r = run_json_child(cmd, cgroup)
     r.setdefault("streams", n)
     return r
@@ -145,6 +168,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--cap", type=float, default=None)
     ap.add_argument("--budget", default=None)
+    ap.add_argument("--resident", action="store_true")
     ap.add_argument("--no-disk", action="store_true", help="skip the disk measurement")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
