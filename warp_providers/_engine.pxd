@@ -31,6 +31,9 @@ cdef extern from "wp.h" nogil:
         const char *cgroup_root
         const char *proc_root
         uint32_t max_sequences
+        const char *route_trace_path
+        uint64_t route_trace_offset
+        uint64_t route_trace_stride
 
     void wp_cfg_init(wp_cfg *cfg)
 

@@ -53,7 +53,7 @@ cdef class _Cfg:
     """Owns a wp_cfg and the bytes its string fields point to."""
 
     cdef wp_cfg cfg
-    cdef bytes _hotlist, _cgroup, _proc
+    cdef bytes _hotlist, _cgroup, _proc, _trace
 
     def __cinit__(self, dict options):
         wp_cfg_init(&self.cfg)
@@ -67,6 +67,13 @@ cdef class _Cfg:
             elif key == "hotlist_path":
                 self._hotlist = str(value).encode()
                 self.cfg.hotlist_path = self._hotlist
+            elif key == "route_trace_path":
+                self._trace = str(value).encode()
+                self.cfg.route_trace_path = self._trace
+            elif key == "route_trace_offset":
+                self.cfg.route_trace_offset = <uint64_t>value
+            elif key == "route_trace_stride":
+                self.cfg.route_trace_stride = <uint64_t>value
             elif key == "cgroup_root":
                 self._cgroup = str(value).encode()
                 self.cfg.cgroup_root = self._cgroup

@@ -75,6 +75,14 @@ typedef struct wp_cfg {
     const char *cgroup_root;    /* where cgroup files are read; NULL = "/sys/fs/cgroup" */
     const char *proc_root;      /* where /proc/self/cgroup is read; NULL = "/proc" */
     uint32_t max_sequences;     /* states allocated at open, at most 4096; 0 = 1 (wp_seq) */
+    /* Benchmarks only: replay the experts of a recorded routing trace instead of the
+     * router's choice (file format in docs/ENGINE.md); NULL = the model's own router.
+     * The trace's top_k and expert count must be the model's (else WP_E_ARG). Sequence k
+     * starts at trace token (route_trace_offset + k * stride) mod the trace's length and
+     * advances by the tokens it evaluates; stride 0 = trace length / max_sequences. */
+    const char *route_trace_path;
+    uint64_t route_trace_offset; /* trace token read by sequence 0's first token */
+    uint64_t route_trace_stride; /* trace tokens between consecutive sequences' starts */
 } wp_cfg;
 
 /* Fills every field with its default. Never fails. */

@@ -374,11 +374,11 @@ wp_status wpi_model_forward(wpi_model *m, const wpi_arch *arch, const int32_t *t
                         (const char *)m->tok_embd.data + (size_t)tokens[t] * row_bytes,
                         m->x + t * H, H);
     wpi_rope_prepare(m, n, pos);
-    for (uint32_t l = 0; l < hp->n_layers; l++) {
-        wp_status st = arch->layer_forward(m, l, n, pos);
-        if (st != WP_OK) return st;
-    }
-    if (!logits) return WP_OK;
+    wp_status st = WP_OK;
+    for (uint32_t l = 0; l < hp->n_layers && st == WP_OK; l++)
+        st = arch->layer_forward(m, l, n, pos);
+    m->trace_cursor += n; /* routing replay: this sequence's next trace token */
+    if (st != WP_OK || !logits) return st;
     uint32_t t0 = all_logits ? 0 : n - 1;
     for (uint32_t t = t0; t < n; t++)
         wpi_rmsnorm(m->xn + t * H, m->x + t * H, m->out_norm, H, hp->rms_norm_eps);
@@ -427,6 +427,9 @@ wp_status wpi_model_forward_batch(wpi_model *b, const wpi_arch *arch, wpi_model 
                             (const char *)b->tok_embd.data + (size_t)tok[i][t] * row_bytes,
                             m->x + t * H, H);
         wpi_rope_prepare(m, n[i], pos[i]);
+        if (b->trace_rows) /* routing replay: each row at its own sequence's cursor */
+            for (uint32_t t = 0; t < n[i]; t++)
+                b->trace_rows[rows + t] = m->trace_cursor + t;
         rows += n[i];
     }
     b->tokens = NULL;
@@ -442,6 +445,7 @@ wp_status wpi_model_forward_batch(wpi_model *b, const wpi_arch *arch, wpi_model 
         ms[i]->x = b->x;
         ms[i]->rope_cos = b->rope_cos;
         ms[i]->rope_sin = b->rope_sin;
+        ms[i]->trace_cursor += n[i];
     }
     if (st == WP_OK && logits) batch_logits(b, n, n_seqs, logits, want);
     return st;

@@ -13,6 +13,7 @@
 /* ---- forward (core.c, forward.c, pool.c, blocks/, arch/) --------------------- */
 
 typedef struct wpi_arch wpi_arch;
+typedef struct wpi_route_trace wpi_route_trace;
 
 /* A weight matrix [rows, cols] in dtype layout (a trunk tensor or an expert matrix). */
 typedef struct wpi_wmat {
@@ -103,6 +104,12 @@ typedef struct wpi_model {
     void *arch;
     char *err;                   /* detail of the last error */
     size_t err_cap;
+    /* benchmark routing replay (route_trace.h), NULL = the router decides */
+    const struct wpi_route_trace *trace;
+    uint64_t trace_cursor;       /* trace token of the chunk's first token; advances per
+                                    token this sequence evaluates */
+    uint64_t *trace_rows;        /* a batch's model: each row's trace token (its
+                                    sequence's cursor + its row in it); else NULL */
 } wpi_model;
 
 /* forward.c: one allocation carved into buffers, each rounded up to 64 bytes; with base
