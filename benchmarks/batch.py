@@ -6,17 +6,18 @@ Arms, on the same model and the same N short chat requests (max_tokens M, temper
    another (what a user's script does).
 2. `batch`: the `warp batch` job in this process (`batchfile.run_file`: the jobs
    directory in SQLite, one transaction per answer, output file at the end), at
-   `--concurrency` lines in flight.
+   `--concurrency` lines in flight (default: the engine's `--max-sequences`), which the
+   engine's scheduler decodes together in batched steps.
 3. `ray-1` / `ray-2` (with `--ray`): the same job on a local Ray instance with one and
    two actors (each opens its own engine; Ray start-up included in the wall time).
 4. `overhead`: the `batch` arm on the scripted engine (tests/fake_engine.py, replies with
    no model work), whose wall time per line is the job machinery's own cost.
 
 Prints the machine, then one row per arm: wall seconds, lines/s, completion tok/s, and
-the ratio to `loop`. Until the engine decodes several requests at once, `batch` runs at
-the loop's speed (the engine answers one request at a time behind its lock).
+the ratio to `loop`.
 
-    python benchmarks/batch.py [--lines 200] [--max-tokens 8] [--concurrency 1] [--ray]
+    python benchmarks/batch.py [--lines 1000] [--max-tokens 8] [--max-sequences 8]
+                               [--concurrency N] [--ray]
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ def batch(engine: Any, src: Path, work: Path, concurrency: int,
     from warp_openai.batchfile import run_file
 
     api = WarpAPI(engine=engine, jobs_dir=work / f"jobs-{time.monotonic_ns()}",
-                  batch_concurrency=concurrency)
+                  batch_concurrency=concurrency or None)
     t0 = time.perf_counter()
     s = run_file(api, src, work / "out.jsonl", stream=open(os.devnull, "w"), runner=runner)
     wall = time.perf_counter() - t0
@@ -77,9 +78,12 @@ def batch(engine: Any, src: Path, work: Path, concurrency: int,
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--lines", type=int, default=200)
+    ap.add_argument("--lines", type=int, default=1000)
     ap.add_argument("--max-tokens", type=int, default=8)
-    ap.add_argument("--concurrency", type=int, default=1)
+    ap.add_argument("--max-sequences", type=int, default=8,
+                    help="sequences of the batch arm's engine (the loop's engine has the default)")
+    ap.add_argument("--concurrency", type=int, default=0,
+                    help="lines in flight (default 0: the engine's sequences)")
     ap.add_argument("--ray", action="store_true", help="also the Ray arms (ray[data])")
     ap.add_argument("--model", help="a container (default: SmolLM2, converted once)")
     a = ap.parse_args()
@@ -97,14 +101,18 @@ def main() -> None:
           f"; model {model.name}; {a.lines} lines, max_tokens {a.max_tokens}")
     rows: list[tuple[str, float, int]] = []
     rows.append(("loop", *loop(model, reqs)))
-    rows.append((f"batch (concurrency {a.concurrency})",
-                 *batch(shared_engine(model), src, work, a.concurrency)))
+    engine = shared_engine(model, max_sequences=a.max_sequences)
+    rows.append((f"batch ({a.concurrency or a.max_sequences} in flight, "
+                 f"{a.max_sequences} sequences)", *batch(engine, src, work, a.concurrency)))
+    b = engine.batching()
+    print(f"# batch arm: {b['steps']} steps, {b['sequences'] / max(1, b['steps']):.2f} "
+          f"sequences per step, widest {b['widest']}")
     if a.ray:
         from warp_openai.ray_batch import ray_runner
 
         for actors in (1, 2):
             runner = ray_runner(str(model), address=None, actors=actors, engine_options={})
-            rows.append((f"ray-{actors}", *batch(shared_engine(model), src, work, 1, runner)))
+            rows.append((f"ray-{actors}", *batch(engine, src, work, 1, runner)))
             import ray
 
             ray.shutdown()
