@@ -69,6 +69,16 @@ typedef struct wpi_hparams {
     uint32_t index_kpool;
     int32_t index_tail;                     /* bool: the incomplete pool is always attended */
     uint8_t layer_index[WPI_MAX_LAYERS];    /* WPI_INDEX_* per layer */
+    /* zero when absent (blocks/hparams.c): the width routed experts run at (a latent MoE
+     * projects hidden_size down to it; the banks' expert shape), the SiTU-GLU of ffn.c
+     * (situ_beta > 0 replaces silu(g) by b1 tanh(g / b1) sigmoid(g), situ_linear_beta > 0
+     * bounds up to b2 tanh(u / b2)) and the full-rank KDA output gate (kda.c). */
+    uint32_t expert_hidden_size;            /* 0: hidden_size */
+    float situ_beta, situ_linear_beta;
+    int32_t kda_full_gate;                  /* bool: kda_g [D, hidden], no g_a / g_b */
+    /* kimi_k3 (read and used by arch/kimi_k3.c), zero when absent */
+    uint32_t attn_res_block_size;           /* Attention Residuals: layers per block */
+    int32_t latent_moe_norm, mla_output_gate; /* bools */
 } wpi_hparams;
 
 enum { WPI_SCORE_SOFTMAX = 0, WPI_SCORE_SIGMOID = 1, WPI_SCORE_SQRTSOFTPLUS = 2 };

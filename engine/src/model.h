@@ -46,6 +46,14 @@ typedef struct wpi_layer {
     wpi_wmat kda_f_a, kda_f_b, kda_b, kda_g_a, kda_g_b;
     const float *kda_conv;                        /* [3D, kda_conv] depthwise, f32 */
     const float *kda_dt_bias, *kda_a_log, *kda_o_norm; /* [D], [kda_heads], [kda_head_dim] */
+    wpi_wmat kda_g;                               /* full-rank output gate [D, hidden] or none
+                                                   * (kda_full_gate; bound by its arch) */
+    wpi_wmat attn_gate;                           /* MLA output gate [n_heads*v_head_dim,
+                                                   * hidden] or none (bound by its arch) */
+    /* kimi_k3 (arch/kimi_k3.c binds them): latent MoE, Attention Residuals (f32 [hidden]) */
+    wpi_wmat lat_down, lat_up;                    /* [expert_hidden, hidden], [hidden, e_h] */
+    const float *lat_norm;                        /* [expert_hidden_size] or NULL */
+    const float *res_attn_norm, *res_attn_proj, *res_ffn_norm, *res_ffn_proj;
     /* hyper-connections (blocks/hyper.c; deepseek_v4, glm5_next) around attention and FFN,
      * f32: fn [(2+hc)*hc, hc*hidden], base [(2+hc)*hc], scale [3] */
     const float *hc_attn_fn, *hc_attn_base, *hc_attn_scale;
@@ -115,6 +123,8 @@ typedef struct wpi_model {
     float *kda_state;            /* [kda layers][wpi_kda_state_floats], after the KV rows */
     const int32_t *tokens;       /* token ids of the chunk being evaluated (hash routing) */
     float *v4_buf;               /* wpi_v4_scratch_floats (deepseek_v4) */
+    float *k3_buf;               /* arch/kimi_k3.c scratch */
+    const float *out_res_norm, *out_res_proj; /* kimi_k3's output aggregation [hidden] */
     const float *rope_freqs_c;   /* [rope_dim/2] compressed-branch frequencies, or NULL */
     const float *hc_head_fn, *hc_head_base, *hc_head_scale; /* final hyper head */
     float *hc_x;                 /* [C, hc_mult, hidden] hyper-connection streams */
