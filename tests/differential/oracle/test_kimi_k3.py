@@ -76,3 +76,96 @@ def test_mxfp4_low_nibble_first_and_e8m0(ref) -> None:
     assert w.shape == (64,)
     assert w[0] == 0.5 and w[1] == 1.0           # 0x21: low nibble 1 -> 0.5, high 2 -> 1.0
     assert w[32] == 6.0 / 4 and w[33] == -6.0 / 4  # 0xF7 at 2^-2: 7 -> 6, 15 -> -6
+
+
+# --------------------------------------------------------------------------- engine vs reference
+
+PROMPT = [(17 * i + 5) % 250 + 3 for i in range(48)]
+STEPS = 16
+
+
+def _shapes():
+    from warp_providers.synth.kimi_k3 import KimiK3Shape
+
+    # every config: >= 2 KDA and >= 2 MLA layers, 16 experts, top-4, 2 shared experts
+    return {
+        # 3:1 KDA:MLA as released, blocks of 2 dividing the 8 layers, every K3 piece on
+        "kkkm_block2": KimiK3Shape(num_hidden_layers=8, layer_pattern="KKKM",
+                                   attn_res_block_size=2),
+        # MLA first, blocks of 3 not dividing 7 layers, no latent norm, no MLA output gate
+        "mkkm_block3": KimiK3Shape(num_hidden_layers=7, layer_pattern="MKKM",
+                                   attn_res_block_size=3, latent_moe_use_norm=False,
+                                   mla_use_output_gate=False),
+        # alternating, blocks of 5 not dividing 6, two dense layers, low-rank KDA gate,
+        # unbounded SiTU up projection
+        "km_block5": KimiK3Shape(num_hidden_layers=6, layer_pattern="KM",
+                                 attn_res_block_size=5, first_k_dense_replace=2,
+                                 use_full_rank_gate=False, activation_situ_linear_beta=0.0),
+        # plain residuals (no Attention Residuals)
+        "kkm_plain": KimiK3Shape(num_hidden_layers=6, layer_pattern="KKM",
+                                 attn_res_block_size=0),
+    }
+
+
+@pytest.fixture(scope="module")
+def models(ref, tmp_path_factory):
+    """name -> (checkpoint, F32 container, prompt logits, greedy tokens, step logits)."""
+    from warp_providers.convert import convert
+    from warp_providers.synth.kimi_k3 import make_kimi_k3_checkpoint
+
+    built = {}
+    for seed, (name, shape) in enumerate(_shapes().items()):
+        src = make_kimi_k3_checkpoint(tmp_path_factory.mktemp(f"k3-{name}") / "hf", shape, seed)
+        out = convert(src, src.parent / "m.warp", experts="f32", trunk="f32")
+        r = ref.KimiK3Reference(src)
+        ids, steps = list(PROMPT), []
+        for _ in range(STEPS):
+            last = r.logits(ids)[-1]
+            steps.append(last)
+            ids.append(int(last.argmax()))
+        built[name] = (src, out, r.logits(PROMPT), ids[len(PROMPT):], np.stack(steps))
+    return built
+
+
+@pytest.mark.parametrize("name", list(_shapes()))
+@pytest.mark.parametrize("chunk", [None, 5])
+def test_f32_matches_reference_prompt_and_decode(oracle_env, models, name, chunk) -> None:
+    from warp_providers import Engine
+
+    _, out, ref_all, ref_tokens, ref_steps = models[name]
+    assert len(set(ref_tokens)) > 1, f"{name}: a degenerate draw (one token repeated)"
+    opts = {} if chunk is None else {"prefill_chunk": chunk}
+    with Engine.open(out, threads=2, **opts) as eng:
+        oracle_env.assert_matches_reference(eng, PROMPT, ref_all, ref_tokens, ref_steps,
+                                            f"{name} chunk {chunk}")
+
+
+def test_reference_depends_on_each_k3_piece(ref, models) -> None:
+    """The oracle would catch a piece left out: the AttnRes key eps alone moves the logits."""
+    src, _, ref_all, _, _ = models["kkkm_block2"]
+    other = ref.KimiK3Reference(src, res_eps=1e-6).logits(PROMPT)
+    assert np.abs(other - ref_all).max() > 1e-4
+
+
+def test_streaming_at_floor_is_bit_identical(oracle_env, models) -> None:
+    _, out, _, _, _ = models["mkkm_block3"]
+    oracle_env.assert_streaming_bit_identical(out, PROMPT, 8)
+
+
+def test_engine_refuses_a_missing_attn_res_tensor_naming_it(models, tmp_path) -> None:
+    import json
+    import shutil
+
+    from warp_providers import Engine
+    from warp_providers.errors import WarpError
+
+    _, out, _, _, _ = models["kkkm_block2"]
+    bad = tmp_path / "bad.warp"
+    shutil.copytree(out, bad)
+    m = json.loads((bad / "manifest.json").read_text())
+    for t in m["trunk"]["tensors"]:
+        if t["name"] == "blk.3.ffn_res_proj.weight":
+            t["name"] = "blk.3.ffn_res_proj.unused"
+    (bad / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(WarpError, match=r"blk\.3\.ffn_res_proj\.weight"):
+        Engine.open(bad, threads=1)
