@@ -63,10 +63,11 @@ def mxfp4(packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 class KimiK3Reference:
     """The K3 text model of checkpoint directory `src` (eps of the AttnRes keys: `res_eps`,
-    default rms_norm_eps)."""
+    default rms_norm_eps; `experts`: applied to each dequantized expert matrix, e.g. a
+    quantize -> dequantize round trip)."""
 
     def __init__(self, src: Path, res_eps: float | None = None,
-                 lora_eps: float = LORA_EPS) -> None:
+                 lora_eps: float = LORA_EPS, experts: Any = None) -> None:
         from safetensors import safe_open
 
         self.cfg: dict[str, Any] = json.loads((Path(src) / "config.json").read_text())[
@@ -86,6 +87,7 @@ class KimiK3Reference:
         self.b2 = c.get("activation_situ_linear_beta")
         self.block = c.get("attn_res_block_size") or 0
         self._experts: dict[tuple[int, int], tuple[torch.Tensor, ...]] = {}
+        self._expert_fn = experts or (lambda w: w)
 
     def w(self, name: str) -> torch.Tensor:
         return self.t["language_model." + name]
@@ -158,7 +160,8 @@ class KimiK3Reference:
         if (layer, e) not in self._experts:
             p = f"model.layers.{layer}.block_sparse_moe.experts.{e}."
             self._experts[layer, e] = tuple(
-                mxfp4(self.w(p + f"{n}.weight_packed"), self.w(p + f"{n}.weight_scale"))
+                self._expert_fn(mxfp4(self.w(p + f"{n}.weight_packed"),
+                                      self.w(p + f"{n}.weight_scale")))
                 for n in ("w1", "w3", "w2"))
         return self._experts[layer, e]
 
