@@ -3,12 +3,12 @@
  * a block only one architecture uses is static in its arch file instead.
  *   attention.c     GQA with RoPE, q/k norm, clip, biases (the llama-shaped families)
  *   attention_sw.c  attention with sinks over a sliding window (gpt_oss, qwen2_moe)
- *   ffn.c           SwiGLU, dense layers, the clamped variant
+ *   ffn.c           SwiGLU, dense layers, the clamped variant, SiTU-GLU (kimi_k3)
  *   moe.c           routing, the expert driver, the llama-shaped MoE decoder layer
  *   route_noaux.c   grouped, biased selection (deepseek_v3, glm4_moe, kimi_linear, glm5_next)
  *   mla.c           multi-head latent attention and its state (deepseek_v3, kimi_linear,
- *                   glm5_next)
- *   kda.c           Kimi Delta Attention (kimi_linear, glm5_next)
+ *                   glm5_next, kimi_k3)
+ *   kda.c           Kimi Delta Attention (kimi_linear, glm5_next, kimi_k3)
  *   hyper.c         hyper-connections (deepseek_v4, glm5_next)
  *   hparams.c       the optional hparams keys of these blocks
  */

@@ -203,3 +203,25 @@ def test_q8_0_experts_are_exact_on_their_own_weights(oracle_env, ref, models, tm
         assert d <= 1e-4, f"q8_0 experts: max |d| = {d:.3g}"
         eng.reset()
         assert eng.generate(PROMPT, max_tokens=8, stop_ids=[]).token_ids == ids[len(PROMPT):]
+
+
+@pytest.mark.parametrize("edit, key", [
+    ({"expert_hidden_size": None}, "latent_moe_norm"),      # a latent norm, no latent
+    ({"attn_res_block_size": 0}, "attn_res_block_size"),    # out of its bounds
+    ({"situ_beta": None}, "situ_linear_beta"),              # a bound without SiTU
+])
+def test_engine_refuses_inconsistent_k3_hparams_naming_the_key(models, tmp_path, edit,
+                                                               key) -> None:
+    import json
+    import shutil
+
+    from warp_providers import Engine
+    from warp_providers.errors import WarpError
+
+    bad = tmp_path / "bad.warp"
+    shutil.copytree(models["kkkm_block2"][1], bad)
+    m = json.loads((bad / "manifest.json").read_text())
+    m["hparams"].update(edit)
+    (bad / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(WarpError, match=key):
+        Engine.open(bad, threads=1)

@@ -136,3 +136,21 @@ def test_padded_a_log_shorter_than_the_heads_is_refused(ckpt: Path) -> None:
           lambda t: t.__setitem__(name, ("F32", t[name][1].reshape(-1)[:1].copy())))
     with pytest.raises(ConvertError, match=name.replace(".", r"\.") + ".*at least 2"):
         load_hf(ckpt)
+
+
+def test_a_kimi_linear_config_is_still_read_as_kimi_linear() -> None:
+    cfg = {"architectures": ["KimiLinearForCausalLM"], "model_type": "kimi_linear"}
+    assert registry.detect(cfg) == "kimi_linear"
+    assert registry.detect({"model_type": 7}) == "7"  # refused later, named as given
+
+
+def test_same_seed_same_bytes(tmp_path: Path) -> None:
+    shape = KimiK3Shape(num_hidden_layers=4)
+    a = make_kimi_k3_checkpoint(tmp_path / "a", shape, seed=3)
+    b = make_kimi_k3_checkpoint(tmp_path / "b", shape, seed=3)
+    c = make_kimi_k3_checkpoint(tmp_path / "c", shape, seed=4)
+    names = sorted(p.name for p in a.iterdir())
+    assert names == sorted(p.name for p in b.iterdir())
+    assert all((a / n).read_bytes() == (b / n).read_bytes() for n in names)
+    assert (a / "model-layer-001.safetensors").read_bytes() != \
+        (c / "model-layer-001.safetensors").read_bytes()
