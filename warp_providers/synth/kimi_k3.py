@@ -36,7 +36,8 @@ class KimiK3Shape:
     dense MLP, the others latent MoE (routed experts on ``routed_expert_hidden_size``)
     plus ``num_shared_experts`` shared experts on the full hidden state.
     ``attn_res_block_size`` 0 leaves Attention Residuals out (plain residuals);
-    ``activation_situ_linear_beta`` 0 leaves the up projection unbounded.
+    ``activation_situ_linear_beta`` 0 leaves the up projection unbounded;
+    ``routed_expert_hidden_size`` 0 runs the experts on the hidden state (no latent MoE).
     """
 
     hidden_size: int = 64
@@ -142,7 +143,7 @@ def text_config(sh: KimiK3Shape, vocab: int, eos: int) -> dict[str, Any]:
         },
         "hidden_act": "situ", "activation_situ_beta": sh.activation_situ_beta,
         "activation_situ_linear_beta": sh.activation_situ_linear_beta or None,
-        "routed_expert_hidden_size": sh.routed_expert_hidden_size,
+        "routed_expert_hidden_size": sh.routed_expert_hidden_size or None,
         "latent_moe_use_norm": sh.latent_moe_use_norm,
         "attn_res_block_size": sh.attn_res_block_size or None,
         "num_nextn_predict_layers": 0, "rms_norm_eps": sh.rms_norm_eps,
@@ -187,7 +188,7 @@ def make_kimi_k3_checkpoint(out: str | Path, shape: KimiK3Shape | None = None,
            "tie_word_embeddings": False}
     (o / "config.json").write_text(json.dumps(cfg, indent=1))
     rng = np.random.default_rng(seed)
-    h, lat = sh.hidden_size, sh.routed_expert_hidden_size
+    h, lat = sh.hidden_size, sh.routed_expert_hidden_size or sh.hidden_size
     weight_map: dict[str, str] = {}
 
     def mat(rows: int, cols: int) -> tuple[str, np.ndarray]:
@@ -268,10 +269,12 @@ def make_kimi_k3_checkpoint(out: str | Path, shape: KimiK3Shape | None = None,
             # router logits ~ N(0, 1): sigmoid scores spread over (0, 1)
             t[b + "gate.weight"] = mat(sh.num_experts, h)
             t[b + "gate.e_score_correction_bias"] = f32(0.5 * rng.standard_normal(sh.num_experts))
-            t.update(mlp(b + "shared_experts.", sh.moe_intermediate_size * sh.num_shared_experts, h))
-            t[b + "routed_expert_down_proj.weight"] = mat(lat, h)
-            t[b + "routed_expert_up_proj.weight"] = mat(h, lat)
-            if sh.latent_moe_use_norm:
+            shared = sh.moe_intermediate_size * sh.num_shared_experts
+            t.update(mlp(b + "shared_experts.", shared, h))
+            if sh.routed_expert_hidden_size:
+                t[b + "routed_expert_down_proj.weight"] = mat(lat, h)
+                t[b + "routed_expert_up_proj.weight"] = mat(h, lat)
+            if sh.routed_expert_hidden_size and sh.latent_moe_use_norm:
                 t[b + "routed_expert_norm.weight"] = norm(lat)
             inter = sh.moe_intermediate_size
             for e in range(sh.num_experts):

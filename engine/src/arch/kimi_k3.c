@@ -87,7 +87,7 @@ static wp_status check(const wpi_container *c, char *err, size_t cap)
         }
         if (hp->layer_is_moe[l]) {
             TRY(wpi_opt_vector(c, NAME("exp_probs_b.bias"), hp->n_experts, err, cap));
-            if (LH != H) {
+            if (hp->expert_hidden_size) {
                 TRY(wpi_need_matrix(c, NAME("ffn_lat_down.weight"), LH, H, err, cap));
                 TRY(wpi_need_matrix(c, NAME("ffn_lat_up.weight"), H, LH, err, cap));
             }
@@ -195,7 +195,8 @@ static wp_status latent_moe(wpi_model *m, uint32_t l, uint32_t n)
                         m->topk_w + t * K);
     const uint32_t nd = wpi_moe_distinct_experts(m, n);
     const float *xs = m->xn;
-    if (LH != H) {
+    const int latent = L->lat_down.data != NULL; /* checked: with expert_hidden_size */
+    if (latent) {
         wpi_mm down = {&L->lat_down, lat, H};
         wpi_matmul(m, &down, 1, m->xn, H, n);
         xs = lat;
@@ -203,7 +204,7 @@ static wp_status latent_moe(wpi_model *m, uint32_t l, uint32_t n)
     TRY(wpi_moe_for_each_expert(m, l, xs, nd, apply, NULL));
     if (L->sh_gate.data)
         wpi_swiglu(m, &L->sh_gate, &L->sh_up, &L->sh_down, m->xn, H, n, sh, H);
-    float *y = LH != H ? lat : m->moe_out; /* the weighted sum, H floats apart */
+    float *y = latent ? lat : m->moe_out; /* the weighted sum, H floats apart */
     for (uint32_t t = 0; t < n; t++) {
         float *acc = y + t * H;
         memset(acc, 0, LH * sizeof(float));
@@ -211,7 +212,7 @@ static wp_status latent_moe(wpi_model *m, uint32_t l, uint32_t n)
             m->k->axpy_f32(m->topk_w[t * K + j], m->eo + (t * K + j) * H, acc, LH);
         if (L->lat_norm) wpi_rmsnorm(acc, acc, L->lat_norm, LH, hp->rms_norm_eps);
     }
-    if (LH != H) {
+    if (latent) {
         wpi_mm up = {&L->lat_up, m->moe_out, H};
         wpi_matmul(m, &up, 1, lat, H, n);
     }

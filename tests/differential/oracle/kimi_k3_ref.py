@@ -176,15 +176,17 @@ class KimiK3Reference:
         if c.get("moe_renormalize", True):
             wts = wts / (wts.sum(-1, keepdim=True) + 1e-20)
         wts = wts * c.get("routed_scaling_factor", 1.0)
-        xl = x @ self.w(p + "routed_expert_down_proj.weight").T
+        latent = bool(c.get("routed_expert_hidden_size"))
+        xl = x @ self.w(p + "routed_expert_down_proj.weight").T if latent else x
         y = torch.zeros_like(xl)
         for t in range(x.shape[0]):
             for j in range(k):
                 w1, w3, w2 = self.expert(layer, int(idx[t, j]))
                 y[t] += wts[t, j] * (self.act(xl[t] @ w1.T, xl[t] @ w3.T) @ w2.T)
-        if c.get("latent_moe_use_norm"):
+        if latent and c.get("latent_moe_use_norm"):
             y = rms(y, self.w(p + "routed_expert_norm.weight"), self.eps)
-        y = y @ self.w(p + "routed_expert_up_proj.weight").T
+        if latent:
+            y = y @ self.w(p + "routed_expert_up_proj.weight").T
         return y + self.mlp(p + "shared_experts.", x)
 
     # ------------------------------------------------------------------ model

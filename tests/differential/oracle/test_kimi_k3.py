@@ -103,9 +103,10 @@ def _shapes():
         "km_block5": KimiK3Shape(num_hidden_layers=6, layer_pattern="KM",
                                  attn_res_block_size=5, first_k_dense_replace=2,
                                  use_full_rank_gate=False, activation_situ_linear_beta=0.0),
-        # plain residuals (no Attention Residuals)
+        # plain residuals (no Attention Residuals), experts on the hidden state (no latent)
         "kkm_plain": KimiK3Shape(num_hidden_layers=6, layer_pattern="KKM",
-                                 attn_res_block_size=0),
+                                 attn_res_block_size=0, routed_expert_hidden_size=0,
+                                 moe_intermediate_size=64),
     }
 
 

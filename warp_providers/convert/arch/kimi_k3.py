@@ -142,10 +142,12 @@ class KimiK3(KimiLinear):
             hp["situ_beta"] = get_number(tc, "activation_situ_beta", above=0, default=1.0)
             if "activation_situ_linear_beta" in tc:
                 hp["situ_linear_beta"] = get_number(tc, "activation_situ_linear_beta", above=0)
-        if lat != H:
+        latent = "routed_expert_hidden_size" in tc
+        if latent:  # a latent MoE, even one as wide as hidden
             hp["expert_hidden_size"] = lat
         block = get_int(tc, "attn_res_block_size", default=0)
-        for key, on in (("latent_moe_norm", get_flag(tc, "latent_moe_use_norm", False)),
+        norm = latent and get_flag(tc, "latent_moe_use_norm", False)  # the latent's norm
+        for key, on in (("latent_moe_norm", norm),
                         ("mla_output_gate", get_flag(tc, "mla_use_output_gate", False)),
                         ("kda_full_gate", bool(lac.get("use_full_rank_gate")))):
             if on:
@@ -165,6 +167,7 @@ class KimiK3(KimiLinear):
         alias = _Prefixed({n[len(PREFIX):]: n for n in st.entries if n.startswith(PREFIX)})
         s = TensorSource(st, cfg, alias)
         H, RD, sh = hp["hidden_size"], hp["rope_dim"], hp["shared_expert_intermediate_size"]
+        latent = "expert_hidden_size" in hp
         lat, inter = hp.get("expert_hidden_size", H), hp["moe_intermediate_size"]
         t = Trunk(s, top_tensors(s, hp))
         t.tensors.append(rope_freqs(np.zeros(RD // 2, dtype=np.float32)))
@@ -201,7 +204,7 @@ class KimiK3(KimiLinear):
             if sh:
                 dense_mlp(t, hp, pre, blk, ("block_sparse_moe.shared_experts.",), width=sh,
                           cname="ffn_{}_shexp")
-            if lat != H:
+            if latent:
                 t.need(b, ("routed_expert_down_proj.weight",), blk + "ffn_lat_down.weight",
                        "trunk", (lat, H))
                 t.need(b, ("routed_expert_up_proj.weight",), blk + "ffn_lat_up.weight",
