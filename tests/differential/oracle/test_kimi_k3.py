@@ -226,3 +226,26 @@ def test_engine_refuses_inconsistent_k3_hparams_naming_the_key(models, tmp_path,
     (bad / "manifest.json").write_text(json.dumps(m))
     with pytest.raises(WarpError, match=key):
         Engine.open(bad, threads=1)
+
+
+def test_xtml_forced_tool_call_on_a_k3_container(models) -> None:
+    """The container's chat format is XTML (from its vocabulary's markers): a forced tool
+    call on the random model renders, decodes under the grammar and parses back."""
+    import json
+
+    from warp_providers import Engine
+    from warp_providers.session import ChatSession
+
+    tools = [{"type": "function", "function": {"name": "move", "parameters": {
+        "type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}}}]
+    with Engine.open(models["kkkm_block2"][1], threads=2) as eng:
+        session = ChatSession(eng)
+        assert session.capabilities["format"] == "xtml"
+        res = session.complete({"messages": [{"role": "user", "content": "go"}], "tools": tools,
+                                "tool_choice": "required", "max_tokens": 64,
+                                "reasoning_effort": "none"})
+    calls = res.message.tool_calls
+    assert calls and res.message.finish_reason == "tool_calls"
+    for c in calls:
+        assert c.name == "move" and not c.malformed
+        assert isinstance(json.loads(c.arguments)["x"], int)
