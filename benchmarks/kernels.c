@@ -7,7 +7,9 @@
  *
  *   gcc -std=c11 -D_GNU_SOURCE -O2 -Iengine/include -Iengine/src benchmarks/kernels.c \
  *       $(ls engine/src/kernels/[a-z]*.c) -lm -o bench_kernels
- *   ./bench_kernels [seconds_per_case] [--cpu]
+ *   ./bench_kernels [seconds_per_case] [--cpu] [--dtype NAME]...
+ *
+ * --dtype keeps only the named dtypes (repeatable), e.g. --dtype q4_0 --dtype mxfp4.
  *
  * Each figure is the fastest of 20 timed slices, so a shared or busy machine
  * understates the speed less than a mean would. --cpu times with this thread's CPU
@@ -82,13 +84,18 @@ static double time_call(wpi_matmul_fn fn, const void *w, size_t rows, size_t col
 int main(int argc, char **argv)
 {
     double budget = 0.5;
+    const char *only[8];
+    int n_only = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--cpu") == 0)
             clock_id = CLOCK_THREAD_CPUTIME_ID;
+        else if (strcmp(argv[i], "--dtype") == 0 && i + 1 < argc && n_only < 8)
+            only[n_only++] = argv[++i];
         else
             budget = atof(argv[i]);
     }
-    static const int dtypes[] = {WPI_F32, WPI_F16, WPI_BF16, WPI_Q8_0, WPI_Q4_0, WPI_Q4_1};
+    static const int dtypes[] = {WPI_F32, WPI_F16, WPI_BF16, WPI_Q8_0, WPI_Q4_0, WPI_Q4_1,
+                                 WPI_MXFP4};
     static const size_t shapes[][2] = {{2048, 2048}, {576, 1536}};
     static const size_t ntoks[] = {1, 16};
     const wpi_kernels *sets[3];
@@ -116,7 +123,11 @@ int main(int argc, char **argv)
         for (size_t i = 0; i < 16 * cols; i++)
             x[i] = (float)((i * 2654435761u) % 1000) / 500.0f - 1.0f;
         for (size_t di = 0; di < sizeof dtypes / sizeof dtypes[0]; di++) {
-            int dt = dtypes[di];
+            int dt = dtypes[di], wanted = n_only == 0;
+            for (int k = 0; k < n_only; k++)
+                wanted |= strcmp(only[k], wpi_dtype_name(dt)) == 0;
+            if (!wanted)
+                continue;
             size_t rb = wpi_row_bytes(dt, cols);
             unsigned char *w = malloc(rows * rb);
             for (size_t r = 0; r < rows; r++) {

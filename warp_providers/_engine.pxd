@@ -29,6 +29,7 @@ cdef extern from "wp.h" nogil:
         uint64_t usable_ram_bytes
         const char *cgroup_root
         const char *proc_root
+        uint32_t max_sequences
 
     void wp_cfg_init(wp_cfg *cfg)
 
@@ -49,6 +50,8 @@ cdef extern from "wp.h" nogil:
         uint32_t cache_slots
         int32_t budget_multiple
         uint64_t state_bytes[8]
+        uint32_t sequences
+        uint64_t sequence_bytes
 
     enum:
         WP_STATE_KINDS
@@ -82,6 +85,21 @@ cdef extern from "wp.h" nogil:
     wp_status wp_state_truncate(wp_ctx *ctx, uint32_t pos)
     wp_status wp_state_save(wp_ctx *ctx, const char *path)
     wp_status wp_state_load(wp_ctx *ctx, const char *path)
+
+    ctypedef struct wp_seq:
+        pass
+
+    wp_status wp_seq_open(wp_ctx *ctx, wp_seq **out)
+    void wp_seq_close(wp_seq *seq)
+    uint32_t wp_seq_position(const wp_seq *seq)
+    wp_status wp_seq_reset(wp_seq *seq)
+    wp_status wp_seq_truncate(wp_seq *seq, uint32_t pos)
+    wp_status wp_seq_save(wp_seq *seq, const char *path)
+    wp_status wp_seq_load(wp_seq *seq, const char *path)
+    wp_status wp_seq_copy(wp_seq *dst, const wp_seq *src)
+    wp_status wp_eval_batch(wp_ctx *ctx, wp_seq *const *seqs, const int32_t *const *tokens,
+                            const uint32_t *n_tokens, uint32_t n_seqs, float *logits,
+                            size_t logits_cap)
 
     ctypedef struct wp_stats:
         uint64_t tokens

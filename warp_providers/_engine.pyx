@@ -6,6 +6,7 @@ exception through one function, _check. Argument policy lives in warp_providers.
 """
 
 from libc.stdint cimport int32_t, uint32_t, uint64_t
+from libc.stdlib cimport free, malloc
 from libc.string cimport memset
 
 from warp_providers._engine cimport *
@@ -16,7 +17,7 @@ DEF ERR_CAP = 1024
 
 _CFG_INT_FIELDS = (
     "ctx_tokens", "n_threads", "reader_threads", "prefill_chunk", "cache_policy",
-    "direct_io", "verify", "lookahead", "isa",
+    "direct_io", "verify", "lookahead", "isa", "max_sequences",
 )
 
 
@@ -30,6 +31,22 @@ cdef inline int _check(wp_status status, wp_ctx *ctx) except -1:
         detail = wp_error_detail(ctx).decode("utf-8", "replace") if ctx != NULL else ""
         _raise(status, detail)
     return 0
+
+
+ctypedef wp_status (*_ctx_path_fn)(wp_ctx *, const char *) noexcept nogil
+ctypedef wp_status (*_seq_path_fn)(wp_seq *, const char *) noexcept nogil
+
+
+cdef int _path_call(_ctx_path_fn on_ctx, wp_ctx *ctx, _seq_path_fn on_seq, wp_seq *seq,
+                    str path) except -1:
+    """A state file call on the context's own state (on_ctx) or on a sequence (on_seq),
+    without the GIL; errors raised with ctx's detail."""
+    cdef bytes b = path.encode()
+    cdef const char *p = b
+    cdef wp_status st
+    with nogil:
+        st = on_ctx(ctx, p) if on_ctx != NULL else on_seq(seq, p)
+    return _check(st, ctx)
 
 
 cdef class _Cfg:
@@ -74,6 +91,8 @@ cdef class _Cfg:
                 self.cfg.lookahead = <int32_t>value
             elif key == "isa":
                 self.cfg.isa = <int32_t>value
+            elif key == "max_sequences":
+                self.cfg.max_sequences = <uint32_t>value
             else:
                 raise TypeError(f"unknown engine option {key!r}")
 
@@ -93,6 +112,7 @@ cdef dict _plan_dict(const wp_plan *p):
         "usable_ram_bytes": p.usable_ram_bytes, "budget_bytes": p.budget_bytes,
         "cache_bytes": p.cache_bytes, "ctx_tokens": p.ctx_tokens,
         "cache_slots": p.cache_slots, "budget_multiple": p.budget_multiple,
+        "sequences": p.sequences, "sequence_bytes": p.sequence_bytes,
         # kv_bytes by kind of state; only the kinds this model has
         "state_bytes": {name: p.state_bytes[k] for k, name in enumerate(STATE_KINDS)
                         if p.state_bytes[k]},
@@ -131,6 +151,7 @@ cdef class Context:
 
     cdef wp_ctx *ctx
     cdef readonly uint32_t vocab_size
+    cdef readonly uint32_t max_sequences
 
     def __cinit__(self, str path, dict options):
         cdef _Cfg c = _Cfg(options)
@@ -147,6 +168,7 @@ cdef class Context:
             _raise(st, err.decode("utf-8", "replace"))
         _check(wp_get_info(self.ctx, &info), self.ctx)
         self.vocab_size = info.vocab_size
+        self.max_sequences = info.plan.sequences
 
     def __dealloc__(self):
         if self.ctx != NULL:
@@ -196,21 +218,64 @@ cdef class Context:
 
     def save_state(self, str path):
         self._live()
-        cdef bytes b = path.encode()
-        cdef const char *p = b
-        cdef wp_status st
-        with nogil:
-            st = wp_state_save(self.ctx, p)
-        _check(st, self.ctx)
+        _path_call(wp_state_save, self.ctx, NULL, NULL, path)
 
     def load_state(self, str path):
         self._live()
-        cdef bytes b = path.encode()
-        cdef const char *p = b
+        _path_call(wp_state_load, self.ctx, NULL, NULL, path)
+
+    def seq_open(self):
+        """Takes a free sequence (BudgetError when all max_sequences are in use)."""
+        self._live()
+        cdef wp_seq *s = NULL
+        _check(wp_seq_open(self.ctx, &s), self.ctx)
+        cdef Sequence seq = Sequence.__new__(Sequence)
+        seq.owner = self
+        seq.seq = s
+        return seq
+
+    def eval_batch(self, list seqs, list tokens, float[:, ::1] logits):
+        """Evaluates sequence i (None: the context's own) on tokens[i] (int32 arrays, at
+        least one token each); row i of logits [len(seqs), vocab] gets its last token's
+        logits. A bad input raises before any sequence changes."""
+        self._live()
+        cdef Py_ssize_t n = len(seqs), i
+        if len(tokens) != n:
+            raise ValueError(f"{len(tokens)} token arrays for {n} sequences")
+        if logits.shape[0] != n or logits.shape[1] != self.vocab_size:
+            raise ValueError(f"logits must be [{n}, {self.vocab_size}], got "
+                             f"[{logits.shape[0]}, {logits.shape[1]}]")
+        if n == 0:
+            return
+        cdef Sequence sq
+        cdef const int32_t[::1] row
+        cdef wp_seq **cs = <wp_seq **>malloc(n * sizeof(wp_seq *))
+        cdef const int32_t **ct = <const int32_t **>malloc(n * sizeof(int32_t *))
+        cdef uint32_t *cn = <uint32_t *>malloc(n * sizeof(uint32_t))
         cdef wp_status st
-        with nogil:
-            st = wp_state_load(self.ctx, p)
-        _check(st, self.ctx)
+        try:
+            if cs == NULL or ct == NULL or cn == NULL:
+                raise MemoryError("eval_batch tables")
+            for i in range(n):
+                if seqs[i] is None:
+                    cs[i] = NULL
+                else:
+                    sq = <Sequence?>seqs[i]
+                    if sq.owner is not self:
+                        raise ValueError(f"sequence {i} belongs to another context")
+                    sq._live()
+                    cs[i] = sq.seq
+                row = tokens[i]
+                cn[i] = <uint32_t>row.shape[0]
+                ct[i] = &row[0] if row.shape[0] > 0 else NULL
+            with nogil:
+                st = wp_eval_batch(self.ctx, cs, ct, cn, <uint32_t>n, &logits[0, 0],
+                                   <size_t>(n * logits.shape[1]))
+            _check(st, self.ctx)
+        finally:
+            free(cs)
+            free(<void *>ct)
+            free(cn)
 
     def hotlist_save(self, str path):
         self._live()
@@ -249,3 +314,68 @@ cdef class Context:
     def stats_reset(self):
         self._live()
         wp_stats_reset(self.ctx)
+
+
+cdef class Sequence:
+    """One of a Context's sequences (Context.seq_open): its own state and position, the
+    model shared. close() gives it back (idempotent); the Context's close frees all."""
+
+    cdef Context owner
+    cdef wp_seq *seq
+
+    def __cinit__(self):
+        self.seq = NULL
+
+    def __dealloc__(self):
+        if self.seq != NULL and self.owner is not None and self.owner.ctx != NULL:
+            wp_seq_close(self.seq)
+        self.seq = NULL
+
+    cdef inline int _live(self) except -1:
+        if self.seq == NULL:
+            raise ValueError("the sequence is closed")
+        if self.owner.ctx == NULL:
+            raise ValueError("the engine is closed")
+        return 0
+
+    @property
+    def closed(self):
+        """Whether close (or the Context's close) gave the sequence back."""
+        return self.seq == NULL or self.owner.ctx == NULL
+
+    def close(self):
+        if self.seq != NULL and self.owner.ctx != NULL:
+            wp_seq_close(self.seq)
+        self.seq = NULL
+
+    @property
+    def position(self):
+        self._live()
+        return wp_seq_position(self.seq)
+
+    def reset(self):
+        self._live()
+        _check(wp_seq_reset(self.seq), self.owner.ctx)
+
+    def truncate(self, uint32_t pos):
+        self._live()
+        _check(wp_seq_truncate(self.seq, pos), self.owner.ctx)
+
+    def copy_from(self, Sequence other not None):
+        """This sequence's state and position become other's (same Context)."""
+        self._live()
+        other._live()
+        if other.owner is not self.owner:
+            raise ValueError("the sequences belong to different contexts")
+        cdef wp_status st
+        with nogil:
+            st = wp_seq_copy(self.seq, other.seq)
+        _check(st, self.owner.ctx)
+
+    def save_state(self, str path):
+        self._live()
+        _path_call(NULL, self.owner.ctx, wp_seq_save, self.seq, path)
+
+    def load_state(self, str path):
+        self._live()
+        _path_call(NULL, self.owner.ctx, wp_seq_load, self.seq, path)

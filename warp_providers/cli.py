@@ -141,7 +141,7 @@ def cmd_convert(a: argparse.Namespace) -> int:
 
 
 def cmd_plan(a: argparse.Namespace) -> int:
-    plan = plan_memory(a.model, budget=a.budget, ctx=a.ctx)
+    plan = plan_memory(a.model, budget=a.budget, ctx=a.ctx, max_sequences=a.sequences)
     if a.json:
         _out(plan)
         return 0
@@ -152,6 +152,8 @@ def cmd_plan(a: argparse.Namespace) -> int:
         if key == "kv_bytes":  # the context state, by kind of layer state
             for kind, n in plan["state_bytes"].items():
                 _say(f"  {kind:<18} {_gib(n):>12}\n")
+    _say(f"{'sequences':<20} {plan['sequences']:>12}\n{'sequence':<20} "
+         f"{_gib(plan['sequence_bytes']):>12}\n")
     _say(f"{'ctx_tokens':<20} {plan['ctx_tokens']:>12}\n{'cache_slots':<20} "
          f"{plan['cache_slots']:>12}\n")
     k = plan["budget_multiple"]
@@ -363,7 +365,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("convert", help="convert an HF checkpoint dir or a .gguf file")
     p.add_argument("src")
     p.add_argument("out")
-    p.add_argument("--experts", default="q4_0", choices=["q4_0", "q8_0", "f16", "bf16", "f32"])
+    p.add_argument("--experts", default=None,
+                   choices=["q4_0", "q8_0", "mxfp4", "f16", "bf16", "f32"],
+                   help="routed experts' dtype (default: mxfp4 experts as shipped, else q4_0)")
     p.add_argument("--trunk", default="q8_0", choices=["q4_0", "q8_0", "f16", "bf16", "f32"])
     p.add_argument("--resume", action="store_true", help="restart an interrupted conversion")
     p.add_argument("--json", action="store_true")
@@ -373,6 +377,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model")
     p.add_argument("--budget")
     p.add_argument("--ctx", type=int)
+    p.add_argument("--sequences", type=int, default=1,
+                   help="concurrent sequences to plan for (each state counted in the floor)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_plan)
 

@@ -1,9 +1,11 @@
 """The Python contract of the engine: `Engine`, `plan_memory` and generation.
 
 Owns: argument validation before anything crosses into C (types, ranges, budgets given as
-"6G" strings), the prompt cache (a new prompt reuses the longest common prefix of the
-context), and the token loop: `stream()` yields `TokenEvent`s and `generate()` is a fold
-over it. Sampling lives in `sampling.py`, text<->ids in `tokenizer.py`.
+"6G" strings), opening the context with its sequences (`max_sequences`), the low-level
+calls on sequence 0, and `stream()`, which hands a request to the engine's scheduler
+(`scheduler.py`: batched steps, prefix reuse across sequences) and yields its
+`TokenEvent`s; `generate()` is a fold over it. The token loop of one request lives in
+`generation.py`, sampling in `sampling.py`, text<->ids in `tokenizer.py`.
 Refuses: unknown options (TypeError), a missing model (ModelNotFoundError), a prompt
 that does not fit the context (ContextOverflowError).
 Called by: the CLI, the chat session layer and through them every adapter.
@@ -14,9 +16,7 @@ from __future__ import annotations
 import os
 import re
 import threading
-import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -24,11 +24,13 @@ import numpy as np
 
 from warp_providers.errors import (
     ContextOverflowError,
+    MemoryBudgetError,
     ModelFormatError,
     ModelNotFoundError,
-    StateMismatchError,
 )
-from warp_providers.sampling import LogitsProcessor, Sampler, SamplingParams
+from warp_providers.generation import GenerationResult, Request, TokenEvent
+from warp_providers.sampling import LogitsProcessor, SamplingParams
+from warp_providers.scheduler import Scheduler
 from warp_providers.tokenizer import Tokenizer
 
 __all__ = [
@@ -100,6 +102,10 @@ def _options(
             opts[key] = _ISAS[value]
         elif key in ("direct_io", "verify", "lookahead"):
             opts[key] = int(bool(value))
+        elif key == "max_sequences":
+            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 256:
+                raise ValueError(f"max_sequences must be an int in [1, 256], got {value!r}")
+            opts[key] = value
         elif key in ("reader_threads", "prefill_chunk"):
             if not isinstance(value, int) or value < 0:
                 raise ValueError(f"{key} must be a non-negative int")
@@ -153,45 +159,9 @@ def plan_memory(
     from warp_providers import _engine
 
     where = _container(path)
-    return _engine.plan_memory(where, _options(where, budget, threads, ctx, options))
-
-
-@dataclass
-class TokenEvent:
-    """One generated token, as `Engine.stream` yields it.
-
-    Attributes:
-        index: 0-based position in the reply.
-        token_id: the sampled id.
-        text: the text this token completed (may be "" while UTF-8 or a possible stop
-            string is held back); the texts of all events concatenate to the reply.
-        logprob: log-probability of the token under the sampling distribution.
-    """
-
-    index: int
-    token_id: int
-    text: str
-    logprob: float
-
-
-@dataclass
-class GenerationResult:
-    """A finished generation.
-
-    Attributes:
-        text: the reply text (a matched stop string excluded).
-        token_ids: generated ids (an end-of-sequence id excluded).
-        finish_reason: "stop" (EOS or a stop string), "length", or "cancelled".
-        prompt_tokens: tokens of the prompt; cached_tokens of them were reused.
-        stats: engine counters of this generation plus timings and tok/s.
-    """
-
-    text: str
-    token_ids: list[int]
-    finish_reason: str
-    prompt_tokens: int
-    cached_tokens: int = 0
-    stats: dict[str, Any] = field(default_factory=dict)
+    opts = _options(where, budget, threads, ctx, options)
+    n = _sequences(_engine, opts)[0]
+    return _engine.plan_memory(where, opts if n is None else {**opts, "max_sequences": n})
 
 
 class EngineLike(Protocol):
@@ -252,24 +222,71 @@ def container_chat_metadata(
     return {"format": fmt, "template": template}
 
 
+DEFAULT_SEQUENCES = 4
+"""Sequences an engine opens when `max_sequences` is not given (fewer if the budget
+cannot hold them: 2, then 1)."""
+STEP_PREFILL = 64
+"""Prompt tokens a request evaluates per step while other requests are decoding (the
+`prefill_chunk` option when given), so a long prompt never stalls them."""
+
+
+def _sequences(binding: Any, opts: dict[str, Any]) -> list[int | None]:
+    """The `max_sequences` values to try, in order (None: the binding has no such option).
+
+    Raises:
+        ValueError: more than one sequence was asked of a binding that runs one.
+    """
+    asked = opts.pop("max_sequences", None)
+    if not hasattr(binding.Context, "seq_open"):
+        if asked not in (None, 1):
+            raise ValueError(f"max_sequences={asked}: this build of the engine runs one "
+                             "sequence per context")
+        return [None]
+    return [asked] if asked is not None else [DEFAULT_SEQUENCES, 2, 1]
+
+
+def _open_context(binding: Any, where: str, opts: dict[str, Any]) -> Any:
+    """Opens the binding's Context with as many sequences as asked (or as fit by default)."""
+    tries = _sequences(binding, opts)
+    for n in tries:
+        try:
+            return binding.Context(where, opts if n is None else {**opts, "max_sequences": n})
+        except MemoryBudgetError as exc:
+            if len(tries) == 1 and n is not None and n > 1:
+                raise MemoryBudgetError(
+                    f"the budget does not hold {n} concurrent sequences (max_sequences={n}): "
+                    f"{exc.detail}; lower max_sequences or raise the budget", exc.status,
+                ) from None
+            if n == tries[-1]:
+                raise
+    raise AssertionError("unreachable")
+
+
 class Engine:
     """An open model. Use as a context manager, or call `close()`.
+
+    Concurrent `stream` calls (any threads) run together: a scheduler steps every active
+    request in one batched evaluation, up to `max_sequences` at once (more wait their
+    turn, first come first served). The low-level calls (`eval`, `prompt_logits`,
+    `reset`, `truncate`, `save_state`, `load_state`) act on sequence 0, the context's own
+    state, between steps.
 
     Example:
         >>> with Engine.open("smollm2.warp") as eng:           # doctest: +SKIP
         ...     print(eng.generate("The capital of France is", max_tokens=8).text)
     """
 
-    def __init__(self, ctx: Any, path: str, tokenizer: Tokenizer) -> None:
-        """Use `Engine.open`."""
+    def __init__(self, ctx: Any, path: str, tokenizer: Tokenizer,
+                 prefill_chunk: int | None = None) -> None:
+        """Use `Engine.open` (a test passes its own Context double here)."""
         self._ctx = ctx
         self.path = path
         self.tokenizer = tokenizer
-        self._ids: list[int] = []  # the tokens held in the engine's context
-        self._lock = threading.RLock()
         self._info = ctx.info()
         self._info["name"] = Path(path).name.removesuffix(".warp")
         self.vocab_size: int = self._info["vocab_size"]
+        self._sched = Scheduler(ctx, self.vocab_size, prefill_chunk or STEP_PREFILL)
+        self._info["max_sequences"] = self._sched.max_sequences
         self._tls = threading.local()
 
     @property
@@ -299,11 +316,16 @@ class Engine:
             threads: compute threads (None = physical cores).
             ctx: context length in tokens (None = min(model maximum, 4096)).
             **options: cache_policy ("lfru"/"lru"), direct_io, verify, lookahead,
-                reader_threads, prefill_chunk, isa ("auto"/"scalar"/"avx2"/"avx512"/"neon"),
-                hotlist (True: warm the cache from the hotlist `save_hotlist()` wrote
-                in the container; no file yet is a first run, not an error),
+                reader_threads, prefill_chunk (also the prompt tokens a request evaluates
+                per step while others decode), isa ("auto"/"scalar"/"avx2"/"avx512"/
+                "neon"), hotlist (True: warm the cache from the hotlist `save_hotlist()`
+                wrote in the container; no file yet is a first run, not an error),
                 hotlist_path (a hotlist file elsewhere), usable_ram, cgroup_root,
-                proc_root.
+                proc_root, max_sequences (requests generated at once, each with its own
+                KV / recurrent state inside the budget; default `DEFAULT_SEQUENCES`, fewer
+                when the budget cannot hold them; an explicit value the budget cannot
+                hold raises MemoryBudgetError; a build of the engine without sequences
+                runs 1).
 
         Raises:
             ModelNotFoundError, ModelFormatError, UnsupportedModelError,
@@ -313,18 +335,22 @@ class Engine:
 
         where = _container(path)
         opts = _options(where, budget, threads, ctx, options)
-        ctx_ = _engine.Context(where, opts)
+        ctx_ = _open_context(_engine, where, opts)
         try:  # after the engine: token ids are checked against the model's vocabulary
             tokenizer = Tokenizer.from_dir(where, vocab_size=ctx_.info()["vocab_size"])
+            return cls(ctx_, where, tokenizer, prefill_chunk=opts.get("prefill_chunk"))
         except BaseException:
             ctx_.close()
             raise
-        return cls(ctx_, where, tokenizer)
 
     # -- lifecycle ------------------------------------------------------------------
     def close(self) -> None:
-        """Frees the model (idempotent); waits for a call or generation in progress."""
-        with self._lock:
+        """Frees the model (idempotent): generations in progress end "cancelled" at the
+        next step; a low-level call in progress finishes first."""
+        if self._ctx.closed:
+            return
+        self._sched.close()
+        with self._sched.ctx_lock:
             self._ctx.close()
 
     @property
@@ -332,13 +358,17 @@ class Engine:
         """Whether `close` has freed the model."""
         return bool(self._ctx.closed)
 
+    def idle(self, timeout: float | None = None) -> bool:
+        """Waits until no generation is running or waiting; False if `timeout` passed."""
+        return self._sched.idle(timeout)
+
     def __enter__(self) -> Engine:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # -- low level ------------------------------------------------------------------
+    # -- low level (sequence 0) -----------------------------------------------------
     def eval(self, ids: Sequence[int], all_logits: bool = False) -> np.ndarray:
         """Evaluates ids after the current context and returns logits.
 
@@ -348,17 +378,22 @@ class Engine:
         Raises:
             ValueError: an id is out of range. ContextOverflowError: ids do not fit.
         """
+        arr = self._checked(ids)
+        n = arr.size
+        out = np.empty((n if all_logits else 1) * self.vocab_size, dtype=np.float32)
+        with self._sched.seq0() as slot, self._sched.ctx_lock:
+            self._ctx.eval(arr.astype(np.int32), out, all_logits)
+            if slot.ids is not None:
+                slot.ids.extend(int(i) for i in arr)
+        return out.reshape(n, self.vocab_size) if all_logits else out
+
+    def _checked(self, ids: Sequence[int]) -> np.ndarray:
         arr = np.ascontiguousarray(np.asarray(ids, dtype=np.int64))
         if arr.ndim != 1 or arr.size == 0:
             raise ValueError("ids must be a non-empty 1-D sequence of token ids")
         if arr.min() < 0 or arr.max() >= self.vocab_size:
             raise ValueError(f"token id out of range [0, {self.vocab_size})")
-        n = arr.size
-        out = np.empty((n if all_logits else 1) * self.vocab_size, dtype=np.float32)
-        with self._lock:
-            self._ctx.eval(arr.astype(np.int32), out, all_logits)
-            self._ids.extend(int(i) for i in arr)
-        return out.reshape(n, self.vocab_size) if all_logits else out
+        return arr
 
     def prompt_logits(self, ids: Sequence[int]) -> np.ndarray:
         """Empties the context, evaluates ids and returns the logits of every position.
@@ -370,45 +405,50 @@ class Engine:
         Returns:
             float32 [len(ids), vocab].
         """
-        with self._lock:
+        with self._sched.seq0():
             self.reset()
             return self.eval(ids, all_logits=True)
 
     @property
     def position(self) -> int:
-        """Tokens held in the context."""
+        """Tokens held in sequence 0, the state `eval`, `prompt_logits`, `truncate`,
+        `reset` and the state files act on (generations run on the other sequences while
+        one is free, and on sequence 0 only when none is)."""
         return int(self._ctx.position)
 
     def reset(self) -> None:
         """Empties the context."""
-        with self._lock:
+        with self._sched.seq0() as slot, self._sched.ctx_lock:
             self._ctx.reset()
-            self._ids.clear()
+            slot.ids = []
 
     def truncate(self, n: int) -> None:
         """Keeps the first n tokens of the context."""
-        with self._lock:
+        with self._sched.seq0() as slot, self._sched.ctx_lock:
             self._ctx.truncate(n)
-            del self._ids[n:]
+            if slot.ids is not None:
+                del slot.ids[n:]
 
     def save_state(self, path: str | os.PathLike[str]) -> None:
         """Saves the context (KV cache and tokens) to a file."""
-        with self._lock:
+        with self._sched.seq0() as slot, self._sched.ctx_lock:
             self._ctx.save_state(os.fspath(path))
-            Path(os.fspath(path) + ".ids").write_text(",".join(map(str, self._ids)))
+            Path(os.fspath(path) + ".ids").write_text(",".join(map(str, slot.ids or [])))
 
     def load_state(self, path: str | os.PathLike[str]) -> None:
         """Restores a context saved by `save_state` of this same model."""
-        with self._lock:
+        with self._sched.seq0() as slot, self._sched.ctx_lock:
+            slot.ids = None  # unknown until the load succeeds
             self._ctx.load_state(os.fspath(path))
             side = Path(os.fspath(path) + ".ids")
             text = side.read_text() if side.exists() else ""
-            self._ids = [int(t) for t in text.split(",") if t]
-            if len(self._ids) != self.position:
-                self._ids = []  # unknown tokens: never reuse them as a prompt prefix
+            slot.ids = [int(t) for t in text.split(",") if t]
+            if len(slot.ids) != self.position:
+                slot.ids = []  # unknown tokens: never reuse them as a prompt prefix
 
     def info(self) -> dict[str, Any]:
-        """Model and engine facts (model type, sizes, kernel set, resolved memory plan)."""
+        """Model and engine facts (model type, sizes, kernel set, resolved memory plan,
+        max_sequences)."""
         return dict(self._info)
 
     def chat_metadata(self) -> dict[str, str | None]:
@@ -417,7 +457,8 @@ class Engine:
 
     def stats(self) -> dict[str, Any]:
         """Cumulative engine counters since open (expert hits/misses, bytes read...)."""
-        return self._ctx.stats()
+        with self._sched.ctx_lock:
+            return self._ctx.stats()
 
     def save_hotlist(self, path: str | os.PathLike[str] | None = None) -> Path:
         """Writes per-expert usage counts, to warm the cache at the next open.
@@ -431,34 +472,11 @@ class Engine:
             The file written (replaced whole: written aside, then renamed).
         """
         target = Path(self.path) / _HOTLIST_NAME if path is None else Path(path)
-        self._ctx.hotlist_save(os.fspath(target))
+        with self._sched.ctx_lock:
+            self._ctx.hotlist_save(os.fspath(target))
         return target
 
     # -- generation -----------------------------------------------------------------
-    def _prefill(self, prompt: list[int]) -> tuple[np.ndarray, int]:
-        """Makes the context equal `prompt` and returns the logits of its last token."""
-        if not prompt:
-            raise ValueError("the prompt is empty")
-        ctx_tokens = self._info["ctx_tokens"]
-        if len(prompt) >= ctx_tokens:
-            raise ContextOverflowError(
-                f"prompt of {len(prompt)} tokens does not fit the context of "
-                f"{ctx_tokens} tokens (leave room for at least one generated token)"
-            )
-        common = 0
-        for a, b in zip(self._ids, prompt):
-            if a != b:
-                break
-            common += 1
-        common = min(common, len(prompt) - 1)  # at least one token gives the logits
-        if common < len(self._ids):
-            try:
-                self.truncate(common)
-            except StateMismatchError:  # a recurrent (KDA) state cannot rewind: start over
-                self.reset()
-                common = 0
-        return self.eval(prompt[common:]), common
-
     def stream(
         self,
         prompt: str | Sequence[int],
@@ -472,7 +490,13 @@ class Engine:
     ) -> Iterator[TokenEvent]:
         """Generates tokens, yielding one `TokenEvent` each.
 
-        After the generator is exhausted, `self.last_result` holds the `GenerationResult`.
+        After the generator is exhausted (or closed), `self.last_result` holds the
+        `GenerationResult` in this thread. Its stats are this request's own: timings
+        (`queue_seconds` waiting for a sequence, `prefill_seconds`, `decode_seconds`),
+        tokens, and its share of the engine counters of the steps it took part in (each
+        step's bytes read, lookups, hits... divided among that step's requests by the
+        tokens each evaluated); `cache_bytes`, `peak_bytes` and `direct_io` are the
+        engine's, at the end.
 
         Args:
             prompt: text (encoded as content: no control tokens) or token ids.
@@ -481,106 +505,40 @@ class Engine:
             stop: strings that end the reply (matched across token boundaries; excluded
                 from the text).
             stop_ids: ids that end the reply (default: the model's EOS ids).
-            processors: logit hooks (constrained decoding).
-            should_stop: polled before each token; True cancels (finish "cancelled").
+            processors: logit hooks (constrained decoding); called on the scheduler's
+                thread, one request at a time.
+            should_stop: polled before each token (on the scheduler's thread); True
+                cancels (finish "cancelled").
         """
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
         ids = (
             self.tokenizer.encode_content(prompt) if isinstance(prompt, str) else list(prompt)
         )
-        params = sampling or SamplingParams()
+        if not ids:
+            raise ValueError("the prompt is empty")
+        ctx_tokens = self._info["ctx_tokens"]
+        if len(ids) >= ctx_tokens:
+            raise ContextOverflowError(
+                f"prompt of {len(ids)} tokens does not fit the context of "
+                f"{ctx_tokens} tokens (leave room for at least one generated token)"
+            )
+        ids = [int(i) for i in self._checked(ids)]
         stops = set(self.tokenizer.eos_ids if stop_ids is None else stop_ids)
-        with self._lock:
-            yield from self._run(ids, max_tokens, params, list(stop), stops, processors,
-                                 should_stop)
-
-    def _run(
-        self,
-        ids: list[int],
-        max_tokens: int,
-        params: SamplingParams,
-        stop: list[str],
-        stops: set[int],
-        processors: Sequence[LogitsProcessor],
-        should_stop: Callable[[], bool] | None,
-    ) -> Iterator[TokenEvent]:
-        before = self.stats()
-        t0 = time.perf_counter()
-        logits, cached = self._prefill(ids)
-        t_prefill = time.perf_counter() - t0
-        sampler = Sampler(params, processors, ids)
-        decoder = self.tokenizer.incremental_decoder()
-        generated: list[int] = []
-        text, emitted = "", 0
-        finish = "length"
-        cut_by_string = False
-        ended = False
-        hold = max((len(s) for s in stop), default=0)
-        room = self._info["ctx_tokens"] - len(ids)
-        t1 = time.perf_counter()
+        req = Request(ids, min(max_tokens, ctx_tokens - len(ids)), sampling or SamplingParams(),
+                      list(stop), stops, processors, should_stop, self.tokenizer)
+        events = self._sched.submit(req)
         try:
-            for index in range(min(max_tokens, room)):
-                if should_stop is not None and should_stop():
-                    finish = "cancelled"
-                    break
-                tok, logprob = sampler.sample(logits, generated)
-                if tok in stops:
-                    finish = "stop"
-                    break
-                generated.append(tok)
-                text += decoder.feed(tok)
-                cut = _find_stop(text, stop, emitted)
-                if cut is not None:
-                    text = text[:cut]
-                    finish = "stop"
-                    cut_by_string = True
-                    if cut > emitted:
-                        yield TokenEvent(index, tok, text[emitted:cut], logprob)
-                        emitted = cut
-                    break
-                safe = len(text) - _held_prefix(text, stop, hold)
-                piece = text[emitted:safe] if safe > emitted else ""
-                emitted = max(emitted, safe)
-                yield TokenEvent(index, tok, piece, logprob)
-                if index + 1 < min(max_tokens, room):
-                    logits = self.eval([tok])
-            if not cut_by_string:
-                text += decoder.flush()
-                if len(text) > emitted and generated:
-                    yield TokenEvent(len(generated) - 1, generated[-1], text[emitted:], 0.0)
-            ended = True
+            yield from events
         finally:
-            # Recorded however the generation ends, a consumer that closed this generator
-            # early (a stop string it matched itself, a disconnect) included: whoever reads
-            # `last_result` next reads this generation, never the one before it.
-            if not ended and finish == "length":
-                finish = "cancelled"
-            self._record(ids, cached, generated, text, finish, before, t_prefill,
-                         time.perf_counter() - t1)
-
-    def _record(self, ids: list[int], cached: int, generated: list[int], text: str,
-                finish: str, before: dict[str, Any], t_prefill: float, t_decode: float) -> None:
-        after = self.stats()
-        stats = {k: after[k] - before[k] for k in _COUNTERS}
-        evaluated = len(ids) - cached
-        stats.update(
-            direct_io=after["direct_io"],
-            cache_bytes=after["cache_bytes"],
-            peak_bytes=after["peak_bytes"],
-            prefill_seconds=t_prefill,
-            decode_seconds=t_decode,
-            prompt_tokens_evaluated=evaluated,
-            cached_tokens=cached,
-            prefill_tok_s=evaluated / t_prefill if t_prefill > 0 else 0.0,
-            decode_tok_s=(len(generated) / t_decode) if t_decode > 0 and generated else 0.0,
-        )
-        lookups = stats["expert_lookups"]
-        stats["hit_rate"] = stats["expert_hits"] / lookups if lookups else 0.0
-        self.last_result = GenerationResult(
-            text=text, token_ids=generated, finish_reason=finish, prompt_tokens=len(ids),
-            cached_tokens=cached, stats=stats,
-        )
+            events.close()  # type: ignore[attr-defined]
+            try:
+                after = self.stats()
+            except ValueError:  # closed meanwhile: the engine facts are gone with it
+                after = {}
+            if req.result is not None:
+                req.result.stats.update({k: after[k] for k in _ENGINE_FACTS if k in after})
+            self.last_result = req.result
 
     def generate(self, prompt: str | Sequence[int], **kwargs: Any) -> GenerationResult:
         """Runs `stream` to the end and returns the `GenerationResult`."""
@@ -590,29 +548,5 @@ class Engine:
         return self.last_result
 
 
-_COUNTERS = (
-    "tokens", "expert_lookups", "expert_hits", "expert_misses", "prefetch_issued",
-    "prefetch_hits", "bytes_read", "other_bytes_read", "read_seconds", "eval_seconds",
-)
-
-
-def _find_stop(text: str, stop: list[str], emitted: int) -> int | None:
-    """Index where the earliest stop string starts, if one is complete in text."""
-    best = None
-    for s in stop:
-        if not s:
-            continue
-        i = text.find(s, max(0, emitted - len(s) + 1))
-        if i >= 0 and (best is None or i < best):
-            best = i
-    return best
-
-
-def _held_prefix(text: str, stop: list[str], hold: int) -> int:
-    """Length of the tail of text that could still begin a stop string."""
-    for k in range(min(hold, len(text)), 0, -1):
-        tail = text[-k:]
-        if any(s.startswith(tail) for s in stop):
-            return k
-    return 0
-
+_ENGINE_FACTS = ("direct_io", "cache_bytes", "peak_bytes")
+"""Engine-wide facts a result reports as they are at its end."""

@@ -5,8 +5,8 @@ with the same real path and options gets the same `Engine`), `shared_session` (o
 `ChatSession` per shared engine) and the reference count behind them: each
 `shared_engine` call takes one reference, `release(engine)` gives one back, and the last
 release closes the engine and forgets it (the next `shared_engine` opens it afresh). Any
-number of transports and adapters on one path thus share one model in memory; requests
-on it are serialised by the engine's own lock.
+number of transports and adapters on one path thus share one model in memory; concurrent
+requests on it are batched by the engine's scheduler.
 Refuses: nothing beyond what `Engine.open` refuses; `release` of an engine it does not
 hold raises ValueError.
 Called by: warp_openai, langchain_warp, llama_index.llms.warp and the CLI.

@@ -72,6 +72,7 @@ typedef struct wp_cfg {
     uint64_t usable_ram_bytes;  /* 0 = detect (physical RAM and cgroup limits) */
     const char *cgroup_root;    /* where cgroup files are read; NULL = "/sys/fs/cgroup" */
     const char *proc_root;      /* where /proc/self/cgroup is read; NULL = "/proc" */
+    uint32_t max_sequences;     /* states allocated at open, at most 4096; 0 = 1 (wp_seq) */
 } wp_cfg;
 
 /* Fills every field with its default. Never fails. */
@@ -95,7 +96,8 @@ typedef struct wp_plan {
     uint64_t kv_bytes;           /* KV cache / recurrent state at ctx_tokens */
     uint64_t scratch_bytes;      /* activations, logits, chunk buffers */
     uint64_t min_cache_bytes;    /* smallest legal expert cache */
-    uint64_t floor_bytes;        /* trunk + kv + scratch + min cache */
+    uint64_t floor_bytes;        /* trunk + kv + scratch + min cache
+                                    + (sequences - 1) * sequence_bytes */
     uint64_t working_set_bytes;  /* one token's expert traffic: top_k * record * moe layers */
     uint64_t recommended_bytes;  /* floor + 3 working sets, capped at all experts */
     uint64_t experts_total_bytes;/* every expert record of the container */
@@ -107,6 +109,9 @@ typedef struct wp_plan {
     uint32_t cache_slots;        /* expert records the cache holds */
     int32_t budget_multiple;     /* k in floor + k*ws chosen by the resolver; -1 explicit */
     uint64_t state_bytes[WP_STATE_KINDS]; /* kv_bytes by WP_STATE_* kind; they sum to it */
+    uint32_t sequences;          /* resolved max_sequences (>= 1) */
+    uint64_t sequence_bytes;     /* one sequence: its state (kv_bytes) + its own scratch; the
+                                    scratch (scratch_bytes) is shared by all sequences */
 } wp_plan;
 
 /* Plans memory without loading weights. err (may be NULL) receives a detail message.
@@ -166,6 +171,45 @@ wp_status wp_state_save(wp_ctx *ctx, const char *path);
 
 /* Loads a saved state. A state of another model or shape returns WP_E_STATE. */
 wp_status wp_state_load(wp_ctx *ctx, const char *path);
+
+/* ---- many sequences on one context --------------------------------------------------
+ * A context holds cfg.max_sequences states, all allocated at open inside the budget.
+ * Sequence 0 is the context's own (wp_eval, wp_state_*, wp_position); the others are
+ * taken with wp_seq_open and given back with wp_seq_close. All of them share the trunk,
+ * the expert cache, the scratch and the compute threads; like the context, a wp_seq is
+ * used by one thread at a time, together with its context. */
+typedef struct wp_seq wp_seq;
+
+/* Takes a free sequence at position 0. WP_E_BUDGET ("all N sequences are in use") when
+ * none is free; WP_E_ARG when ctx or out is NULL. */
+wp_status wp_seq_open(wp_ctx *ctx, wp_seq **out);
+/* Gives the sequence back (its state is forgotten). NULL is allowed. */
+void wp_seq_close(wp_seq *seq);
+uint32_t wp_seq_position(const wp_seq *seq);
+/* As wp_state_reset / _truncate / _save / _load, on this sequence; the detail is its
+ * context's (wp_error_detail). */
+wp_status wp_seq_reset(wp_seq *seq);
+wp_status wp_seq_truncate(wp_seq *seq, uint32_t pos);
+wp_status wp_seq_save(wp_seq *seq, const char *path);
+wp_status wp_seq_load(wp_seq *seq, const char *path);
+/* dst's state and position become src's (both of one context; dst == src is a no-op). */
+wp_status wp_seq_copy(wp_seq *dst, const wp_seq *src);
+
+/* Evaluates several sequences together: sequence i (seqs[i], NULL meaning sequence 0)
+ * evaluates its n_tokens[i] >= 1 tokens tokens[i] at its position and advances by them;
+ * logits row i (vocab_size floats, n_seqs rows; logits may be NULL when logits_cap is 0)
+ * receives the logits of sequence i's last token. Everything is validated before
+ * anything is evaluated, so a bad input changes no sequence: WP_E_ARG (a NULL array,
+ * n_seqs 0, a sequence of another context or not open, one given twice, n_tokens 0, a
+ * token id out of range, a short buffer), WP_E_CONTEXT_FULL (a sequence's tokens do not
+ * fit; the detail names it). Rows of all sequences go through each layer's FFN / MoE
+ * together (the union of their experts is requested once, each expert multiplies all of
+ * its rows in one pass); more rows than prefill_chunk are split into steps of at most
+ * that many rows internally. WP_E_IO / WP_E_OOM as wp_eval: no position moves and the
+ * states of the batch's sequences must be reset or truncated. */
+wp_status wp_eval_batch(wp_ctx *ctx, wp_seq *const *seqs, const int32_t *const *tokens,
+                        const uint32_t *n_tokens, uint32_t n_seqs, float *logits,
+                        size_t logits_cap);
 
 typedef struct wp_stats {
     uint64_t tokens;             /* tokens evaluated */

@@ -1,15 +1,15 @@
 /*
  * blocks.h -- the blocks of a layer that two or more architectures compose (blocks/);
- * a block only one architecture uses is static in its arch file instead.
- *   attention.c     GQA with RoPE, q/k norm, clip, biases (the llama-shaped families)
- *   attention_sw.c  attention with sinks over a sliding window (gpt_oss, qwen2_moe)
- *   ffn.c           SwiGLU, dense layers, the clamped variant, SiTU-GLU (kimi_k3)
- *   moe.c           routing, the expert driver, the llama-shaped MoE decoder layer
- *   route_noaux.c   grouped, biased selection (deepseek_v3, glm4_moe, kimi_linear, glm5_next)
- *   mla.c           multi-head latent attention and its state (deepseek_v3, kimi_linear,
- *                   glm5_next, kimi_k3)
- *   kda.c           Kimi Delta Attention (kimi_linear, glm5_next, kimi_k3)
- *   hyper.c         hyper-connections (deepseek_v4, glm5_next)
+ * a block only one architecture uses is static in its arch file instead. Which
+ * architectures use which block: docs/ENGINE.md ("Inside"); this header names none.
+ *   attention.c     GQA with RoPE, q/k norm, clip, biases (the plain decoders)
+ *   attention_sw.c  attention with sinks over a sliding window
+ *   ffn.c           SwiGLU, dense layers, the clamped variant, SiTU-GLU
+ *   moe.c           routing, the expert driver, the plain MoE decoder layer
+ *   route_noaux.c   grouped, biased expert selection
+ *   mla.c           multi-head latent attention and its state
+ *   kda.c           Kimi Delta Attention (linear attention with a recurrent state)
+ *   hyper.c         hyper-connections (mHC streams, Sinkhorn mixing, final head)
  *   hparams.c       the optional hparams keys of these blocks
  */
 #ifndef WPI_BLOCKS_H
@@ -55,10 +55,18 @@ typedef void (*wpi_expert_apply_fn)(void *arg, wpi_model *mdl, const wpi_expert_
                                     float *out);
 wp_status wpi_moe_for_each_expert(wpi_model *mdl, uint32_t layer, const float *xs,
                                   uint32_t nd, wpi_expert_apply_fn fn, void *arg);
-/* A layer of the llama-shaped MoE families (qwen2_moe, qwen3_moe, mixtral, olmoe,
- * glm4_moe): wpi_attention_block, then wpi_moe_block on MoE layers and wpi_ffn_block on
- * dense ones; the arch's hparams decide routing, shared expert and qk norm. */
+/* A layer of the plain MoE decoders: wpi_attention_block, then wpi_moe_block on MoE
+ * layers and wpi_ffn_block on dense ones; the arch's hparams decide routing, shared
+ * expert and qk norm. */
 wp_status wpi_moe_decoder_layer(wpi_model *mdl, uint32_t layer, uint32_t n, uint32_t pos);
+/* Its two halves for wp_eval_batch (arch.h mixer / ffn): the attention of the layer's
+ * kind; the dense FFN or the MoE block (also the ffn of the MLA and KDA decoders). */
+void wpi_moe_decoder_mixer(wpi_model *mdl, uint32_t layer, uint32_t n, uint32_t pos);
+wp_status wpi_moe_decoder_ffn(wpi_model *mdl, uint32_t layer, uint32_t n);
+/* The hooks of a layer that is wpi_moe_decoder_mixer then _ffn. */
+#define WPI_MOE_DECODER_HOOKS                                                         \
+    .layer_forward = wpi_moe_decoder_layer, .mixer = wpi_moe_decoder_mixer,            \
+    .ffn = wpi_moe_decoder_ffn
 /* attention_sw.c: attention with per-head sinks (layer's attn_sinks, if any) over keys
  * p-window+1..p of each position p (window 0: all); biases, RoPE, no qk norm. */
 void wpi_attention_sw_block(wpi_model *mdl, uint32_t layer, uint32_t n, uint32_t pos,
@@ -114,11 +122,19 @@ size_t wpi_mla_state_part(const wpi_model *m, uint32_t l, int v, uint32_t pos, f
 wp_status wpi_mla_check_layer(const wpi_container *c, uint32_t l, char *err, size_t cap);
 void wpi_mla_block(wpi_model *mdl, uint32_t layer, uint32_t n, uint32_t pos);
 /* Its two halves: attn_norm, q (q_a rmsnorm'd into mla_qa, then q), the latent row into the
- * cache -- and the attention plus output projection, into xn and added to x. sparse: each
- * token attends only to the pools in idx_sel / idx_nsel (glm5_next's DSA indexer) and its
- * incomplete pool. */
+ * cache -- and the attention plus output projection, into xn and added to x. pools (NULL:
+ * every key): each token attends only to its selected key pools (an indexer's choice) and,
+ * with tail, its incomplete pool. */
 void wpi_mla_project(wpi_model *mdl, uint32_t layer, uint32_t n, uint32_t pos);
-void wpi_mla_attend(wpi_model *mdl, uint32_t layer, uint32_t n, uint32_t pos, int sparse);
+typedef struct wpi_mla_pools {
+    const int32_t *sel;      /* [n][per] selected pools of each token, ascending */
+    const int32_t *nsel;     /* [n] how many of them */
+    uint32_t pool, per;      /* positions per pool, selections per token (<= WPI_MLA_MAX_POOLS) */
+    int tail;                /* the incomplete pool is always attended */
+} wpi_mla_pools;
+#define WPI_MLA_MAX_POOLS 1024
+void wpi_mla_attend(wpi_model *mdl, uint32_t layer, uint32_t n, uint32_t pos,
+                    const wpi_mla_pools *pools);
 /* (With the layer's attn_gate, wpi_mla_attend gates the heads' output by sigmoid of
  * attn_gate times the normed input, computed into mdl->q: n_heads * v_head_dim must not
  * exceed n_heads * head_dim, which the arch checks.) */
@@ -135,8 +151,8 @@ int wpi_route_noaux_used(const wpi_hparams *hp, const wpi_layer *L);
 void wpi_route_noaux(const wpi_hparams *hp, const float *scores, const float *bias,
                      float *tmp, int32_t *ids, float *w);
 
-/* hyper.c: manifold-constrained hyper-connections (transformers' DeepseekV4HyperConnection
- * and DeepseekV4HyperHead; glm5_next reuses them). A token's residual is hc streams of dim
+/* hyper.c: manifold-constrained hyper-connections (as transformers' HyperConnection and
+ * HyperHead modules of the models that have them). A token's residual is hc streams of dim
  * floats, x[hc][dim], contiguous; n tokens are hc * dim floats apart. Generic: weights by
  * pointer (f32), dimensions in wpi_hc_dims; the pool may be NULL (inline). */
 typedef struct wpi_hc_dims {
@@ -146,6 +162,12 @@ typedef struct wpi_hc_dims {
     float hc_eps;            /* hc_eps */
     float norm_eps;          /* eps of the unweighted RMSNorm over hc * dim (rms_norm_eps) */
 } wpi_hc_dims;
+/* The dimensions of hp's hyper-connections: hc_mult streams of hidden_size floats, its
+ * Sinkhorn iterations and hc_eps, rms_norm_eps for the norm. */
+wpi_hc_dims wpi_hc_dims_of(const wpi_hparams *hp);
+/* The residual's streams from the embedding: row x[t] (dim floats) into each of the hc
+ * streams of token t, for n tokens. */
+void wpi_hc_expand(const wpi_hc_dims *d, const float *x, uint32_t n, float *streams);
 /* Rows of fn: (2 + hc) * hc (pre, post, comb). */
 uint32_t wpi_hc_mix_count(const wpi_hc_dims *d);
 /* Scratch floats wpi_hc_pre / wpi_hc_head need for n tokens. */

@@ -1,6 +1,6 @@
 /*
  * checks.c -- the tensor checks arch check functions call (model.h): one tensor's shape
- * and dtype, one layer's expert bank, and what every llama-shaped decoder shares.
+ * and dtype, one layer's expert bank, and what every plain decoder shares.
  * err names the tensor, key or layer at fault; nothing is read but the manifest's index.
  */
 #include <stdio.h>
@@ -147,4 +147,16 @@ wp_status wpi_check_decoder(const wpi_container *c, char *err, size_t cap)
 #undef NAME
     }
     return WP_OK;
+}
+
+wp_status wpi_check_plain(const wpi_container *c, const char *arch, int qk_norm, int shared,
+                          char *err, size_t cap)
+{
+    if (c->hp.qk_norm != qk_norm)
+        return wpi_fail(err, cap, WP_E_FORMAT, "%s: qk_norm must be \"%s\"", arch,
+                        wpi_qk_norm_names[qk_norm]);
+    if (!shared && c->hp.shared_expert_intermediate_size != 0)
+        return wpi_fail(err, cap, WP_E_FORMAT,
+                        "%s: hparams.shared_expert_intermediate_size must be 0", arch);
+    return wpi_check_decoder(c, err, cap);
 }

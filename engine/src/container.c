@@ -108,23 +108,6 @@ static wp_status get_u64(ectx *e, const wpi_json *obj, const char *where, const 
     return st;
 }
 
-/* A float in (0, FLT_MAX] (or [0, FLT_MAX] when allow_zero). */
-static wp_status get_pos_float(ectx *e, const wpi_json *obj, const char *where,
-                               const char *key, int allow_zero, double max, float *out)
-{
-    const wpi_json *v;
-    wp_status st = need(e, obj, where, key, WPI_JSON_NUMBER, &v);
-    if (st != WP_OK)
-        return st;
-    double d = v->number;
-    float f = (float)d;
-    if (!(d <= max) || !(d >= 0) || (!allow_zero && !(f > 0)))
-        return wpi_fail(e->err, e->cap, WP_E_FORMAT, MANIFEST ": %s.%s: %g is out of range",
-                        where, key, d);
-    *out = f;
-    return WP_OK;
-}
-
 static wp_status get_bool(ectx *e, const wpi_json *obj, const char *where, const char *key,
                           int32_t *out)
 {
@@ -164,9 +147,14 @@ static wp_status get_dtype(ectx *e, const wpi_json *obj, const char *where, int3
             return WP_OK;
         }
     }
+    char known[128] = "";
+    for (int id = 0; id < DTYPE_ID_END; id++)
+        if (wpi_dtype_valid(id) && strlen(known) + 8 < sizeof known)
+            snprintf(known + strlen(known), sizeof known - strlen(known), "%s%s",
+                     known[0] ? ", " : "", wpi_dtype_name(id));
     return wpi_fail(e->err, e->cap, WP_E_UNSUPPORTED,
-                    MANIFEST ": %s.dtype: '%.32s' is not a supported dtype "
-                    "(f32, f16, bf16, q8_0, q4_0, q4_1)", where, v->str);
+                    MANIFEST ": %s.dtype: '%.32s' is not a supported dtype (%s)", where,
+                    v->str, known);
 }
 
 /* shape [n] or [rows, cols]: rows/length at s[0], cols at s[1] (1 for a vector). */
@@ -281,52 +269,38 @@ static wp_status read_manifest(ectx *e, const char *path, char **out, size_t *ou
 
 #define W MANIFEST ": hparams"
 
-wp_status wpi_hparam_num(const struct wpi_json *h, const char *key, double lo, double hi,
-                         float *out, int *present, char *err, size_t cap)
-{
-    const wpi_json *v = wpi_json_get(h, key);
-    double d;
-    *out = 0;
-    if (present) *present = 0;
-    if (!v || v->type == WPI_JSON_NULL) return WP_OK;
-    if (!wpi_json_num(v, &d) || !(d >= lo && d <= hi))
-        return wpi_fail(err, cap, WP_E_FORMAT, W ".%s: expected a number in [%g, %g]", key,
-                        lo, hi);
-    *out = (float)d;
-    if (present) *present = 1;
-    return WP_OK;
-}
-
-
-
-/* The one table of bounds on the integer hparams. parse_hparams reads each required key
- * with them, wpi_hparam_u32 each optional one (for the blocks and architectures that read
- * it), and wpi_hparams_check re-applies them all, with the relations between keys, to a
- * parsed struct (arch checks call it through wpi_check_decoder), so no two can disagree
- * and no arch check repeats a limit. An optional key reads 0 when absent or null. */
-typedef struct hp_bound {
-    const char *key;
-    size_t off; /* of the uint32_t field in wpi_hparams */
-    uint32_t lo, hi;
-    int optional;
-} hp_bound;
-
-#define HPB(key, lo, hi) {#key, offsetof(wpi_hparams, key), lo, hi, 0}
-#define OPT(key, lo, hi) {#key, offsetof(wpi_hparams, key), lo, hi, 1}
-static const hp_bound hp_bounds[] = {
-    HPB(vocab_size, 1, MAX_VOCAB),
-    HPB(hidden_size, 1, MAX_HIDDEN),
-    HPB(n_layers, 1, WPI_MAX_LAYERS),
-    HPB(n_heads, 1, MAX_HEADS),
-    HPB(n_kv_heads, 1, MAX_HEADS),          /* and divides n_heads */
-    HPB(head_dim, 1, MAX_HEAD_DIM),
-    HPB(intermediate_size, 0, MAX_FFN),
-    HPB(moe_intermediate_size, 0, MAX_FFN),
-    HPB(n_experts, 0, MAX_EXPERTS),
-    HPB(top_k, 0, MAX_EXPERTS),             /* and 1..n_experts when there are experts */
-    HPB(shared_expert_intermediate_size, 0, MAX_FFN),
-    HPB(rope_dim, 0, MAX_HEAD_DIM),         /* and even, at most head_dim */
-    HPB(max_position_embeddings, 1, MAX_POSITIONS),
+/* The one table of hparams bounds: every key of wpi_hparams the manifest reader (required
+ * keys) or a shared block (optional keys, blocks/hparams.c) reads, integers and numbers.
+ * parse_hparams reads the required keys with them, wpi_hparam_u32 / wpi_hparam_f32 each
+ * optional one, and wpi_hparams_check re-applies them all, with the relations between
+ * keys, to a parsed struct (arch checks call it through wpi_check_decoder); an
+ * architecture's own keys are in a table in its file, read by the same code
+ * (wpi_hparams_bounds). So no two can disagree and no check repeats a limit. An optional
+ * key reads 0 when absent or null. */
+#define REQ(key, lo, hi) {#key, offsetof(wpi_hparams, key), lo, hi, WPI_HPB_REQUIRED}
+#define OPT(key, lo, hi) {#key, offsetof(wpi_hparams, key), lo, hi, 0}
+#define REQF(key, lo, hi, open) \
+    {#key, offsetof(wpi_hparams, key), lo, hi, WPI_HPB_REQUIRED | WPI_HPB_FLOAT | (open)}
+#define OPTF(key, lo, hi, open) {#key, offsetof(wpi_hparams, key), lo, hi, WPI_HPB_FLOAT | (open)}
+static const wpi_hp_bound hp_bounds[] = {
+    REQ(vocab_size, 1, MAX_VOCAB),
+    REQ(hidden_size, 1, MAX_HIDDEN),
+    REQ(n_layers, 1, WPI_MAX_LAYERS),
+    REQ(n_heads, 1, MAX_HEADS),
+    REQ(n_kv_heads, 1, MAX_HEADS),          /* and divides n_heads */
+    REQ(head_dim, 1, MAX_HEAD_DIM),
+    REQ(intermediate_size, 0, MAX_FFN),
+    REQ(moe_intermediate_size, 0, MAX_FFN),
+    REQ(n_experts, 0, MAX_EXPERTS),
+    REQ(top_k, 0, MAX_EXPERTS),             /* and 1..n_experts when there are experts */
+    REQ(shared_expert_intermediate_size, 0, MAX_FFN),
+    REQ(rope_dim, 0, MAX_HEAD_DIM),         /* and even, at most head_dim */
+    REQ(max_position_embeddings, 1, MAX_POSITIONS),
+    REQF(rms_norm_eps, 0, 0.5, WPI_HPB_LO_OPEN),
+    REQF(rope_theta, 0, FLT_MAX, WPI_HPB_LO_OPEN),
+    REQF(rope_attn_factor, 0, 1e6, WPI_HPB_LO_OPEN),
+    REQF(attn_scale, 0, 1e6, WPI_HPB_LO_OPEN),
+    OPTF(clip_qkv, 0, FLT_MAX, 0),
     /* optional: MLA and routing (blocks/mla.c, route_noaux.c) */
     OPT(q_lora_rank, 0, 1u << 16),
     OPT(kv_lora_rank, 0, WPI_MAX_LORA_RANK),
@@ -334,56 +308,145 @@ static const hp_bound hp_bounds[] = {
     OPT(v_head_dim, 0, MAX_HEAD_DIM),
     OPT(n_group, 0, 4096),
     OPT(topk_group, 0, 4096),
+    OPTF(routed_scaling_factor, 0, 1e6, WPI_HPB_LO_OPEN), /* 1 when absent */
+    OPTF(lora_norm_eps, 0, 1, 0),
     /* hyper-connections (hyper.c) and the indexers' shape */
     OPT(hc_mult, 0, WPI_HC_MAX),
     OPT(hc_sinkhorn_iters, 0, 10000),
+    OPTF(hc_eps, 0, 1, WPI_HPB_HI_OPEN),
     OPT(index_heads, 0, 4096),
     OPT(index_head_dim, 0, MAX_HEAD_DIM),
     OPT(index_topk, 0, 1u << 20),
-    /* sliding window, KDA (kda.c) */
+    /* sliding window, KDA (kda.c), the clamped SwiGLU (ffn.c) */
     OPT(sliding_window, 1, 1u << 30),
     OPT(kda_heads, 1, MAX_HEADS),
-    OPT(kda_head_dim, 1, 1024),
+    OPT(kda_head_dim, 1, WPI_KDA_MAX_HEAD_DIM),
     OPT(kda_conv, 1, 64),
-    /* deepseek_v4 */
-    OPT(o_groups, 0, 4096),
-    OPT(o_lora_rank, 0, 1u << 16),
-    OPT(compress_rate_csa, 0, 1u << 16),
-    OPT(compress_rate_hca, 0, 1u << 16),
-    /* glm5_next */
-    OPT(index_kpool, 1, 4096),
-    /* latent MoE (the experts' width) */
+    OPTF(kda_lower_bound, -1e6, 0, 0),
+    OPTF(swiglu_alpha, 0, 1e6, 0),
+    OPTF(swiglu_limit, 0, FLT_MAX, 0),
+    /* the experts' width (a latent MoE's) and SiTU-GLU (ffn.c) */
     OPT(expert_hidden_size, 1, MAX_HIDDEN),
-    /* kimi_k3 */
-    OPT(attn_res_block_size, 1, WPI_MAX_LAYERS),
+    OPTF(situ_beta, 0, 1e6, 0),
+    OPTF(situ_linear_beta, 0, 1e6, 0),
 };
+#undef OPTF
+#undef REQF
 #undef OPT
-#undef HPB
+#undef REQ
 #define N_BOUNDS (sizeof hp_bounds / sizeof hp_bounds[0])
+
+static int in_bounds(const wpi_hp_bound *b, double v)
+{
+    return (b->flags & WPI_HPB_LO_OPEN ? v > b->lo : v >= b->lo) &&
+           (b->flags & WPI_HPB_HI_OPEN ? v < b->hi : v <= b->hi);
+}
+
+/* "[lo, hi]" with the bound's open ends, into buf. */
+static const char *interval(const wpi_hp_bound *b, char *buf, size_t cap)
+{
+    if (b->flags & WPI_HPB_FLOAT)
+        snprintf(buf, cap, "%c%g, %g%c", b->flags & WPI_HPB_LO_OPEN ? '(' : '[', b->lo, b->hi,
+                 b->flags & WPI_HPB_HI_OPEN ? ')' : ']');
+    else
+        snprintf(buf, cap, "[%u, %u]", (uint32_t)b->lo, (uint32_t)b->hi);
+    return buf;
+}
+
+/* Reads key b from h into its field of base: absent or null is 0 (*present 0). */
+static wp_status read_key(const wpi_json *h, const wpi_hp_bound *b, void *base, int *present,
+                          char *err, size_t cap)
+{
+    const wpi_json *v = wpi_json_get(h, b->key);
+    const int given = v && v->type != WPI_JSON_NULL;
+    char iv[64];
+    if (present) *present = given;
+    if (b->flags & WPI_HPB_FLOAT) {
+        double d = 0;
+        if (given && (!wpi_json_num(v, &d) || !in_bounds(b, d) || !in_bounds(b, (float)d)))
+            return wpi_fail(err, cap, WP_E_FORMAT, W ".%s: expected a number in %s", b->key,
+                            interval(b, iv, sizeof iv));
+        const float f = (float)d;
+        memcpy((char *)base + b->off, &f, sizeof f);
+    } else {
+        int64_t x = 0;
+        if (given && (!wpi_json_int(v, &x) || !in_bounds(b, (double)x)))
+            return wpi_fail(err, cap, WP_E_FORMAT, W ".%s: expected an integer in %s", b->key,
+                            interval(b, iv, sizeof iv));
+        const uint32_t u = (uint32_t)x;
+        memcpy((char *)base + b->off, &u, sizeof u);
+    }
+    return WP_OK;
+}
+
+wp_status wpi_hparams_bounds(const struct wpi_json *h, const wpi_hp_bound *table, size_t n,
+                             void *base, char *err, size_t cap)
+{
+    for (size_t i = 0; i < n; i++) TRY(read_key(h, &table[i], base, NULL, err, cap));
+    return WP_OK;
+}
+
+/* An optional key of the one table, of the given kind. */
+static wp_status read_optional(const struct wpi_json *h, const char *key, int is_float,
+                               wpi_hparams *hp, int *present, char *err, size_t cap)
+{
+    for (size_t i = 0; i < N_BOUNDS; i++) {
+        const wpi_hp_bound *b = &hp_bounds[i];
+        if (!(b->flags & WPI_HPB_REQUIRED) && !(b->flags & WPI_HPB_FLOAT) == !is_float &&
+            !strcmp(b->key, key))
+            return read_key(h, b, hp, present, err, cap);
+    }
+    return wpi_fail(err, cap, WP_E_ARG, W ".%s: not an optional %s key", key,
+                    is_float ? "number" : "integer");
+}
+
+wp_status wpi_hparam_kinds(const struct wpi_json *h, const char *key, const char *const *names,
+                           uint32_t n_names, uint32_t n_layers, uint8_t *out, char *err,
+                           size_t cap)
+{
+    const wpi_json *v = wpi_json_get(h, key);
+    if (!v || v->type == WPI_JSON_NULL) return WP_OK;
+    if (v->type != WPI_JSON_ARRAY || v->len != n_layers)
+        return wpi_fail(err, cap, WP_E_FORMAT, W ".%s: expected %u strings", key, n_layers);
+    for (uint32_t l = 0; l < n_layers; l++) {
+        const char *k = wpi_json_str(&v->items[l]);
+        uint32_t i = 0;
+        while (i < n_names && !(k && !strcmp(k, names[i]))) i++;
+        if (i < n_names) {
+            out[l] = (uint8_t)i;
+            continue;
+        }
+        char list[256];
+        size_t off = 0;
+        for (uint32_t j = 0; j < n_names && off < sizeof list; j++)
+            off += (size_t)snprintf(list + off, sizeof list - off, "%s\"%s\"", j ? ", " : "",
+                                    names[j]);
+        return wpi_fail(err, cap, WP_E_FORMAT, W ".%s[%u]: expected one of %s", key, l, list);
+    }
+    return WP_OK;
+}
 
 wp_status wpi_hparam_u32(const struct wpi_json *h, const char *key, wpi_hparams *hp, char *err,
                          size_t cap)
 {
-    const hp_bound *b = NULL;
-    for (size_t i = 0; i < N_BOUNDS && !b; i++)
-        if (hp_bounds[i].optional && !strcmp(hp_bounds[i].key, key)) b = &hp_bounds[i];
-    if (!b) return wpi_fail(err, cap, WP_E_ARG, W ".%s: not an optional integer key", key);
-    const wpi_json *v = wpi_json_get(h, key);
-    int64_t x;
-    uint32_t u = 0;
-    if (v && v->type != WPI_JSON_NULL) {
-        if (!wpi_json_int(v, &x) || x < b->lo || x > b->hi)
-            return wpi_fail(err, cap, WP_E_FORMAT, W ".%s: expected an integer in [%u, %u]",
-                            key, b->lo, b->hi);
-        u = (uint32_t)x;
-    }
-    memcpy((char *)hp + b->off, &u, sizeof u);
-    return WP_OK;
+    return read_optional(h, key, 0, hp, NULL, err, cap);
+}
+
+wp_status wpi_hparam_f32(const struct wpi_json *h, const char *key, wpi_hparams *hp,
+                         int *present, char *err, size_t cap)
+{
+    return read_optional(h, key, 1, hp, present, err, cap);
 }
 #undef W
 
-static uint32_t hp_field(const wpi_hparams *hp, const hp_bound *b)
+/* The field of bound b in hp, as a double. */
+static double hp_field(const wpi_hparams *hp, const wpi_hp_bound *b)
 {
+    if (b->flags & WPI_HPB_FLOAT) {
+        float f;
+        memcpy(&f, (const char *)hp + b->off, sizeof f);
+        return f;
+    }
     uint32_t v;
     memcpy(&v, (const char *)hp + b->off, sizeof v);
     return v;
@@ -394,12 +457,13 @@ wp_status wpi_hparams_check(const wpi_hparams *hp, char *err, size_t cap)
 #define HP(cond, key, ...) \
     if (!(cond)) return wpi_fail(err, cap, WP_E_FORMAT, MANIFEST ": hparams." key ": " __VA_ARGS__)
     for (size_t i = 0; i < N_BOUNDS; i++) {
-        const uint32_t v = hp_field(hp, &hp_bounds[i]);
-        if (hp_bounds[i].optional && v == 0) continue; /* absent */
-        if (v < hp_bounds[i].lo || v > hp_bounds[i].hi)
-            return wpi_fail(err, cap, WP_E_FORMAT,
-                            MANIFEST ": hparams.%s: %u is out of range [%u, %u]",
-                            hp_bounds[i].key, v, hp_bounds[i].lo, hp_bounds[i].hi);
+        const wpi_hp_bound *b = &hp_bounds[i];
+        const double v = hp_field(hp, b);
+        char iv[64];
+        if (!(b->flags & WPI_HPB_REQUIRED) && v == 0) continue; /* absent */
+        if (!isfinite(v) || !in_bounds(b, v))
+            return wpi_fail(err, cap, WP_E_FORMAT, MANIFEST ": hparams.%s: %g is out of range %s",
+                            b->key, v, interval(b, iv, sizeof iv));
     }
     HP(hp->n_kv_heads <= hp->n_heads && hp->n_heads % hp->n_kv_heads == 0, "n_kv_heads",
        "n_heads %u is not a multiple of n_kv_heads %u", hp->n_heads, hp->n_kv_heads);
@@ -407,14 +471,6 @@ wp_status wpi_hparams_check(const wpi_hparams *hp, char *err, size_t cap)
        "%u must be even and at most head_dim %u", hp->rope_dim, hp->head_dim);
     HP(hp->top_k <= hp->n_experts && (hp->n_experts == 0 || hp->top_k >= 1), "top_k",
        "%u is out of range [1, n_experts %u]", hp->top_k, hp->n_experts);
-    HP(isfinite(hp->rms_norm_eps) && hp->rms_norm_eps > 0 && hp->rms_norm_eps <= 0.5f,
-       "rms_norm_eps", "%g is out of range (0, 0.5]", hp->rms_norm_eps);
-    HP(isfinite(hp->attn_scale) && hp->attn_scale > 0, "attn_scale", "%g must be > 0",
-       hp->attn_scale);
-    HP(isfinite(hp->rope_theta) && hp->rope_theta > 0, "rope_theta", "%g must be > 0",
-       hp->rope_theta);
-    HP(isfinite(hp->clip_qkv) && hp->clip_qkv >= 0, "clip_qkv", "%g must be >= 0",
-       hp->clip_qkv);
     HP(hp->qk_norm >= WPI_QK_NONE && hp->qk_norm <= WPI_QK_FULL, "qk_norm", "kind %d",
        hp->qk_norm);
     HP(!hp->shared_expert_gate || hp->shared_expert_intermediate_size, "shared_expert_gate",
@@ -441,41 +497,57 @@ wp_status wpi_hparams_check(const wpi_hparams *hp, char *err, size_t cap)
     return WP_OK;
 }
 
+/* A required number within bound b, into its field of hp. */
+static wp_status get_float(ectx *e, const wpi_json *h, const char *where, const wpi_hp_bound *b,
+                           wpi_hparams *hp)
+{
+    const wpi_json *v;
+    char iv[64];
+    TRY(need(e, h, where, b->key, WPI_JSON_NUMBER, &v));
+    const double d = v->number;
+    const float f = (float)d;
+    if (!in_bounds(b, d) || !in_bounds(b, f))
+        return wpi_fail(e->err, e->cap, WP_E_FORMAT, MANIFEST ": %s.%s: %g is out of range %s",
+                        where, b->key, d, interval(b, iv, sizeof iv));
+    memcpy((char *)hp + b->off, &f, sizeof f);
+    return WP_OK;
+}
+
+const char *const wpi_qk_norm_names[3] = {[WPI_QK_NONE] = "none", [WPI_QK_HEAD] = "head",
+                                          [WPI_QK_FULL] = "full"};
+
 static wp_status parse_hparams(ectx *e, const wpi_json *h, wpi_hparams *hp)
 {
     const char *w = "hparams";
     wp_status st;
-    for (size_t i = 0; i < N_BOUNDS && !hp_bounds[i].optional; i++) {
+    for (size_t i = 0; i < N_BOUNDS; i++) {
+        const wpi_hp_bound *b = &hp_bounds[i];
+        if (!(b->flags & WPI_HPB_REQUIRED) || (b->flags & WPI_HPB_FLOAT)) continue;
         uint32_t v;
-        if ((st = get_u32(e, h, w, hp_bounds[i].key, hp_bounds[i].lo, hp_bounds[i].hi, &v)) !=
-            WP_OK)
+        if ((st = get_u32(e, h, w, b->key, (uint32_t)b->lo, (uint32_t)b->hi, &v)) != WP_OK)
             return st;
-        memcpy((char *)hp + hp_bounds[i].off, &v, sizeof v);
+        memcpy((char *)hp + b->off, &v, sizeof v);
     }
     if ((st = get_bool(e, h, w, "shared_expert_gate", &hp->shared_expert_gate)) != WP_OK ||
         (st = get_bool(e, h, w, "norm_topk_prob", &hp->norm_topk_prob)) != WP_OK ||
         (st = get_bool(e, h, w, "tie_word_embeddings", &hp->tie_word_embeddings)) != WP_OK)
         return st;
-    if ((st = get_pos_float(e, h, w, "rms_norm_eps", 0, 0.5, &hp->rms_norm_eps)) != WP_OK ||
-        (st = get_pos_float(e, h, w, "rope_theta", 0, FLT_MAX, &hp->rope_theta)) != WP_OK ||
-        (st = get_pos_float(e, h, w, "rope_attn_factor", 0, 1e6, &hp->rope_attn_factor)) != WP_OK ||
-        (st = get_pos_float(e, h, w, "attn_scale", 0, 1e6, &hp->attn_scale)) != WP_OK)
-        return st;
-    hp->clip_qkv = 0;
-    if (wpi_json_get(h, "clip_qkv") &&
-        (st = get_pos_float(e, h, w, "clip_qkv", 1, FLT_MAX, &hp->clip_qkv)) != WP_OK)
+    for (size_t i = 0; i < N_BOUNDS; i++) {
+        const wpi_hp_bound *b = &hp_bounds[i];
+        if ((b->flags & WPI_HPB_REQUIRED) && (b->flags & WPI_HPB_FLOAT) &&
+            (st = get_float(e, h, w, b, hp)) != WP_OK)
+            return st;
+    }
+    if ((st = wpi_hparam_f32(h, "clip_qkv", hp, NULL, e->err, e->cap)) != WP_OK)
         return st;
 
     const wpi_json *v;
     if ((st = need(e, h, w, "qk_norm", WPI_JSON_STRING, &v)) != WP_OK)
         return st;
-    if (!strcmp(v->str, "none"))
-        hp->qk_norm = WPI_QK_NONE;
-    else if (!strcmp(v->str, "head"))
-        hp->qk_norm = WPI_QK_HEAD;
-    else if (!strcmp(v->str, "full"))
-        hp->qk_norm = WPI_QK_FULL;
-    else
+    hp->qk_norm = -1;
+    for (int k = WPI_QK_NONE; k <= WPI_QK_FULL; k++)
+        if (!strcmp(v->str, wpi_qk_norm_names[k])) hp->qk_norm = k;
+    if (hp->qk_norm < 0)
         return wpi_fail(e->err, e->cap, WP_E_FORMAT,
                         MANIFEST ": hparams.qk_norm: '%.32s' is not none, head or full", v->str);
 
@@ -951,10 +1023,15 @@ wp_status wpi_container_load_trunk(wpi_container *c, wpi_mem *m, char *err, size
         }
         if (st == WP_OK) {
             uint32_t crc = wpi_crc32c(0, d, (size_t)t->bytes);
+            uint64_t bad;
             if (crc != t->crc32c)
                 st = wpi_fail(err, cap, WP_E_FORMAT,
                               "trunk tensor '%s': checksum mismatch (manifest 0x%08x, data "
                               "0x%08x)", t->name, t->crc32c, crc);
+            else if (!wpi_blocks_valid(t->dtype, d, t->bytes, &bad))
+                st = wpi_fail(err, cap, WP_E_FORMAT,
+                              "trunk tensor '%s': %s block %llu has scale byte 255 (NaN)",
+                              t->name, wpi_dtype_name(t->dtype), (unsigned long long)bad);
         }
         if (st != WP_OK) {
             wpi_free(m, d, (size_t)t->bytes);

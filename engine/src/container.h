@@ -9,9 +9,13 @@
 #include "kernels/kernels.h"
 
 enum { WPI_QK_NONE = 0, WPI_QK_HEAD = 1, WPI_QK_FULL = 2 };
+/* hparams.qk_norm's names by WPI_QK_* kind (container.c), the one table of them. */
+extern const char *const wpi_qk_norm_names[3];
 
 #define WPI_HC_MAX 16            /* hc_mult: hyper-connection streams (blocks/hyper.c) */
 #define WPI_MAX_LORA_RANK 4096   /* kv_lora_rank (a row buffer of blocks/mla.c) */
+#define WPI_KDA_MAX_HEAD_DIM 1024 /* kda_head_dim (row buffers of blocks/kda.c) */
+#define WPI_HP_ARCH_BYTES (4 * WPI_MAX_LAYERS) /* wpi_hparams.arch */
 
 /* Normalized hyperparameters (docs/FORMAT.md section 3). */
 typedef struct wpi_hparams {
@@ -38,8 +42,8 @@ typedef struct wpi_hparams {
     /* Optional keys (blocks/hparams.c), zero when absent. attn_kinds gives layer_attn. */
     uint32_t sliding_window;                /* keys a WPI_ATTN_SLIDING layer sees, incl. its own */
     uint8_t layer_attn[WPI_MAX_LAYERS];     /* WPI_ATTN_* per layer */
-    float swiglu_alpha, swiglu_limit;       /* gpt_oss clamped SwiGLU of the experts */
-    uint32_t kda_heads, kda_head_dim, kda_conv; /* kimi_linear KDA layers */
+    float swiglu_alpha, swiglu_limit;       /* the clamped SwiGLU (ffn.c, an arch's experts) */
+    uint32_t kda_heads, kda_head_dim, kda_conv; /* KDA layers (kda.c) */
     /* Multi-head latent attention (blocks/hparams.c, blocks/mla.c) when kv_lora_rank > 0:
      * head_dim is the q/k head width qk_nope_head_dim + rope_dim; the KV cache holds per
      * token and layer the latent (kv_lora_rank normed + rope_dim rotated key floats). */
@@ -50,25 +54,16 @@ typedef struct wpi_hparams {
     int32_t scoring;                        /* WPI_SCORE_*; softmax when absent */
     uint32_t n_group, topk_group;           /* 0 or 1 group: no group limit */
     float routed_scaling_factor;            /* multiplies the routed weights; 1 when absent */
-    /* hyper-connections (blocks/hyper.c; deepseek_v4 and glm5_next), 0 when absent:
+    /* hyper-connections (blocks/hyper.c), 0 when absent:
      * hc_mult > 0 makes the residual hc_mult streams */
     uint32_t hc_mult, hc_sinkhorn_iters;
     float hc_eps;
-    uint32_t index_heads, index_head_dim, index_topk; /* indexer: CSA (v4) or DSA (glm5) */
-    /* deepseek_v4 (read and used by arch/deepseek_v4.c); 0 when absent */
-    uint32_t o_groups, o_lora_rank;         /* grouped output projection */
-    uint32_t compress_rate_csa, compress_rate_hca;
-    uint8_t layer_compress[WPI_MAX_LAYERS]; /* WPI_CMP_* per layer */
-    uint8_t layer_hash[WPI_MAX_LAYERS];     /* 1: experts chosen by token id (hash routing) */
-    /* zero when absent: the KDA forget gate with a lower bound (kda.c), the eps of the MLA
-     * lora norms (mla.c), and glm5_next's DSA indexer (arch/glm5_next.c) of its MLA layers,
-     * per layer WPI_INDEX_*. */
+    uint32_t index_heads, index_head_dim, index_topk; /* an indexer's shape (two archs) */
+    /* zero when absent: the KDA forget gate with a lower bound (kda.c) and the eps of the
+     * MLA lora norms (mla.c). */
     int32_t kda_safe_gate;                  /* bool: g = kda_lower_bound * sigmoid(...) */
     float kda_lower_bound;
     float lora_norm_eps;                    /* 0: 1e-6 */
-    uint32_t index_kpool;
-    int32_t index_tail;                     /* bool: the incomplete pool is always attended */
-    uint8_t layer_index[WPI_MAX_LAYERS];    /* WPI_INDEX_* per layer */
     /* zero when absent (blocks/hparams.c): the width routed experts run at (a latent MoE
      * projects hidden_size down to it; the banks' expert shape), the SiTU-GLU of ffn.c
      * (situ_beta > 0 replaces silu(g) by b1 tanh(g / b1) sigmoid(g), situ_linear_beta > 0
@@ -76,14 +71,12 @@ typedef struct wpi_hparams {
     uint32_t expert_hidden_size;            /* 0: hidden_size */
     float situ_beta, situ_linear_beta;
     int32_t kda_full_gate;                  /* bool: kda_g [D, hidden], no g_a / g_b */
-    /* kimi_k3 (read and used by arch/kimi_k3.c), zero when absent */
-    uint32_t attn_res_block_size;           /* Attention Residuals: layers per block */
-    int32_t latent_moe_norm, mla_output_gate; /* bools */
+    /* An architecture's own keys, parsed by its hparams hook into its private struct
+     * here (arch.h: WPI_OWN_HPARAMS); zero before the hook runs. */
+    _Alignas(16) unsigned char arch[WPI_HP_ARCH_BYTES];
 } wpi_hparams;
 
 enum { WPI_SCORE_SOFTMAX = 0, WPI_SCORE_SIGMOID = 1, WPI_SCORE_SQRTSOFTPLUS = 2 };
-enum { WPI_CMP_NONE = 0, WPI_CMP_CSA = 1, WPI_CMP_HCA = 2 };
-enum { WPI_INDEX_NONE = 0, WPI_INDEX_FULL = 1, WPI_INDEX_SHARED = 2 };
 
 enum { WPI_ATTN_FULL = 0, WPI_ATTN_SLIDING = 1, WPI_ATTN_KDA = 2 };
 
@@ -143,14 +136,36 @@ struct wpi_json;
  * vs head_dim, top_k vs n_experts, layer kinds vs FFN sizes, token ids vs vocab_size.
  * WP_E_FORMAT with a detail naming the key. */
 wp_status wpi_hparams_check(const wpi_hparams *hp, char *err, size_t cap);
-/* container.c: an optional key of the hparams object (absent or null: 0, OK): an integer
- * within its bounds in the one bounds table (container.c), into its field of hp; or a
- * number in [lo, hi] (*present, when not NULL, says whether it was given). Anything else
- * is WP_E_FORMAT naming the key. */
+/* container.c: an optional array of n_layers strings, each one of names[0..n_names),
+ * into out[l] = its index (absent or null: out untouched). Anything else is WP_E_FORMAT
+ * naming key[l] and the names. */
+wp_status wpi_hparam_kinds(const struct wpi_json *h, const char *key, const char *const *names,
+                           uint32_t n_names, uint32_t n_layers, uint8_t *out, char *err,
+                           size_t cap);
+/* A bound on an hparams key read into a field at off of some struct (wpi_hparams, or an
+ * architecture's own hparams, arch.h: WPI_OWN_HPARAMS): an integer into a uint32_t field
+ * or (WPI_HPB_FLOAT) a number into a float field, within lo..hi (ends open by flag). The
+ * one table of wpi_hparams' keys is in container.c; an architecture's own keys' table is
+ * in its file; no other code repeats a limit. */
+enum { WPI_HPB_FLOAT = 1, WPI_HPB_REQUIRED = 2, WPI_HPB_LO_OPEN = 4, WPI_HPB_HI_OPEN = 8 };
+typedef struct wpi_hp_bound {
+    const char *key;
+    size_t off;
+    double lo, hi;
+    int flags;                              /* WPI_HPB_* */
+} wpi_hp_bound;
+#define WPI_HP_U32(type, key, lo, hi) {#key, offsetof(type, key), lo, hi, 0}
+#define WPI_HP_F32(type, key, lo, hi) {#key, offsetof(type, key), lo, hi, WPI_HPB_FLOAT}
+/* container.c: reads every key of table[0..n) from the hparams object h into its field of
+ * base (absent or null: 0). Anything else is WP_E_FORMAT naming the key and its bounds. */
+wp_status wpi_hparams_bounds(const struct wpi_json *h, const wpi_hp_bound *table, size_t n,
+                             void *base, char *err, size_t cap);
+/* container.c: an optional key of the one table, the same way, into its field of hp
+ * (*present, when not NULL, says whether it was given). */
 wp_status wpi_hparam_u32(const struct wpi_json *h, const char *key, wpi_hparams *hp, char *err,
                          size_t cap);
-wp_status wpi_hparam_num(const struct wpi_json *h, const char *key, double lo, double hi,
-                         float *out, int *present, char *err, size_t cap);
+wp_status wpi_hparam_f32(const struct wpi_json *h, const char *key, wpi_hparams *hp,
+                         int *present, char *err, size_t cap);
 /* The optional hparams keys of model_type's architecture, read from the object h into hp
  * after the required ones: its hparams hook, else wpi_hparams_shared (blocks.h). Defined
  * by arch/registry.c, the one place that knows the architectures; wpi_container_open

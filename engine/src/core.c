@@ -79,6 +79,10 @@ void wp_close(wp_ctx *ctx)
     if (!ctx) return;
     wpi_pool_close(ctx->pool);
     if (ctx->experts) wpi_experts_close(ctx->experts, &ctx->mem);
+    for (uint32_t i = 0; ctx->seqs && i < ctx->n_seqs; i++)
+        if (ctx->seqs[i].own) wpi_free(&ctx->mem, ctx->seqs[i].own, ctx->seq_bytes);
+    free(ctx->seqs);
+    free(ctx->batch_buf);
     if (ctx->scratch) wpi_free(&ctx->mem, ctx->scratch, ctx->scratch_bytes);
     if (ctx->kv) wpi_free(&ctx->mem, ctx->kv, ctx->kv_bytes);
     if (ctx->c) wpi_container_close(ctx->c, &ctx->mem);
@@ -100,9 +104,9 @@ static wp_status open_ctx(wp_ctx *ctx, const char *path, const wp_cfg *cfg)
     const wpi_kernels *k = wpi_kernels_get(cfg->isa);
     if (!k)
         return wpi_ctx_fail(ctx, WP_E_UNSUPPORTED, "isa %d is not supported by this CPU", cfg->isa);
-    if ((st = wpi_plan(ctx->c, cfg, &ctx->plan, err, cap)) != WP_OK) return st;
+    if ((st = wpi_plan(ctx->c, cfg, wpi_model_sizes, &ctx->plan, err, cap)) != WP_OK) return st;
     if ((st = wpi_container_load_trunk(ctx->c, &ctx->mem, err, cap)) != WP_OK) return st;
-    /* Again with the tensors resident, for the checks of their values (hash tables). */
+    /* Again with the tensors resident, for the checks of their values. */
     if ((st = ctx->arch->check(ctx->c, err, cap)) != WP_OK) return st;
     if ((st = wpi_experts_open(ctx->c, cfg, ctx->plan.cache_bytes, &ctx->mem, &ctx->experts,
                                err, cap)) != WP_OK)
@@ -123,15 +127,33 @@ static wp_status open_ctx(wp_ctx *ctx, const char *path, const wp_cfg *cfg)
     if ((st = wpi_pool_open(cfg->n_threads, &ctx->pool)) != WP_OK)
         return wpi_ctx_fail(ctx, st, "could not start %u compute threads", cfg->n_threads);
 
-    wpi_model *m = &ctx->mdl;
-    if ((st = wpi_model_init(m, ctx->arch, ctx->c, ctx->kv, ctx->scratch, n_ctx, chunk)) != WP_OK)
-        return st;
-    m->k = k;
-    m->pool = ctx->pool;
-    m->experts = ctx->experts;
-    m->lookahead = cfg->lookahead != 0;
-    m->err = ctx->err;
-    m->err_cap = sizeof ctx->err;
+    /* Sequences: 0 on kv and the scratch's layer table, the others on their own. */
+    ctx->n_seqs = ctx->plan.sequences;
+    ctx->seq_bytes = wpi_seq_bytes(hp, n_ctx);
+    ctx->seqs = calloc(ctx->n_seqs, sizeof *ctx->seqs);
+    ctx->batch_buf = calloc(ctx->n_seqs, wpi_batch_buf_bytes());
+    if (!ctx->seqs || !ctx->batch_buf)
+        return wpi_ctx_fail(ctx, WP_E_OOM, "tables of %u sequences", ctx->n_seqs);
+    for (uint32_t i = 0; i < ctx->n_seqs; i++) {
+        wp_seq *s = &ctx->seqs[i];
+        s->ctx = ctx;
+        if (i > 0 && !(s->own = wpi_alloc(&ctx->mem, WPI_BUF_ALIGN, ctx->seq_bytes)))
+            return wpi_ctx_fail(ctx, WP_E_OOM, "state of sequence %u (%llu bytes)", i,
+                                (unsigned long long)ctx->seq_bytes);
+        wpi_model *m = &s->mdl;
+        if ((st = wpi_model_init(m, ctx->arch, ctx->c, i ? s->own : ctx->kv, ctx->scratch,
+                                 i ? wpi_seq_layers(hp, n_ctx, s->own) : NULL, n_ctx,
+                                 chunk)) != WP_OK)
+            return st;
+        m->k = k;
+        m->pool = ctx->pool;
+        m->experts = ctx->experts;
+        m->lookahead = cfg->lookahead != 0;
+        m->err = ctx->err;
+        m->err_cap = sizeof ctx->err;
+    }
+    ctx->seqs[0].open = 1;
+    ctx->batch = ctx->seqs[0].mdl;
     return WP_OK;
 }
 
@@ -165,7 +187,7 @@ wp_status wp_get_info(const wp_ctx *ctx, wp_info *out)
     const wpi_hparams *hp = &ctx->c->hp;
     memset(out, 0, sizeof *out);
     snprintf(out->model_type, sizeof out->model_type, "%s", hp->model_type);
-    snprintf(out->isa, sizeof out->isa, "%s", ctx->mdl.k->name);
+    snprintf(out->isa, sizeof out->isa, "%s", ctx->seqs[0].mdl.k->name);
     out->vocab_size = hp->vocab_size;
     out->hidden_size = hp->hidden_size;
     out->n_layers = hp->n_layers;
@@ -175,7 +197,7 @@ wp_status wp_get_info(const wp_ctx *ctx, wp_info *out)
     out->n_experts = hp->n_experts;
     out->top_k = hp->top_k;
     out->n_moe_layers = ctx->c->n_banks;
-    out->ctx_tokens = ctx->mdl.ctx;
+    out->ctx_tokens = ctx->plan.ctx_tokens;
     out->max_position_embeddings = hp->max_position_embeddings;
     out->n_threads = wpi_pool_threads(ctx->pool);
     uint64_t trunk = 0, experts = 0, active = 0;
@@ -201,9 +223,10 @@ wp_status wp_eval(wp_ctx *ctx, const int32_t *tokens, uint32_t n, int all_logits
     const wpi_hparams *hp = &ctx->c->hp;
     if (n == 0) return wpi_ctx_fail(ctx, WP_E_ARG, "n must be at least 1");
     if (!tokens) return wpi_ctx_fail(ctx, WP_E_ARG, "tokens is NULL");
-    if ((uint64_t)ctx->pos + n > ctx->mdl.ctx)
+    wp_seq *s = &ctx->seqs[0];
+    if ((uint64_t)s->pos + n > s->mdl.ctx)
         return wpi_ctx_fail(ctx, WP_E_CONTEXT_FULL, "position %u + %u tokens exceeds the context of %u",
-                    ctx->pos, n, ctx->mdl.ctx);
+                    s->pos, n, s->mdl.ctx);
     for (uint32_t i = 0; i < n; i++)
         if (tokens[i] < 0 || (uint32_t)tokens[i] >= hp->vocab_size)
             return wpi_ctx_fail(ctx, WP_E_ARG, "token %u is %d, outside the vocabulary [0, %u)", i,
@@ -216,7 +239,7 @@ wp_status wp_eval(wp_ctx *ctx, const int32_t *tokens, uint32_t n, int all_logits
                     logits_cap, need);
 
     double t0 = wpi_now();
-    const uint32_t chunk = ctx->mdl.chunk;
+    const uint32_t chunk = s->mdl.chunk;
     wp_status st = WP_OK;
     for (uint32_t i = 0; i < n && st == WP_OK; i += chunk) {
         uint32_t c = n - i < chunk ? n - i : chunk;
@@ -224,40 +247,13 @@ wp_status wp_eval(wp_ctx *ctx, const int32_t *tokens, uint32_t n, int all_logits
         float *out = NULL;
         if (logits && all_logits) out = logits + (size_t)i * hp->vocab_size;
         else if (logits && last) out = logits;
-        st = wpi_model_forward(&ctx->mdl, ctx->arch, tokens + i, c, ctx->pos + i, out,
+        st = wpi_model_forward(&s->mdl, ctx->arch, tokens + i, c, s->pos + i, out,
                                all_logits);
     }
     ctx->eval_seconds += wpi_now() - t0;
     if (st != WP_OK) return st; /* position unchanged; rows past it are garbage */
-    ctx->pos += n;
+    s->pos += n;
     ctx->tokens += n;
-    return WP_OK;
-}
-
-uint32_t wp_position(const wp_ctx *ctx)
-{
-    return ctx ? ctx->pos : 0;
-}
-
-wp_status wp_state_reset(wp_ctx *ctx)
-{
-    if (!ctx) return WP_E_ARG;
-    ctx->err[0] = '\0';
-    ctx->pos = 0;
-    return WP_OK;
-}
-
-wp_status wp_state_truncate(wp_ctx *ctx, uint32_t pos)
-{
-    if (!ctx) return WP_E_ARG;
-    ctx->err[0] = '\0';
-    if (pos > ctx->pos)
-        return wpi_ctx_fail(ctx, WP_E_ARG, "truncate to %u beyond the position %u", pos, ctx->pos);
-    const char *why = ctx->arch->no_truncate ? ctx->arch->no_truncate(&ctx->c->hp) : NULL;
-    if (pos > 0 && pos < ctx->pos && why)
-        return wpi_ctx_fail(ctx, WP_E_STATE, "%s cannot be truncated to %u of %u tokens; reset", why,
-                    pos, ctx->pos);
-    ctx->pos = pos;
     return WP_OK;
 }
 
@@ -290,4 +286,34 @@ wp_status wp_hotlist_save(wp_ctx *ctx, const char *path)
     if (!path) return wpi_ctx_fail(ctx, WP_E_ARG, "path is NULL");
     if (!ctx->experts) return wpi_ctx_fail(ctx, WP_E_UNSUPPORTED, "the model has no experts");
     return wpi_experts_hotlist_save(ctx->experts, path, ctx->err, sizeof ctx->err);
+}
+
+/* The memory plan without opening: container, architecture check, then wpi_plan with the
+ * architecture's sizes (wpi_model_sizes). */
+wp_status wp_plan_memory(const char *path, const wp_cfg *cfg, wp_plan *out, char *err,
+                         size_t err_cap)
+{
+    if (err && err_cap)
+        err[0] = '\0';
+    if (!path || !out)
+        return wpi_fail(err, err_cap, WP_E_ARG, "wp_plan_memory: NULL argument");
+    wp_cfg defaults;
+    if (!cfg) {
+        wp_cfg_init(&defaults);
+        cfg = &defaults;
+    }
+    wpi_container *c = NULL;
+    wp_status st = wpi_container_open(path, &c, err, err_cap);
+    if (st != WP_OK)
+        return st;
+    const wpi_arch *arch = wpi_arch_find(c->hp.model_type);
+    if (!arch) {
+        st = wpi_fail(err, err_cap, WP_E_UNSUPPORTED,
+                      "model_type '%s' is not supported (supported: %s)", c->hp.model_type,
+                      wpi_arch_names());
+    } else if (!arch->check || (st = arch->check(c, err, err_cap)) == WP_OK) {
+        st = wpi_plan(c, cfg, wpi_model_sizes, out, err, err_cap);
+    }
+    wpi_container_close(c, NULL);
+    return st;
 }

@@ -94,9 +94,17 @@ uint64_t wpi_cache_meta_bytes(const wpi_container *c, uint32_t slots);
  * is at least the plan's min_cache_bytes. */
 uint32_t wpi_cache_slots(const wpi_container *c, uint64_t cache_bytes);
 
-/* plan.c: the memory plan (see wp_plan), also used by wp_open to resolve the budget. */
-wp_status wpi_plan(const wpi_container *c, const wp_cfg *cfg, wp_plan *out,
-                   char *err, size_t cap);
+/* plan.c: the memory plan (see wp_plan), also used by wp_open to resolve the budget.
+ * The state and scratch the forward allocates depend on the architecture, which this
+ * layer does not know: the layer above passes them as sizes (forward.c's
+ * wpi_model_sizes), the state bytes by WP_STATE_* kind at ctx tokens (out zeroed
+ * before), the scratch bytes for chunks of chunk tokens and the bytes of each sequence
+ * beyond the first (wp_plan.sequence_bytes). */
+typedef void (*wpi_sizes_fn)(const wpi_hparams *hp, uint32_t ctx, uint32_t chunk,
+                             uint64_t state_bytes[WP_STATE_KINDS], uint64_t *scratch_bytes,
+                             uint64_t *sequence_bytes);
+wp_status wpi_plan(const wpi_container *c, const wp_cfg *cfg, wpi_sizes_fn sizes,
+                   wp_plan *out, char *err, size_t cap);
 
 /* Usable RAM: wpi_usable_ram (platform.h). */
 

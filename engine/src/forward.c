@@ -1,7 +1,7 @@
 /*
  * forward.c -- the model-level forward pass shared by every architecture.
  *
- * Owns: the KV and scratch sizes (also used by plan.c), binding trunk tensors to a
+ * Owns: the KV and scratch sizes (also given to the plan), binding trunk tensors to a
  * wpi_model, the walk embedding -> arch layer_forward per layer -> final norm -> LM head,
  * and the row-parallel matmul used by every block. What an architecture adds (its state,
  * scratch, tensors) comes through its hooks (arch.h); the tensor checks arch files call
@@ -27,6 +27,13 @@ void *wpi_carve_take(wpi_carve *cv, uint64_t count, size_t size)
 {
     void *p = cv->base ? cv->base + cv->off : NULL;
     cv->off += (count * size + ALIGN - 1) / ALIGN * ALIGN;
+    return p;
+}
+
+void *wpi_carve_own(wpi_carve *cv, wpi_model *m, size_t size)
+{
+    void *p = wpi_carve_take(cv, 1, size);
+    if (m) m->arch = p;
     return p;
 }
 
@@ -101,6 +108,30 @@ uint64_t wpi_scratch_bytes(const wpi_hparams *hp, uint32_t chunk, uint32_t ctx)
     return layout(wpi_arch_find(hp->model_type), hp, chunk ? chunk : 1, NULL, NULL);
 }
 
+void wpi_model_sizes(const wpi_hparams *hp, uint32_t ctx, uint32_t chunk,
+                     uint64_t state_bytes[WP_STATE_KINDS], uint64_t *scratch_bytes,
+                     uint64_t *sequence_bytes)
+{
+    wpi_state_bytes(hp, ctx, state_bytes);
+    *scratch_bytes = wpi_scratch_bytes(hp, chunk, ctx);
+    *sequence_bytes = wpi_seq_bytes(hp, ctx);
+}
+
+static uint64_t round_up(uint64_t v)
+{
+    return (v + ALIGN - 1) / ALIGN * ALIGN;
+}
+
+uint64_t wpi_seq_bytes(const wpi_hparams *hp, uint32_t ctx)
+{
+    return round_up(wpi_kv_bytes(hp, ctx)) + round_up((uint64_t)hp->n_layers * sizeof(wpi_layer));
+}
+
+wpi_layer *wpi_seq_layers(const wpi_hparams *hp, uint32_t ctx, void *own)
+{
+    return (wpi_layer *)((char *)own + round_up(wpi_kv_bytes(hp, ctx)));
+}
+
 /* ---- binding --------------------------------------------------------------------- */
 
 static const wpi_tensor *find(const wpi_container *c, const char *fmt, uint32_t l)
@@ -138,13 +169,16 @@ const float *wpi_bind_vec(const wpi_container *c, const char *fmt, uint32_t l)
 }
 
 wp_status wpi_model_init(wpi_model *m, const wpi_arch *arch, const wpi_container *c,
-                         void *kv, void *scratch, uint32_t ctx, uint32_t chunk)
+                         void *kv, void *scratch, wpi_layer *layers, uint32_t ctx,
+                         uint32_t chunk)
 {
     const wpi_hparams *hp = &c->hp;
     m->hp = hp;
     m->ctx = ctx;
     m->chunk = chunk;
     layout(arch, hp, chunk, m, scratch);
+    if (layers) m->layers = layers;
+    memset(m->layers, 0, (size_t)hp->n_layers * sizeof(wpi_layer));
     size_t half = (size_t)hp->n_layers * ctx * hp->n_kv_heads * hp->head_dim;
     m->kcache = kv;
     m->vcache = (float *)kv + half;
@@ -299,4 +333,64 @@ wp_status wpi_model_forward(wpi_model *m, const wpi_arch *arch, const int32_t *t
     wpi_mm job = {m->lm_head, logits, hp->vocab_size};
     wpi_matmul(m, &job, 1, m->xn + t0 * H, H, n - t0);
     return WP_OK;
+}
+
+/* Last rows of the sequences with want[i] (their rows one after another from row 0 of
+ * x): final norm into xn, then one pass of the LM head over all of them. */
+static void batch_logits(wpi_model *b, const uint32_t *n, uint32_t n_seqs, float *logits,
+                         const uint8_t *want)
+{
+    const wpi_hparams *hp = b->hp;
+    const size_t H = hp->hidden_size;
+    uint32_t row = 0, j = 0;
+    for (uint32_t i = 0; i < n_seqs; i++) {
+        row += n[i];
+        if (want[i])
+            wpi_rmsnorm(b->xn + (size_t)j++ * H, b->x + (size_t)(row - 1) * H, b->out_norm, H,
+                        hp->rms_norm_eps);
+    }
+    if (!j) return;
+    wpi_mm job = {b->lm_head, logits, hp->vocab_size};
+    wpi_matmul(b, &job, 1, b->xn, H, j);
+}
+
+wp_status wpi_model_forward_batch(wpi_model *b, const wpi_arch *arch, wpi_model *const *ms,
+                                  const int32_t *const *tok, const uint32_t *n,
+                                  const uint32_t *pos, uint32_t n_seqs, float *logits,
+                                  const uint8_t *want)
+{
+    const wpi_hparams *hp = b->hp;
+    const size_t H = hp->hidden_size, half = hp->rope_dim / 2;
+    const size_t row_bytes = wpi_row_bytes(b->tok_embd.dtype, H);
+    uint32_t rows = 0;
+    /* Each sequence's rows and rope tables are its slice of the shared ones. */
+    for (uint32_t i = 0; i < n_seqs; i++) {
+        wpi_model *m = ms[i];
+        m->x = b->x + (size_t)rows * H;
+        m->rope_cos = b->rope_cos + (size_t)rows * half;
+        m->rope_sin = b->rope_sin + (size_t)rows * half;
+        m->tokens = tok[i];
+        for (uint32_t t = 0; t < n[i]; t++)
+            wpi_dequant_row(b->tok_embd.dtype,
+                            (const char *)b->tok_embd.data + (size_t)tok[i][t] * row_bytes,
+                            m->x + t * H, H);
+        wpi_rope_prepare(m, n[i], pos[i]);
+        rows += n[i];
+    }
+    b->tokens = NULL;
+    b->la_rows = rows; /* a decode step (one row per sequence) looks ahead for each */
+    for (uint32_t i = 0; i < n_seqs; i++)
+        if (n[i] != 1) b->la_rows = 0;
+    wp_status st = WP_OK;
+    for (uint32_t l = 0; l < hp->n_layers && st == WP_OK; l++) {
+        for (uint32_t i = 0; i < n_seqs; i++) arch->mixer(ms[i], l, n[i], pos[i]);
+        st = arch->ffn(b, l, rows);
+    }
+    for (uint32_t i = 0; i < n_seqs; i++) {
+        ms[i]->x = b->x;
+        ms[i]->rope_cos = b->rope_cos;
+        ms[i]->rope_sin = b->rope_sin;
+    }
+    if (st == WP_OK && logits) batch_logits(b, n, n_seqs, logits, want);
+    return st;
 }

@@ -33,16 +33,13 @@ typedef struct wpi_layer {
     wpi_wmat sh_gate, sh_up, sh_down;             /* shared expert (data NULL if none) */
     const float *sh_gate_inp;                     /* [hidden] or NULL */
     uint8_t is_moe;
-    /* gpt_oss (NULL otherwise) */
-    const float *sinks;                           /* attn_sinks [n_heads] */
-    const float *router_b;                        /* ffn_gate_inp.bias [n_experts] */
-    const float *exp_gate_b, *exp_up_b, *exp_down_b; /* ffn_*_exps.bias [n_experts, I|H] */
+    const float *sinks;                           /* attn_sinks [n_heads] or NULL */
     /* MLA (blocks/mla.c): q = q_b(rmsnorm(q_a x)) or wq x; latent = kv_a x; kv_b up. */
     wpi_wmat wq_a, wq_b, wkv_a, wkv_b;
     const float *q_a_norm, *kv_a_norm;            /* [q_lora_rank], [kv_lora_rank] */
     const float *bq_a, *bkv_a;                    /* biases or NULL */
     const float *exp_bias;                        /* exp_probs_b [n_experts] or NULL */
-    /* kimi_linear KDA layers (blocks/kda.c); q/k/v/o are wq, wk, wv, wo [D, hidden] */
+    /* KDA layers (blocks/kda.c); q/k/v/o are wq, wk, wv, wo [D, hidden] */
     wpi_wmat kda_f_a, kda_f_b, kda_b, kda_g_a, kda_g_b;
     const float *kda_conv;                        /* [3D, kda_conv] depthwise, f32 */
     const float *kda_dt_bias, *kda_a_log, *kda_o_norm; /* [D], [kda_heads], [kda_head_dim] */
@@ -50,33 +47,11 @@ typedef struct wpi_layer {
                                                    * (kda_full_gate; bound by its arch) */
     wpi_wmat attn_gate;                           /* MLA output gate [n_heads*v_head_dim,
                                                    * hidden] or none (bound by its arch) */
-    /* kimi_k3 (arch/kimi_k3.c binds them): latent MoE, Attention Residuals (f32 [hidden]) */
-    wpi_wmat lat_down, lat_up;                    /* [expert_hidden, hidden], [hidden, e_h] */
-    const float *lat_norm;                        /* [expert_hidden_size] or NULL */
-    const float *res_attn_norm, *res_attn_proj, *res_ffn_norm, *res_ffn_proj;
-    /* hyper-connections (blocks/hyper.c; deepseek_v4, glm5_next) around attention and FFN,
-     * f32: fn [(2+hc)*hc, hc*hidden], base [(2+hc)*hc], scale [3] */
+    /* hyper-connections (blocks/hyper.c) around attention and FFN, f32:
+     * fn [(2+hc)*hc, hc*hidden], base [(2+hc)*hc], scale [3] */
     const float *hc_attn_fn, *hc_attn_base, *hc_attn_scale;
     const float *hc_ffn_fn, *hc_ffn_base, *hc_ffn_scale;
-    /* the indexer: glm5_next's DSA of a WPI_INDEX_FULL layer, deepseek_v4's CSA
-     * lightning indexer (both bound by their arch files) */
-    wpi_wmat idx_q;                               /* [index_heads*index_head_dim, q_lora_rank] */
-    wpi_wmat idx_w;                               /* [index_heads, hidden] */
-    wpi_wmat idx_gate;                            /* glm5 [ihd, H]; v4 [2ihd, H] */
-    wpi_wmat idx_k;                               /* glm5: [index_head_dim, hidden] */
-    const float *idx_k_norm, *idx_k_norm_b;       /* glm5: LayerNorm [index_head_dim] */
-    const float *idx_ape;                         /* glm5: [index_kpool, index_head_dim] */
     uint32_t kv_slot;             /* this layer's block of the KV cache (or of kda_state) */
-    /* deepseek_v4 (arch/deepseek_v4.c binds them); q is wq_a, q_a_norm, wq_b */
-    wpi_wmat wkv, wo_a, wo_b;                     /* kv [hd, H], o_a [g*r, nh*hd/g], o_b */
-    const float *kv_norm;                         /* [head_dim] */
-    wpi_wmat cmp_kv, cmp_gate;                    /* compressor [w, H], w = hd (HCA), 2hd (CSA) */
-    const float *cmp_bias, *cmp_norm;             /* [rate, w], [head_dim] */
-    wpi_wmat idx_kv;                              /* indexer compressor kv [2ihd, H] */
-    const float *idx_bias, *idx_norm;             /* [rate, 2ihd], [ihd] */
-    const float *hash_ids;                        /* [vocab, top_k] expert ids as f32, or NULL */
-    float *cstate;                                /* this layer's state block (deepseek_v4) */
-    uint32_t idx_slot;            /* this layer's block of idx_cache (WPI_INDEX_FULL) */
 } wpi_layer;
 
 /* Everything the forward pass reads and writes. Buffers are carved from one scratch
@@ -88,6 +63,8 @@ typedef struct wpi_model {
     wpi_experts *experts;
     uint32_t ctx, chunk;         /* context length, tokens per chunk */
     int lookahead;               /* decode-time prefetch of the next layer's experts */
+    uint32_t la_rows;            /* a batched decode step's rows (one per sequence), which
+                                    the lookahead predicts for as for one token; else 0 */
     const wpi_wmat *lm_head;     /* output.weight or token_embd.weight */
     wpi_wmat tok_embd, output;
     const float *out_norm;       /* [hidden] */
@@ -122,19 +99,9 @@ typedef struct wpi_model {
     float *kda_buf;              /* wpi_kda_scratch_floats (kda.c) */
     float *kda_state;            /* [kda layers][wpi_kda_state_floats], after the KV rows */
     const int32_t *tokens;       /* token ids of the chunk being evaluated (hash routing) */
-    float *v4_buf;               /* wpi_v4_scratch_floats (deepseek_v4) */
-    float *k3_buf;               /* arch/kimi_k3.c scratch */
-    const float *out_res_norm, *out_res_proj; /* kimi_k3's output aggregation [hidden] */
-    const float *rope_freqs_c;   /* [rope_dim/2] compressed-branch frequencies, or NULL */
-    const float *hc_head_fn, *hc_head_base, *hc_head_scale; /* final hyper head */
-    float *hc_x;                 /* [C, hc_mult, hidden] hyper-connection streams */
-    float *hc_post, *hc_comb;    /* [C, hc_mult], [C, hc_mult, hc_mult] */
-    float *hc_scr;               /* wpi_hc_scratch_floats(C) */
-    float *idx_q;                /* [C, index_heads * index_head_dim] indexer queries */
-    float *idx_wt;               /* [C, index_heads] indexer head weights */
-    int32_t *idx_sel;            /* [C, index_topk / index_kpool] selected pools, ascending */
-    int32_t *idx_nsel;           /* [C] */
-    float *idx_cache;            /* [indexer layers][ctx][wpi_dsa_row_floats], after kda_state */
+    /* The architecture's own tensors and buffers, per-layer arrays inside (carved first
+     * by its scratch hook, wpi_carve_own; arch.h: WPI_OWN_MODEL), or NULL. */
+    void *arch;
     char *err;                   /* detail of the last error */
     size_t err_cap;
 } wpi_model;
@@ -153,6 +120,9 @@ void *wpi_carve_take(wpi_carve *cv, uint64_t count, size_t size);
         void *p_ = wpi_carve_take((cv), (uint64_t)(count), sizeof(type));     \
         if (p_) (m)->field = (type *)p_;                                      \
     } while (0)
+/* The architecture's own struct of size bytes, into m->arch (m may be NULL while
+ * measuring); returns it, NULL while measuring. */
+void *wpi_carve_own(wpi_carve *cv, wpi_model *m, size_t size);
 /* A layer tensor by the name fmt % l ("blk.%u.attn_q.weight"), as a matrix (zeroed when
  * absent) or an f32 vector (NULL when absent). */
 wpi_wmat wpi_bind_mat(const wpi_container *c, const char *fmt, uint32_t l);
@@ -183,6 +153,10 @@ wp_status wpi_opt_vector(const wpi_container *c, const char *name, uint64_t n,
 /* Checks what every decoder shares: embeddings, norms, rope, q/k/v/o (+ biases present),
  * qk norms per hparams, dense FFN or router + expert bank per layer, shared expert. */
 wp_status wpi_check_decoder(const wpi_container *c, char *err, size_t cap);
+/* A plain decoder's check, err naming arch: qk_norm of kind qk_norm (WPI_QK_*), no shared
+ * expert unless shared, then wpi_check_decoder. */
+wp_status wpi_check_plain(const wpi_container *c, const char *arch, int qk_norm, int shared,
+                          char *err, size_t cap);
 /* Checks layer l's expert bank: present, n_experts x [moe_intermediate_size, hidden_size],
  * a dtype the kernels read. */
 wp_status wpi_check_expert_bank(const wpi_container *c, uint32_t l, char *err, size_t cap);

@@ -1,5 +1,6 @@
 /*
- * state.c -- wp_state_save / wp_state_load: the KV cache and position in a file.
+ * state.c -- wp_state_save / wp_state_load (and wp_seq_save / _load, seq.c): a sequence's
+ * KV cache and position in a file.
  *
  * Layout (little-endian):
  *   header, 128 bytes:
@@ -70,7 +71,7 @@ static void make_header(const wp_ctx *ctx, uint32_t pos, unsigned char *h)
     memcpy(h + 8, hp->model_type, strnlen(hp->model_type, 31));
     const uint32_t f[] = {hp->n_layers, hp->n_heads, hp->n_kv_heads, hp->head_dim,
                           hp->hidden_size, hp->vocab_size, hp->rope_dim,
-                          (uint32_t)hp->qk_norm, ctx->mdl.ctx,
+                          (uint32_t)hp->qk_norm, ctx->plan.ctx_tokens,
                           fbits(hp->rope_theta), fbits(hp->rope_attn_factor),
                           weights_fingerprint(ctx->c), pos};
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) put32(h + 40 + 4 * i, f[i]);
@@ -79,10 +80,10 @@ static void make_header(const wp_ctx *ctx, uint32_t pos, unsigned char *h)
 
 /* Saved bytes of layer l's part v at position pos, and where they live: the arch's
  * state_part hook, by default K rows (v = 0) or V rows (v = 1) [0, pos). */
-static size_t part(wp_ctx *ctx, uint32_t l, int v, uint32_t pos, float **at)
+size_t wpi_seq_part(const wp_seq *s, uint32_t l, int v, uint32_t pos, float **at)
 {
-    const wpi_model *m = &ctx->mdl;
-    if (ctx->arch->state_part) return ctx->arch->state_part(m, l, v, pos, at);
+    const wpi_model *m = &s->mdl;
+    if (s->ctx->arch->state_part) return s->ctx->arch->state_part(m, l, v, pos, at);
     const size_t kvd = (size_t)m->hp->n_kv_heads * m->hp->head_dim;
     *at = (v ? m->vcache : m->kcache) + (size_t)m->layers[l].kv_slot * m->ctx * kvd;
     return kvd * sizeof(float) * pos;
@@ -92,10 +93,16 @@ wp_status wp_state_save(wp_ctx *ctx, const char *path)
 {
     if (!ctx) return WP_E_ARG;
     ctx->err[0] = '\0';
+    return wpi_seq_save(&ctx->seqs[0], path);
+}
+
+wp_status wpi_seq_save(wp_seq *s, const char *path)
+{
+    wp_ctx *ctx = s->ctx;
     if (!path) return wpi_ctx_fail(ctx, WP_E_ARG, "path is NULL");
     const wpi_hparams *hp = &ctx->c->hp;
     unsigned char h[HDR], b[4];
-    make_header(ctx, ctx->pos, h);
+    make_header(ctx, s->pos, h);
     FILE *f = fopen(path, "wb");
     if (!f) return wpi_ctx_fail(ctx, WP_E_IO, "cannot create state file '%s'", path);
     int ok = fwrite(h, 1, HDR, f) == HDR;
@@ -103,7 +110,7 @@ wp_status wp_state_save(wp_ctx *ctx, const char *path)
     for (uint32_t l = 0; ok && l < hp->n_layers; l++)
         for (int v = 0; ok && v < 2; v++) {
             float *p;
-            size_t bytes = part(ctx, l, v, ctx->pos, &p);
+            size_t bytes = wpi_seq_part(s, l, v, s->pos, &p);
             if (!bytes) continue;
             crc = wpi_crc32c(crc, p, bytes);
             ok = fwrite(p, 1, bytes, f) == bytes;
@@ -143,6 +150,12 @@ wp_status wp_state_load(wp_ctx *ctx, const char *path)
 {
     if (!ctx) return WP_E_ARG;
     ctx->err[0] = '\0';
+    return wpi_seq_load(&ctx->seqs[0], path);
+}
+
+wp_status wpi_seq_load(wp_seq *s, const char *path)
+{
+    wp_ctx *ctx = s->ctx;
     if (!path) return wpi_ctx_fail(ctx, WP_E_ARG, "path is NULL");
     const wpi_hparams *hp = &ctx->c->hp;
     unsigned char h[HDR], b[4];
@@ -168,16 +181,16 @@ wp_status wp_state_load(wp_ctx *ctx, const char *path)
     }
     uint32_t pos = get32(h + 88);
     if ((st = match_header(ctx, h, pos)) != WP_OK) goto out;
-    if (pos > ctx->mdl.ctx) {
+    if (pos > ctx->plan.ctx_tokens) {
         st = wpi_ctx_fail(ctx, WP_E_FORMAT, "state position %u exceeds the context %u", pos,
-                  ctx->mdl.ctx);
+                  ctx->plan.ctx_tokens);
         goto out;
     }
     uint64_t payload = 0;
     for (uint32_t l = 0; l < hp->n_layers; l++)
         for (int v = 0; v < 2; v++) {
             float *p;
-            payload += part(ctx, l, v, pos, &p);
+            payload += wpi_seq_part(s, l, v, pos, &p);
         }
     if (fseeko(f, 0, SEEK_END) != 0 || (uint64_t)ftello(f) != HDR + payload + 4) {
         st = wpi_ctx_fail(ctx, WP_E_FORMAT, "state file is %lld bytes, expected %llu",
@@ -210,14 +223,14 @@ wp_status wp_state_load(wp_ctx *ctx, const char *path)
     for (uint32_t l = 0; l < hp->n_layers; l++)
         for (int v = 0; v < 2; v++) {
             float *p;
-            size_t bytes = part(ctx, l, v, pos, &p);
+            size_t bytes = wpi_seq_part(s, l, v, pos, &p);
             if (bytes && fread(p, 1, bytes, f) != bytes) {
-                ctx->pos = 0;
+                s->pos = 0;
                 st = wpi_ctx_fail(ctx, WP_E_IO, "short read from state file '%s'; context reset", path);
                 goto out;
             }
         }
-    ctx->pos = pos;
+    s->pos = pos;
 out:
     if (buf) wpi_free(&ctx->mem, buf, IO_BUF);
     fclose(f);

@@ -641,7 +641,7 @@ static void test_plan(const tbuilt *b, const tbuilt *dense)
     wp_cfg cfg = base_cfg();
     cfg.usable_ram_bytes = (uint64_t)1 << 50;
     wp_plan p;
-    wp_status st = wpi_plan(c, &cfg, &p, err, sizeof(err));
+    wp_status st = wpi_plan(c, &cfg, wpi_model_sizes, &p, err, sizeof(err));
     const wpi_hparams *hp = &c->hp;
     uint64_t rec = b->rec, k = hp->top_k, nm = b->n_moe;
     uint32_t ctx = hp->max_position_embeddings < 4096 ? hp->max_position_embeddings : 4096;
@@ -665,28 +665,28 @@ static void test_plan(const tbuilt *b, const tbuilt *dense)
            p.cache_slots);
     /* Usable RAM such that 3/4 of it holds floor + 2 ws but not floor + 3 ws. */
     cfg.usable_ram_bytes = (floor + 2 * ws + 1000) / 3 * 4 + 4;
-    st = wpi_plan(c, &cfg, &p, err, sizeof(err));
+    st = wpi_plan(c, &cfg, wpi_model_sizes, &p, err, sizeof(err));
     report(st == WP_OK && p.budget_multiple == 2 && p.budget_bytes == floor + 2 * ws &&
                p.cache_bytes == 2 * ws + minc,
            "default budget under a 3/4 cap: k = 2");
     cfg.usable_ram_bytes = floor; /* 3/4 of it is below the floor */
-    st = wpi_plan(c, &cfg, &p, err, sizeof(err));
+    st = wpi_plan(c, &cfg, wpi_model_sizes, &p, err, sizeof(err));
     report(st == WP_OK && p.budget_multiple == 0 && p.budget_bytes == floor &&
                p.cache_bytes == minc && p.cache_slots == 2 * k,
            "default budget when nothing fits: the floor, minimum cache");
     cfg.budget_bytes = floor + 5 * rec + 100;
-    st = wpi_plan(c, &cfg, &p, err, sizeof(err));
+    st = wpi_plan(c, &cfg, wpi_model_sizes, &p, err, sizeof(err));
     report(st == WP_OK && p.budget_multiple == -1 && p.budget_bytes == cfg.budget_bytes &&
                p.cache_bytes == minc + 5 * rec + 100 && p.cache_slots == 2 * k + 5,
            "explicit budget used exactly: cache = budget - floor + min cache (%u slots)",
            p.cache_slots);
     cfg.budget_bytes = (uint64_t)1 << 50;
-    st = wpi_plan(c, &cfg, &p, err, sizeof(err));
+    st = wpi_plan(c, &cfg, wpi_model_sizes, &p, err, sizeof(err));
     report(st == WP_OK && p.cache_bytes == all && p.cache_slots == 2 * b->sp.n_experts,
            "explicit huge budget: cache capped at every expert record + bookkeeping");
     cfg.budget_bytes = floor - 1;
     err[0] = '\0';
-    st = wpi_plan(c, &cfg, &p, err, sizeof(err));
+    st = wpi_plan(c, &cfg, wpi_model_sizes, &p, err, sizeof(err));
     char fl[32];
     snprintf(fl, sizeof(fl), "%llu", (unsigned long long)floor);
     report(st == WP_E_BUDGET && strstr(err, fl) && strstr(err, "GiB") && p.floor_bytes == floor &&
@@ -696,7 +696,7 @@ static void test_plan(const tbuilt *b, const tbuilt *dense)
     cfg.ctx_tokens = 100;
     cfg.prefill_chunk = 16;
     cfg.usable_ram_bytes = (uint64_t)1 << 50;
-    st = wpi_plan(c, &cfg, &p, err, sizeof(err));
+    st = wpi_plan(c, &cfg, wpi_model_sizes, &p, err, sizeof(err));
     report(st == WP_OK && p.ctx_tokens == 100 && p.kv_bytes == wpi_kv_bytes(hp, 100) &&
                p.scratch_bytes == wpi_scratch_bytes(hp, 16, 100),
            "ctx_tokens and prefill_chunk are passed to the kv and scratch sizes");
@@ -704,7 +704,7 @@ static void test_plan(const tbuilt *b, const tbuilt *dense)
     wpi_mem mem = {0, 0};
     wpi_experts *x = NULL;
     cfg.ctx_tokens = 0;
-    wpi_plan(c, &cfg, &p, err, sizeof(err));
+    wpi_plan(c, &cfg, wpi_model_sizes, &p, err, sizeof(err));
     st = wpi_experts_open(c, &cfg, p.cache_bytes, &mem, &x, err, sizeof(err));
     wp_stats s;
     memset(&s, 0, sizeof(s));
@@ -746,7 +746,7 @@ static void test_plan(const tbuilt *b, const tbuilt *dense)
 
     c = NULL;
     wpi_container_open(dense->dir, &c, err, sizeof(err));
-    st = wpi_plan(c, &cfg, &p, err, sizeof(err));
+    st = wpi_plan(c, &cfg, wpi_model_sizes, &p, err, sizeof(err));
     report(st == WP_OK && p.working_set_bytes == 0 && p.min_cache_bytes == 0 &&
                p.cache_bytes == 0 && p.cache_slots == 0 && p.record_bytes == 0 &&
                p.floor_bytes == c->trunk_bytes + p.kv_bytes + p.scratch_bytes &&

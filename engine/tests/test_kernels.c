@@ -75,12 +75,13 @@ static size_t urand(size_t n)
     return (size_t)(rng() % n);
 }
 
-static const int DTYPES[] = {WPI_F32, WPI_F16, WPI_BF16, WPI_Q8_0, WPI_Q4_0, WPI_Q4_1};
+static const int DTYPES[] = {WPI_F32, WPI_F16, WPI_BF16, WPI_Q8_0, WPI_Q4_0, WPI_Q4_1,
+                             WPI_MXFP4};
 #define N_DTYPES (sizeof DTYPES / sizeof DTYPES[0])
 
 static int is_quant(int dtype)
 {
-    return dtype == WPI_Q8_0 || dtype == WPI_Q4_0 || dtype == WPI_Q4_1;
+    return dtype == WPI_Q8_0 || dtype == WPI_Q4_0 || dtype == WPI_Q4_1 || dtype == WPI_MXFP4;
 }
 
 /* A rows x cols matrix of dtype with varied row scales; also its dequantized floats. */
@@ -274,6 +275,114 @@ static void test_onehot(const wpi_kernels *k)
     }
 }
 
+/* ---- mxfp4 scale exponents at the edges ----------------------------------------- */
+
+static const int8_t MXFP4_X2[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+/* rows x cols mxfp4 weights whose every block has scale byte e; rows >= rows/2 use only
+ * codes of magnitude <= 1.5 (finite even at e = 254). exact[] gets each weight as
+ * code * 2^(e - 127) formed in double and rounded once to float (inf past FLT_MAX). */
+static uint8_t *mxfp4_edge_matrix(uint8_t e, size_t rows, size_t cols, float *exact)
+{
+    size_t rb = wpi_row_bytes(WPI_MXFP4, cols);
+    uint8_t *w = malloc(rows * rb);
+    for (size_t r = 0; r < rows; r++)
+        for (size_t b = 0; b < cols / 32; b++) {
+            uint8_t *blk = w + r * rb + b * 17;
+            blk[0] = e;
+            for (int j = 0; j < 16; j++) {
+                uint8_t lo = (uint8_t)urand(16), hi = (uint8_t)urand(16);
+                if (r >= rows / 2) {
+                    lo &= 0xB;
+                    hi &= 0xB;
+                }
+                blk[1 + j] = (uint8_t)(lo | hi << 4);
+                exact[r * cols + b * 32 + j] = (float)ldexp(MXFP4_X2[lo] * 0.5, e - 127);
+                exact[r * cols + b * 32 + j + 16] = (float)ldexp(MXFP4_X2[hi] * 0.5, e - 127);
+            }
+        }
+    return w;
+}
+
+/* Equal values, or both NaN. */
+static int same_value(float a, float b)
+{
+    return (isnan(a) && isnan(b)) || a == b;
+}
+
+/* dequant_row is exact at every scale exponent; each set's matmul (one token and
+ * several) agrees with the reference and with the exact weights, and where a weight
+ * overflows to inf, every set gives the same inf or NaN. */
+static void test_mxfp4_edges(const wpi_kernels *k)
+{
+    /* 25, 26 and 252, 253 bound the scales where a kernel that multiplies by the scale
+     * after the block sum (codes at the top of 32-bit lanes, times 2^(e - 152)) stays
+     * exact; x is large at small scales, so such a kernel fails here */
+    static const uint8_t exps[] = {0, 1, 2, 25, 26, 126, 127, 128, 252, 253, 254};
+    size_t rows = 6, n_tok_max = 5;
+    int bad_deq = 0, bad_mm = 0, cases = 0;
+    for (size_t ei = 0; ei < sizeof exps / sizeof exps[0]; ei++) {
+        uint8_t e = exps[ei];
+        size_t cols = 32 * (1 + urand(4));
+        float *exact = malloc(rows * cols * sizeof(float)), *deq = malloc(cols * sizeof(float));
+        uint8_t *w = mxfp4_edge_matrix(e, rows, cols, exact);
+        for (size_t r = 0; r < rows; r++) {
+            wpi_dequant_row(WPI_MXFP4, w + r * wpi_row_bytes(WPI_MXFP4, cols), deq, cols);
+            if (memcmp(deq, exact + r * cols, cols * sizeof(float)) != 0)
+                bad_deq++;
+        }
+        /* x scaled so products stay in the normal range: no finite sum overflows */
+        int xe = e < 100 ? 100 : e > 150 ? -100 : 0;
+        float *x = malloc(n_tok_max * cols * sizeof(float));
+        for (size_t i = 0; i < n_tok_max * cols; i++)
+            x[i] = ldexpf(frand(), xe);
+        float y[6 * 5], yr[6 * 5];
+        for (size_t nt = 1; nt <= n_tok_max; nt += n_tok_max - 1) {
+            wpi_kernels_matmul(&wpi_kernels_ref, WPI_MXFP4)(w, cols, 0, rows, x, cols, nt, yr, rows);
+            wpi_kernels_matmul(k, WPI_MXFP4)(w, cols, 0, rows, x, cols, nt, y, rows);
+            for (size_t t = 0; t < nt; t++)
+                for (size_t r = 0; r < rows; r++) {
+                    double sum = 0.0, mag = 0.0;
+                    int inf = 0;
+                    for (size_t c = 0; c < cols; c++) {
+                        double p = (double)exact[r * cols + c] * x[t * cols + c];
+                        inf |= isinf(exact[r * cols + c]);
+                        sum += p;
+                        mag += fabs(p);
+                    }
+                    float a = y[t * rows + r], b = yr[t * rows + r];
+                    if (inf)
+                        bad_mm += isfinite(b) || !same_value(a, b);
+                    else
+                        bad_mm += !(fabs((double)b - sum) <= 1e-6 * mag + 1e-30 &&
+                                    fabs((double)a - b) <= 1e-6 * mag + 1e-30);
+                    cases++;
+                }
+        }
+        free(exact);
+        free(deq);
+        free(w);
+        free(x);
+    }
+    report(!bad_deq && !bad_mm, "%-6s mxfp4 scale bytes 0..254 edges: dequant_row exact (%d "
+           "rows wrong), matmul vs reference and exact weights, inf/NaN alike: %d of %d wrong",
+           k->name, bad_deq, bad_mm, cases);
+}
+
+/* Scale byte 255 (NaN) is refused, naming the first such block; other dtypes pass. */
+static void test_blocks_valid(void)
+{
+    uint8_t buf[17 * 4] = {0};
+    uint64_t bad = 99;
+    int ok = wpi_blocks_valid(WPI_MXFP4, buf, sizeof buf, &bad) && bad == 99;
+    buf[0] = 254;
+    buf[17 * 2] = 255;
+    buf[17 * 3] = 255;
+    ok = ok && !wpi_blocks_valid(WPI_MXFP4, buf, sizeof buf, &bad) && bad == 2;
+    ok = ok && wpi_blocks_valid(WPI_Q4_0, buf, 18 * 3, &bad);
+    report(ok, "blocks_valid: mxfp4 scale byte 255 refused at its block, 254 and 0 accepted");
+}
+
 /* ---- reference-only checks ------------------------------------------------------- */
 
 static uint32_t fbits(float f)
@@ -433,6 +542,8 @@ static void test_quant(void)
         {WPI_Q8_0, 2176, 0xc8317429e4fc9c55ull},
         {WPI_Q4_0, 1152, 0xacf9cbdfd15a5c9bull},
         {WPI_Q4_1, 1280, 0x20fe45fbb6a09409ull},
+        /* gguf-py's MXFP4 gives these bytes too; quant.py's encoder writes the same */
+        {WPI_MXFP4, 1088, 0xcf12f0728081fb0bull},
     };
     float x[64 * 32];
     uint8_t out[4096];
@@ -476,6 +587,14 @@ static void test_quant(void)
                     case WPI_Q8_0: tol = amax / 127.0 * 0.5 + amax * 0x1p-10; break;
                     /* the side opposite the largest weight clips at 7d: a whole step */
                     case WPI_Q4_0: tol = amax / 8.0 + amax * 0x1p-9; break;
+                    /* scale s = 2^(floor(log2 amax) - 2): codes 4s..6s are 2s apart, and
+                     * weights in (6s, 8s) clip to 6s: at most 2s */
+                    case WPI_MXFP4: {
+                        int k;
+                        frexpf(amax, &k);
+                        tol = amax > 0.0f ? ldexp(1.0, k - 2) : 0.0;
+                        break;
+                    }
                     default: tol = (mx - mn) / 15.0 * 0.5 + (mx - mn + fabs(mn)) * 0x1p-10; break;
                     }
                     if (err > tol)
@@ -499,8 +618,11 @@ static void test_helpers(void)
              wpi_row_bytes(WPI_BF16, 3) == 6 && wpi_row_bytes(WPI_Q8_0, 64) == 68 &&
              wpi_row_bytes(WPI_Q4_0, 64) == 36 && wpi_row_bytes(WPI_Q4_1, 64) == 40 &&
              wpi_row_bytes(WPI_Q4_0, 48) == 0 && wpi_row_bytes(7, 64) == 0 &&
-             wpi_dtype_valid(WPI_Q4_1) && !wpi_dtype_valid(7) &&
+             wpi_row_bytes(WPI_MXFP4, 64) == 34 && wpi_row_bytes(WPI_MXFP4, 48) == 0 &&
+             wpi_dtype_valid(WPI_Q4_1) && wpi_dtype_valid(WPI_MXFP4) && !wpi_dtype_valid(7) &&
              strcmp(wpi_dtype_name(WPI_Q8_0), "q8_0") == 0 &&
+             strcmp(wpi_dtype_name(WPI_MXFP4), "mxfp4") == 0 &&
+             wpi_quant_row(WPI_MXFP4, NULL, NULL, 48) == 0 &&
              wpi_quant_row(WPI_Q8_0, NULL, NULL, 33) == 0;
     report(ok, "row_bytes / dtype_valid / dtype_name / quant_row refusals");
 
@@ -589,7 +711,9 @@ int main(void)
     test_helpers();
     test_f16();
     test_quant();
+    test_blocks_valid();
     for (int i = 0; i < n_sets; i++) {
+        test_mxfp4_edges(sets[i]);
         test_matmul(sets[i]);
         test_dot_axpy(sets[i]);
         test_onehot(sets[i]);

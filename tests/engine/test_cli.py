@@ -105,6 +105,15 @@ def test_plan_info_eval_tokenize_json(model):
     assert len(mark["ids"]) == 1 and mark["ids"][0] not in tok["ids"]
 
 
+def test_plan_sequences(model):
+    one = json.loads(warp("plan", str(model), "--json").stdout)
+    four = json.loads(warp("plan", str(model), "--sequences", "4", "--json").stdout)
+    assert (one["sequences"], four["sequences"]) == (1, 4)
+    assert four["floor_bytes"] == one["floor_bytes"] + 3 * one["sequence_bytes"]
+    lines = warp("plan", str(model), "--sequences", "4").stdout.splitlines()
+    assert [ln.split() for ln in lines if ln.startswith("sequences ")] == [["sequences", "4"]]
+
+
 def test_run_json_and_text(model):
     p = warp("run", str(model), "hello", "-n", "8", "--json")
     assert p.returncode == 0, p.stderr

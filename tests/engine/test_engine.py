@@ -112,6 +112,10 @@ def test_truncate_and_prompt_cache(model):
         b = eng.generate(PROMPT, max_tokens=4, stop_ids=[])
         assert a.token_ids == b.token_ids
         assert b.cached_tokens == len(PROMPT) - 1
+        # the low-level calls act on sequence 0, which generations leave to them while
+        # another sequence is free
+        eng.eval(PROMPT)
+        assert eng.position == len(PROMPT)
         eng.truncate(3)
         assert eng.position == 3
 
@@ -121,15 +125,29 @@ def test_plan_and_budget(model):
     for key in ("trunk_bytes", "kv_bytes", "scratch_bytes", "min_cache_bytes", "floor_bytes",
                 "working_set_bytes", "recommended_bytes"):
         assert plan[key] > 0, key
+    # the sequences Engine.open would hold (each beyond the first adds sequence_bytes)
+    assert plan["sequences"] >= 1
     assert plan["floor_bytes"] == (plan["trunk_bytes"] + plan["kv_bytes"] +
-                                   plan["scratch_bytes"] + plan["min_cache_bytes"])
-    too_small = plan["floor_bytes"] - 1
+                                   plan["scratch_bytes"] + plan["min_cache_bytes"] +
+                                   (plan["sequences"] - 1) * plan["sequence_bytes"])
+    one = plan_memory(model, max_sequences=1)
+    assert one["sequences"] == 1
+    assert one["floor_bytes"] == plan["floor_bytes"] - (plan["sequences"] - 1) * plan["sequence_bytes"]
+    too_small = one["floor_bytes"] - 1
     with pytest.raises(MemoryBudgetError) as e:
         Engine.open(model, budget=too_small)
-    assert str(plan["floor_bytes"]) in str(e.value) or "floor" in str(e.value)
+    assert str(one["floor_bytes"]) in str(e.value) or "floor" in str(e.value)
+    with pytest.raises(MemoryBudgetError, match=r"below the floor \d+ bytes .* for 1 sequence:"):
+        Engine.open(model, budget=too_small, max_sequences=1)
     with Engine.open(model, budget=plan["floor_bytes"]) as eng:
+        assert eng.info()["max_sequences"] == plan["sequences"]
         eng.eval(PROMPT)
         assert eng.stats()["peak_bytes"] <= plan["floor_bytes"]
+    if plan["sequences"] > 1:  # below the default's floor it holds fewer sequences
+        with Engine.open(model, budget=plan["floor_bytes"] - 1) as eng:
+            assert 1 <= eng.info()["max_sequences"] < plan["sequences"]
+            eng.eval(PROMPT)
+            assert eng.stats()["peak_bytes"] <= plan["floor_bytes"] - 1
 
 
 def test_parse_size():
@@ -247,3 +265,21 @@ def test_a_generation_closed_by_its_consumer_records_its_own_result(model):
     assert result.prompt_tokens == len(longer)
     assert result.stats["prompt_tokens_evaluated"] + result.stats["cached_tokens"] == \
         result.prompt_tokens
+
+
+def test_max_sequences_on_this_binding(model):
+    """One sequence always opens; more open where the binding has sequences, and are
+    refused by name where it has not (the scheduler then runs one request at a time)."""
+    from warp_providers import _engine
+
+    with Engine.open(model, threads=1, max_sequences=1) as eng:
+        assert eng.info()["max_sequences"] == 1
+        assert eng.generate(PROMPT, max_tokens=2, stop_ids=[]).token_ids
+    if hasattr(_engine.Context, "seq_open"):
+        with Engine.open(model, threads=1, max_sequences=3) as eng:
+            assert eng.info()["max_sequences"] == 3
+    else:
+        with pytest.raises(ValueError, match="max_sequences=3: this build"):
+            Engine.open(model, max_sequences=3)
+    with pytest.raises(ValueError, match="max_sequences must be"):
+        Engine.open(model, max_sequences=0)

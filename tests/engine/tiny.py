@@ -34,3 +34,20 @@ def tiny_deepseek_v4(root: Path, *, experts: str, trunk: str = "f32") -> Path:
         hc_mult=2, num_hash_layers=1)
     src = make_deepseek_v4_checkpoint(root / "hf", shape, seed=5)
     return convert(src, root / "v4.warp", experts=experts, trunk=trunk)
+
+
+def tiny_glm5_next(root: Path, *, experts: str, trunk: str = "f32") -> Path:
+    """A converted five-layer GLM-5.3-Flash: KDA, MLA with its own DSA indexer and with the
+    previous layer's selection, a dense first layer, hyper-connections."""
+    from warp_providers.convert import convert
+    from warp_providers.synth import Glm5NextShape, make_glm5_next_checkpoint
+
+    shape = Glm5NextShape(
+        hidden_size=64, num_hidden_layers=5, layer_pattern="LFSLF", first_k_dense_replace=1,
+        intermediate_size=96, n_routed_experts=8, num_experts_per_tok=2, n_group=2,
+        topk_group=1, moe_intermediate_size=32, num_attention_heads=4, q_lora_rank=32,
+        kv_lora_rank=32, qk_nope_head_dim=16, v_head_dim=16, linear_num_heads=2,
+        linear_head_dim=16, index_n_heads=4, index_head_dim=16, index_topk=8, index_kpool=4,
+        hc_mult=4)
+    src = make_glm5_next_checkpoint(root / "hf", shape, seed=1)
+    return convert(src, root / "glm5.warp", experts=experts, trunk=trunk)

@@ -910,6 +910,34 @@ def test_gguf_import_moe(tmp_path: Path) -> None:
     assert "output.weight" in c["trunk"]
 
 
+def test_gguf_mxfp4_experts_kept_byte_for_byte(tmp_path: Path) -> None:
+    """GGUF MXFP4 blocks are the container's mxfp4 layout: experts are copied unchanged by
+    default, re-quantized when another experts dtype is named; MXFP4 trunk tensors become
+    the requested trunk dtype (mxfp4 is kept only when named)."""
+    ref = write_tiny_gguf(tmp_path / "t.gguf", moe=True, tied=False, qtype="MXFP4")
+    reader = gguf.GGUFReader(str(tmp_path / "t.gguf"))
+    shipped = {t.name: np.asarray(t.data) for t in reader.tensors}
+    out = convert(tmp_path / "t.gguf", tmp_path / "m.warp")
+    c = read_container(out)
+    m = c["manifest"]
+    assert m["quantization"]["experts"] == "mxfp4"
+    assert {t["dtype"] for b in m["experts"] for t in b["tensors"]} == {"mxfp4"}
+    dt = {t["name"]: t["dtype"] for t in m["trunk"]["tensors"]}
+    assert dt["blk.0.attn_v.weight"] == "q8_0"
+    bank = m["experts"][1]
+    blob = (out / bank["file"]).read_bytes()
+    for e in range(4):
+        g, u, d = c["experts"][1][e]
+        np.testing.assert_array_equal(g, ref["blk.1.ffn_gate_exps.weight"][e])
+        np.testing.assert_array_equal(d, ref["blk.1.ffn_down_exps.weight"][e])
+        rec = blob[e * bank["record_bytes"]:]
+        for t, src in zip(bank["tensors"], ("gate", "up", "down")):
+            want = shipped[f"blk.1.ffn_{src}_exps.weight"][e].tobytes()
+            assert rec[t["offset"]:t["offset"] + t["bytes"]] == want, (e, src)
+    q4 = read_container(convert(tmp_path / "t.gguf", tmp_path / "q4.warp", experts="q4_0"))
+    assert {t["dtype"] for b in q4["manifest"]["experts"] for t in b["tensors"]} == {"q4_0"}
+
+
 def test_gguf_tokenizer_rebuilt(tmp_path: Path) -> None:
     from tokenizers import Tokenizer
 

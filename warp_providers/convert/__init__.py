@@ -25,7 +25,7 @@ from .quant import ConvertError
 __all__ = ["DTYPES", "ConvertError", "convert"]
 
 #: dtype names accepted for ``experts``, ``trunk``, ``embedding`` and ``output``.
-DTYPES: tuple[str, ...] = ("q4_0", "q8_0", "f16", "bf16", "f32")
+DTYPES: tuple[str, ...] = ("q4_0", "q8_0", "mxfp4", "f16", "bf16", "f32")
 
 
 def _check_choice(arg: str, value: str | None) -> None:
@@ -59,7 +59,7 @@ def convert(
     src: str | os.PathLike[str],
     out: str | os.PathLike[str],
     *,
-    experts: str = "q4_0",
+    experts: str | None = None,
     trunk: str = "q8_0",
     embedding: str | None = None,
     output: str | None = None,
@@ -72,12 +72,15 @@ def convert(
     A matrix whose rows are not a multiple of 32 cannot be block-quantized and is stored
     as f16 instead. From GGUF, tensors already in Q4_0/Q4_1/Q8_0 are copied unchanged
     when a quantized dtype is requested (never re-quantized); K-quants become q8_0.
+    Routed experts shipped as MXFP4 (gpt-oss; GGUF MXFP4) are stored as shipped, every
+    code and scale unchanged, unless another ``experts`` dtype is named.
 
     Args:
         src: an HF checkpoint directory (config.json + safetensors + tokenizer) or a
             ``.gguf`` file.
         out: the container directory to create; it must not exist.
-        experts: dtype of the routed experts.
+        experts: dtype of the routed experts; default ``mxfp4`` when the source ships
+            them as MXFP4 (kept byte for byte), else ``q4_0``.
         trunk: dtype of the other matrices (attention, dense FFN, shared expert).
         embedding: dtype of ``token_embd``; default q8_0 when ``trunk`` is quantized,
             else the same as ``trunk``.
@@ -105,12 +108,9 @@ def convert(
         ("output", output),
     ):
         _check_choice(arg, value)
-    from .writer import Quantization, write_container
+    from .writer import Quantization, shipped_experts, write_container
 
-    edge = "q8_0" if trunk in ("q4_0", "q8_0") else trunk
-    q = Quantization(
-        experts=experts, trunk=trunk, embedding=embedding or edge, output=output or edge
-    )
+    edge = "q8_0" if trunk in ("q4_0", "q8_0", "mxfp4") else trunk
     src_p = Path(src)
     out_p = Path(out)
     if not src_p.exists():
@@ -120,16 +120,7 @@ def convert(
         with open(src_p, "rb") as f:
             if f.read(4) != b"GGUF":
                 raise ConvertError(f"{src_p}: not a .gguf file nor an HF checkpoint directory")
-    if resume:
-        for p in _stale_partials(out_p):
-            shutil.rmtree(p, ignore_errors=True)
-        if out_p.exists():
-            if _same_conversion(out_p, q.as_dict(), source):
-                return out_p
-            raise ConvertError(
-                f"{out_p}: exists and is not a finished container of this conversion; remove it"
-            )
-    elif out_p.exists():
+    if not resume and out_p.exists():
         raise ConvertError(
             f"{out_p}: already exists (pass resume=True to reuse a finished conversion)"
         )
@@ -143,4 +134,17 @@ def convert(
         from .hf import load_hf
 
         plan = load_hf(src_p)
+    q = Quantization(
+        experts=experts or shipped_experts(plan), trunk=trunk, embedding=embedding or edge,
+        output=output or edge,
+    )
+    if resume:
+        for p in _stale_partials(out_p):
+            shutil.rmtree(p, ignore_errors=True)
+        if out_p.exists():
+            if _same_conversion(out_p, q.as_dict(), source):
+                return out_p
+            raise ConvertError(
+                f"{out_p}: exists and is not a finished container of this conversion; remove it"
+            )
     return write_container(plan, out_p, q, progress)

@@ -3,8 +3,8 @@
 Owns: hparams from the ``llama.*`` metadata (dense llama and llama-architecture MoE such
 as Mixtral, whose experts are stacked in ``ffn_*_exps``) and the ``qwen3moe.*`` metadata
 (Qwen3-MoE: q/k rows not permuted, per-head q/k RMSNorm), tensor import into the
-container contract of ``plan.py`` (F32, F16, BF16, Q4_0, Q4_1 and Q8_0 keep their bytes;
-other types such as K-quants are dequantized and re-encoded), undoing llama.cpp's row
+container contract of ``plan.py`` (F32, F16, BF16, Q4_0, Q4_1, Q8_0 and MXFP4 keep their
+bytes; other types such as K-quants are dequantized and re-encoded), undoing llama.cpp's row
 permutation of ``attn_q``/``attn_k`` (GGML's interleaved rope pairs back to HF's
 "rotate_half" halves; rows move whole, so quantized
 rows move without dequantizing), ``rope_freqs`` from ``rope.*`` metadata and GGUF's own

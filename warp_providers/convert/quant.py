@@ -1,15 +1,18 @@
 """Tensor encodings of the warp container: quantize, dequantize, float conversion.
 
-Owns the mapping between dtype names (``q4_0``, ``q4_1``, ``q8_0``, ``f16``, ``bf16``,
-``f32``) and GGUF ``ggml_type`` ids, the byte size of a tensor of a given dtype and
-shape, and the conversion of float32 arrays to and from those encodings. Q4_0, Q4_1
+Owns the mapping between dtype names (``q4_0``, ``q4_1``, ``q8_0``, ``mxfp4``, ``f16``,
+``bf16``, ``f32``) and GGUF ``ggml_type`` ids, the byte size of a tensor of a given dtype
+and shape, and the conversion of float32 arrays to and from those encodings. Q4_0, Q4_1
 and Q8_0 go through the ``gguf`` package's reference quantizers, so the bytes are
-identical to GGUF's. Work is done in row chunks so a large tensor never needs more
-than a bounded amount of scratch memory.
+identical to GGUF's; MXFP4 has its own (gguf-py's rule with an exact ``floor(log2)``).
+Also owns the repacking of MXFP4 as checkpoints ship it (packed nibbles + E8M0 scales)
+into the container's blocks, code for code (:func:`mxfp4_pack`, :func:`mxfp4_unpack`).
+Work is done in row chunks so a large tensor never needs more than a bounded amount of
+scratch memory.
 
 Defines ``ConvertError``. Refuses: quantizing rows whose length is not a multiple of 32
-(callers fall back to a float type), and any dtype name outside the table. Called by the
-HF and GGUF importers.
+(callers fall back to a float type), any dtype name outside the table, and an MXFP4
+scale byte 255 (NaN). Called by the HF and GGUF importers.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from gguf import GGMLQuantizationType
 from gguf import quants as _gq
 
 __all__ = [
+    "BLOCK_DTYPES",
     "ConvertError",
     "DTYPE_IDS",
     "FLOAT_DTYPES",
@@ -28,9 +32,13 @@ __all__ = [
     "QK",
     "bf16_to_f32",
     "can_quantize",
+    "check_blocks",
+    "check_e8m0",
     "decode",
     "encode",
     "f32_to_bf16",
+    "mxfp4_pack",
+    "mxfp4_unpack",
     "row_bytes",
     "tensor_bytes",
 ]
@@ -52,6 +60,7 @@ DTYPE_IDS: Final[dict[str, int]] = {
     "q4_1": 3,
     "q8_0": 8,
     "bf16": 30,
+    "mxfp4": 39,
 }
 #: dtype name -> (elements per block, bytes per block).
 _BLOCK: Final[dict[str, tuple[int, int]]] = {
@@ -61,8 +70,13 @@ _BLOCK: Final[dict[str, tuple[int, int]]] = {
     "q4_1": (32, 20),
     "q8_0": (32, 34),
     "bf16": (1, 2),
+    "mxfp4": (32, 17),
 }
+#: Block types the converter re-encodes between freely (a GGUF source in one of them is
+#: copied when another is requested). mxfp4 is a block type too, but copied only when
+#: asked for by name (or kept as shipped): ``--experts q4_0`` re-quantizes it.
 QUANT_DTYPES: Final[frozenset[str]] = frozenset({"q4_0", "q4_1", "q8_0"})
+BLOCK_DTYPES: Final[frozenset[str]] = QUANT_DTYPES | {"mxfp4"}
 FLOAT_DTYPES: Final[frozenset[str]] = frozenset({"f32", "f16", "bf16"})
 #: Elements per quantization block.
 QK: Final[int] = 32
@@ -129,6 +143,116 @@ def bf16_to_f32(u16: np.ndarray) -> np.ndarray:
     )
 
 
+#: Twice the value of each E2M1 code: 0, 0.5, 1, 1.5, 2, 3, 4, 6, then the negatives.
+_MXFP4_X2: Final[np.ndarray] = np.array(
+    [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=np.float32
+)
+
+
+def _e8m0_half(e: np.ndarray) -> np.ndarray:
+    """``2 ** (e - 128)`` as float32, exactly (e = 0, 1 are subnormals)."""
+    e = np.asarray(e, dtype=np.uint32)
+    bits = np.where(e < 2, np.uint32(0x00200000) << e, (e - np.uint32(1)) << np.uint32(23))
+    return bits.astype(np.uint32).view(np.float32)
+
+
+def _mxfp4_quantize(rows: np.ndarray) -> np.ndarray:
+    """MXFP4 blocks of float32 rows: e = floor(log2(amax)) - 2 + 127 (0 when amax is 0),
+    clamped to 0..254, and each weight the code nearest to it, the first on a tie."""
+    blocks = rows.reshape(-1, QK)
+    amax = np.abs(blocks).max(axis=1)
+    _, k = np.frexp(amax)  # amax = m * 2**k, m in [0.5, 1): floor(log2 amax) = k - 1
+    e = np.where(amax > 0, np.clip(k.astype(np.int64) + 124, 0, 254), 0).astype(np.uint8)
+    vals = _e8m0_half(e)[:, None, None] * _MXFP4_X2[None, None, :]
+    with np.errstate(over="ignore", invalid="ignore"):
+        err = np.abs(vals - blocks[:, :, None])
+    codes = np.argmin(err, axis=2).astype(np.uint8)
+    out = np.empty((blocks.shape[0], 17), dtype=np.uint8)
+    out[:, 0] = e
+    out[:, 1:] = codes[:, :16] | (codes[:, 16:] << np.uint8(4))
+    return out.reshape(-1)
+
+
+def _mxfp4_dequantize(buf: np.ndarray) -> np.ndarray:
+    b = buf.reshape(-1, 17)
+    codes = np.concatenate([b[:, 1:] & np.uint8(15), b[:, 1:] >> np.uint8(4)], axis=1)
+    with np.errstate(over="ignore"):
+        return (_MXFP4_X2[codes] * _e8m0_half(b[:, 0])[:, None]).astype(np.float32)
+
+
+def check_blocks(raw: np.ndarray, dtype: str, name: str) -> None:
+    """Refuse container ``mxfp4`` bytes with a scale byte 255 (NaN in E8M0), naming ``name``.
+
+    Raises:
+        ConvertError: a block's scale byte is 255.
+
+    """
+    if dtype != "mxfp4":
+        return
+    scales = np.asarray(raw).reshape(-1).view(np.uint8)[::17]
+    bad = np.flatnonzero(scales == 255)
+    if bad.size:
+        raise ConvertError(
+            f"tensor {name!r}: MXFP4 scale byte 255 (NaN) in block {int(bad[0])} "
+            f"({bad.size} such blocks)"
+        )
+
+
+def check_e8m0(scales: np.ndarray, name: str) -> None:
+    """Refuse E8M0 scales ``[rows, blocks]`` holding 255 (NaN), naming ``name``.
+
+    Raises:
+        ConvertError: naming the tensor, the first such row and block, and their count.
+
+    """
+    s = np.asarray(scales, dtype=np.uint8)
+    bad = np.argwhere(s.reshape(-1, s.shape[-1]) == 255)
+    if bad.size:
+        r, g = (int(v) for v in bad[0])
+        raise ConvertError(f"tensor {name!r}: MXFP4 scale byte 255 (NaN) at row {r}, "
+                           f"block {g} ({len(bad)} such blocks)")
+
+
+def mxfp4_pack(packed: np.ndarray, scales: np.ndarray, name: str) -> np.ndarray:
+    """Container ``mxfp4`` bytes of a matrix shipped as MXFP4, every code and scale kept.
+
+    ``packed`` is U8 ``[rows, cols / 2]`` (or ``[rows, cols / 32, 16]``): byte k holds
+    element 2k in its low nibble and 2k + 1 in its high nibble; ``scales`` is U8 E8M0
+    ``[rows, cols / 32]``, one per 32 elements. Both layouts in the wild (gpt-oss's
+    ``*_blocks``/``*_scales``, compressed-tensors' ``weight_packed``/``weight_scale``)
+    are this one. ``name`` names the tensor in errors.
+
+    Raises:
+        ConvertError: shapes that do not match, or a scale byte 255 (NaN).
+
+    """
+    s = np.asarray(scales, dtype=np.uint8)
+    if s.ndim != 2:
+        raise ConvertError(f"tensor {name!r}: MXFP4 scales must be 2-D, got {list(s.shape)}")
+    rows, groups = s.shape
+    p = np.asarray(packed, dtype=np.uint8)
+    if p.size != rows * groups * 16 or p.shape[0] != rows:
+        raise ConvertError(f"tensor {name!r}: MXFP4 codes {list(p.shape)} do not match scales "
+                           f"{list(s.shape)} (16 bytes per scale)")
+    check_e8m0(s, name)
+    p = p.reshape(rows, groups, 16)
+    lo, hi = p & np.uint8(15), p >> np.uint8(4)
+    codes = np.empty((rows, groups, 32), dtype=np.uint8)
+    codes[..., 0::2], codes[..., 1::2] = lo, hi  # element order
+    out = np.empty((rows, groups, 17), dtype=np.uint8)
+    out[..., 0] = s
+    out[..., 1:] = codes[..., :16] | (codes[..., 16:] << np.uint8(4))
+    return out.reshape(-1)
+
+
+def mxfp4_unpack(raw: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray]:
+    """Inverse of :func:`mxfp4_pack`: ``(packed [rows, cols / 2], scales [rows, cols / 32])``."""
+    b = np.asarray(raw).reshape(-1).view(np.uint8).reshape(rows, cols // QK, 17)
+    codes = np.concatenate([b[..., 1:] & np.uint8(15), b[..., 1:] >> np.uint8(4)], axis=2)
+    packed = codes[..., 0::2] | (codes[..., 1::2] << np.uint8(4))
+    return packed.reshape(rows, cols // 2), np.ascontiguousarray(b[..., 0])
+
+
 def _encode_rows(rows: np.ndarray, dtype: str) -> np.ndarray:
     if dtype == "f32":
         return rows.astype("<f4", copy=False).view(np.uint8)
@@ -137,6 +261,8 @@ def _encode_rows(rows: np.ndarray, dtype: str) -> np.ndarray:
             return rows.astype("<f2").view(np.uint8)
     if dtype == "bf16":
         return f32_to_bf16(rows).astype("<u2", copy=False).view(np.uint8)
+    if dtype == "mxfp4":
+        return _mxfp4_quantize(rows)
     return np.asarray(_gq.quantize(rows, _GGML[dtype]), dtype=np.uint8)
 
 
@@ -191,6 +317,8 @@ def decode(
         return buf.view("<f2").astype(np.float32).reshape(shape)
     if dtype == "bf16":
         return bf16_to_f32(buf.view("<u2")).reshape(shape)
+    if dtype == "mxfp4":
+        return _mxfp4_dequantize(buf).reshape(shape)
     rb = row_bytes(dtype, shape[-1])
     deq = _gq.dequantize(buf.reshape(-1, rb), _GGML[dtype])
     return np.asarray(deq, dtype=np.float32).reshape(shape)

@@ -36,7 +36,7 @@ import numpy as np
 
 from . import quant
 from .plan import ExpertLayerSrc, Plan, SrcTensor, const_rows
-from .quant import DTYPE_IDS, QUANT_DTYPES, ConvertError, tensor_bytes
+from .quant import BLOCK_DTYPES, DTYPE_IDS, QUANT_DTYPES, ConvertError, tensor_bytes
 
 __all__ = [
     "ExpertLayerSrc",
@@ -44,6 +44,7 @@ __all__ = [
     "Progress",
     "Quantization",
     "SrcTensor",
+    "shipped_experts",
     "const_rows",
     "write_container",
     "ALIGN_TRUNK",
@@ -550,7 +551,7 @@ class Quantization:
 
 
 def _fallback(dtype: str, cols: int) -> str:
-    if dtype in QUANT_DTYPES and not quant.can_quantize(cols):
+    if dtype in BLOCK_DTYPES and not quant.can_quantize(cols):
         return "f16"
     return dtype
 
@@ -559,7 +560,8 @@ def choose_dtype(t: SrcTensor, want: str) -> tuple[str, bool]:
     """Return the dtype ``t`` is stored as, and whether its raw bytes are copied.
 
     Policy: a source already quantized in a container type is kept as is when a
-    quantized dtype is requested (never re-quantized); a source in a lossy type the
+    quantized dtype is requested (never re-quantized), but for mxfp4, kept only when
+    mxfp4 is what is requested (another type re-quantizes it); a source in a lossy type the
     container lacks becomes q8_0 at most; rows that are not a multiple of 32 fall back to
     f16 when a quantized dtype is requested.
     """
@@ -579,7 +581,9 @@ def encode_tensor(t: SrcTensor, dtype: str, copy_raw: bool) -> np.ndarray:
     n_rows, cols = t.matrix
     if copy_raw:
         assert t.raw is not None
-        return np.ascontiguousarray(t.raw()).reshape(-1).view(np.uint8)
+        raw = np.ascontiguousarray(t.raw()).reshape(-1).view(np.uint8)
+        quant.check_blocks(raw, dtype, t.name)
+        return raw
     rb = quant.row_bytes(dtype, cols)
     out = np.empty(n_rows * rb, dtype=np.uint8)
     step = max(1, _ROW_CHUNK_ELEMS // max(cols, 1))
@@ -603,9 +607,19 @@ def _expert_dtype(ts: Sequence[SrcTensor], want: str) -> tuple[str, bool]:
             return str(rd), True
     if any(t.lossy for t in ts) and want in QUANT_DTYPES:
         want = "q8_0"
-    if want in QUANT_DTYPES and not all(quant.can_quantize(t.matrix[1]) for t in ts):
+    if want in BLOCK_DTYPES and not all(quant.can_quantize(t.matrix[1]) for t in ts):
         want = "f16"
     return want, False
+
+
+def shipped_experts(plan: Plan, otherwise: str = "q4_0") -> str:
+    """The experts' dtype when none is requested: ``mxfp4`` if the source ships them so
+    (kept byte for byte), else ``otherwise``."""
+    if plan.experts:
+        ts = plan.experts[0].expert(0)
+        if all(t.raw is not None and t.raw_dtype == "mxfp4" for t in ts):
+            return "mxfp4"
+    return otherwise
 
 
 def write_container(

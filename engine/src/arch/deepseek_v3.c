@@ -35,11 +35,7 @@ static wp_status check(const wpi_container *c, char *err, size_t cap)
 static wp_status layer_forward(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
 {
     wpi_mla_block(m, l, n, pos);
-    if (!m->layers[l].is_moe) {
-        wpi_ffn_block(m, l, n);
-        return WP_OK;
-    }
-    return wpi_moe_block(m, l, n); /* noaux_tc routing + shared expert */
+    return wpi_moe_decoder_ffn(m, l, n); /* MoE: noaux_tc routing + shared expert */
 }
 
 const wpi_arch wpi_arch_deepseek_v3 = {
@@ -47,4 +43,6 @@ const wpi_arch wpi_arch_deepseek_v3 = {
     .check = check,
     WPI_MLA_HOOKS,
     .layer_forward = layer_forward,
+    .mixer = wpi_mla_block,
+    .ffn = wpi_moe_decoder_ffn,
 };

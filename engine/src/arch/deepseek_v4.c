@@ -17,6 +17,41 @@
 #include "arch.h"
 #include "json.h"
 
+enum { CMP_NONE = 0, CMP_CSA = 1, CMP_HCA = 2 }; /* per layer */
+#define WPI_V4_MAX_RATE 1024 /* compress_rate_csa / _hca: the softmax rows of a window */
+#define MAX_ROPE_DIM 1024    /* a compressed entry's rope on the stack */
+
+/* Its own hparams (hp->arch). */
+typedef struct v4_hp {
+    uint32_t o_groups, o_lora_rank;         /* grouped output projection */
+    uint32_t compress_rate_csa, compress_rate_hca;
+    uint8_t layer_compress[WPI_MAX_LAYERS]; /* CMP_* per layer */
+    uint8_t layer_hash[WPI_MAX_LAYERS];     /* 1: experts chosen by token id (hash routing) */
+} v4_hp;
+WPI_OWN_HPARAMS(v4_hp)
+
+/* Its own tensors per layer (q is the shared wq_a, q_a_norm, wq_b; sinks attn_sinks). */
+typedef struct v4_layer {
+    wpi_wmat wkv, wo_a, wo_b;         /* kv [hd, H], o_a [g*r, nh*hd/g], o_b */
+    const float *kv_norm;             /* [head_dim] */
+    wpi_wmat cmp_kv, cmp_gate;        /* compressor [w, H], w = hd (HCA), 2hd (CSA) */
+    const float *cmp_bias, *cmp_norm; /* [rate, w], [head_dim] */
+    wpi_wmat idx_kv, idx_gate;        /* indexer compressor [2ihd, H] */
+    wpi_wmat idx_q, idx_w;            /* [ih*ihd, q_lora_rank], [ih, H] */
+    const float *idx_bias, *idx_norm; /* [rate, 2ihd], [ihd] */
+    const float *hash_ids;            /* [vocab, top_k] expert ids as f32, or NULL */
+    size_t cstate;                    /* this layer's state block: floats into m->kcache */
+} v4_layer;
+/* Its model state (m->arch, carved by scratch; shared by a context's sequences, so it
+ * holds no pointer into a sequence's state: cstate is an offset into m->kcache). */
+typedef struct v4_model {
+    v4_layer *layers;                 /* [n_layers] */
+    float *buf;                       /* scratch_floats: the carve below */
+    const float *rope_freqs_c;        /* [rope_dim/2] compressed-branch frequencies, or NULL */
+    const float *hc_head_fn, *hc_head_base, *hc_head_scale; /* final hyper head */
+} v4_model;
+WPI_OWN_MODEL(v4_model)
+
 /* ---- hparams: the keys only deepseek_v4 reads ---------------------------------------- */
 
 #define W "manifest.json: hparams"
@@ -25,38 +60,30 @@
  * (compress_rate_csa, compress_rate_hca), the per-layer attention compression
  * (compress_kinds: "none", "csa" or "hca") and hash-routed MoE layers (hash_layers:
  * booleans), after the shared blocks' keys. Absent means zero (off). */
+static const wpi_hp_bound bounds[] = {
+    WPI_HP_U32(v4_hp, o_groups, 0, 4096),
+    WPI_HP_U32(v4_hp, o_lora_rank, 0, 1u << 16),
+    WPI_HP_U32(v4_hp, compress_rate_csa, 0, WPI_V4_MAX_RATE),
+    WPI_HP_U32(v4_hp, compress_rate_hca, 0, WPI_V4_MAX_RATE),
+};
+
 static wp_status hparams(const struct wpi_json *h, wpi_hparams *hp, char *err, size_t cap)
 {
-    wp_status st;
+    v4_hp *o = own_hp(hp);
     TRY(wpi_hparams_shared(h, hp, err, cap));
-    memset(hp->layer_compress, WPI_CMP_NONE, sizeof hp->layer_compress);
-    memset(hp->layer_hash, 0, sizeof hp->layer_hash);
-    if ((st = wpi_hparam_u32(h, "o_groups", hp, err, cap)) != WP_OK ||
-        (st = wpi_hparam_u32(h, "o_lora_rank", hp, err, cap)) != WP_OK ||
-        (st = wpi_hparam_u32(h, "compress_rate_csa", hp, err, cap)) != WP_OK ||
-        (st = wpi_hparam_u32(h, "compress_rate_hca", hp, err, cap)) != WP_OK)
-        return st;
-    const wpi_json *v;
-    v = wpi_json_get(h, "compress_kinds");
-    if (v && v->type != WPI_JSON_NULL) {
-        if (v->type != WPI_JSON_ARRAY || v->len != hp->n_layers)
-            return wpi_fail(err, cap, WP_E_FORMAT, W ".compress_kinds: expected %u strings",
-                            hp->n_layers);
-        for (uint32_t l = 0; l < hp->n_layers; l++) {
-            const char *k = wpi_json_str(&v->items[l]);
-            if (k && !strcmp(k, "none"))
-                hp->layer_compress[l] = WPI_CMP_NONE;
-            else if (k && !strcmp(k, "csa") && hp->compress_rate_csa)
-                hp->layer_compress[l] = WPI_CMP_CSA;
-            else if (k && !strcmp(k, "hca") && hp->compress_rate_hca)
-                hp->layer_compress[l] = WPI_CMP_HCA;
-            else
-                return wpi_fail(err, cap, WP_E_FORMAT,
-                                W ".compress_kinds[%u]: expected \"none\", \"csa\" (with "
-                                  "compress_rate_csa) or \"hca\" (with compress_rate_hca)", l);
-        }
-    }
-    v = wpi_json_get(h, "hash_layers");
+    memset(o, 0, sizeof *o);
+    TRY(wpi_hparams_bounds(h, bounds, sizeof bounds / sizeof bounds[0], o, err, cap));
+    static const char *const kinds[] = {[CMP_NONE] = "none", [CMP_CSA] = "csa",
+                                        [CMP_HCA] = "hca"};
+    TRY(wpi_hparam_kinds(h, "compress_kinds", kinds, 3, hp->n_layers, o->layer_compress, err,
+                         cap));
+    for (uint32_t l = 0; l < hp->n_layers; l++)
+        if ((o->layer_compress[l] == CMP_CSA && !o->compress_rate_csa) ||
+            (o->layer_compress[l] == CMP_HCA && !o->compress_rate_hca))
+            return wpi_fail(err, cap, WP_E_FORMAT,
+                            W ".compress_kinds[%u]: \"%s\" needs compress_rate_%s", l,
+                            kinds[o->layer_compress[l]], kinds[o->layer_compress[l]]);
+    const wpi_json *v = wpi_json_get(h, "hash_layers");
     if (v && v->type != WPI_JSON_NULL) {
         if (v->type != WPI_JSON_ARRAY || v->len != hp->n_layers)
             return wpi_fail(err, cap, WP_E_FORMAT, W ".hash_layers: expected %u booleans",
@@ -65,7 +92,7 @@ static wp_status hparams(const struct wpi_json *h, wpi_hparams *hp, char *err, s
             int b;
             if (!wpi_json_bool(&v->items[l], &b))
                 return wpi_fail(err, cap, WP_E_FORMAT, W ".hash_layers[%u]: expected a boolean", l);
-            hp->layer_hash[l] = (uint8_t)b;
+            o->layer_hash[l] = (uint8_t)b;
         }
     }
     return WP_OK;
@@ -110,8 +137,8 @@ static wp_status hparams(const struct wpi_json *h, wpi_hparams *hp, char *err, s
 
 static uint32_t cmp_rate(const wpi_hparams *hp, uint32_t l)
 {
-    return hp->layer_compress[l] == WPI_CMP_CSA   ? hp->compress_rate_csa
-           : hp->layer_compress[l] == WPI_CMP_HCA ? hp->compress_rate_hca
+    return own_hp(hp)->layer_compress[l] == CMP_CSA   ? own_hp(hp)->compress_rate_csa
+           : own_hp(hp)->layer_compress[l] == CMP_HCA ? own_hp(hp)->compress_rate_hca
                                                   : 0;
 }
 
@@ -129,7 +156,7 @@ static v4_state state_of(const wpi_hparams *hp, uint32_t l, uint32_t ctx)
     size_t off = (size_t)hp->sliding_window * hd;
     s.m = cmp_rate(hp, l);
     if (s.m) {
-        const int csa = hp->layer_compress[l] == WPI_CMP_CSA;
+        const int csa = own_hp(hp)->layer_compress[l] == CMP_CSA;
         s.slots = csa ? 2 * s.m : s.m;
         s.cw = (uint32_t)(csa ? 2 * hd : hd);
         s.n_ent = ctx / s.m;
@@ -170,8 +197,7 @@ static uint64_t carve(const wpi_hparams *hp, uint32_t C, float *b, v4_scr *o)
 {
     const uint64_t H = hp->hidden_size, hc = hp->hc_mult, hd = hp->head_dim;
     const uint64_t ihd = hp->index_head_dim, ih = hp->index_heads, KI = hp->index_topk;
-    const wpi_hc_dims d = {hp->hc_mult, hp->hidden_size, hp->hc_sinkhorn_iters, hp->hc_eps,
-                           hp->rms_norm_eps};
+    const wpi_hc_dims d = wpi_hc_dims_of(hp);
     uint64_t off = 0;
 #define PART(field, count)                                          \
     do {                                                            \
@@ -195,7 +221,7 @@ static uint64_t carve(const wpi_hparams *hp, uint32_t C, float *b, v4_scr *o)
     PART(iw, C * ih);
     PART(sel, C * KI);
     PART(selw, C * KI);
-    PART(oa, C * hp->o_groups * hp->o_lora_rank);
+    PART(oa, C * own_hp(hp)->o_groups * own_hp(hp)->o_lora_rank);
 #undef PART
     return off;
 }
@@ -210,7 +236,7 @@ static void hc_buffers(wpi_model *m, float **streams, float **post, float **comb
                        float **hcs, float **coll, float **y)
 {
     v4_scr s;
-    carve(m->hp, m->chunk, m->v4_buf, &s);
+    carve(m->hp, m->chunk, own(m)->buf, &s);
     *streams = s.streams;
     *post = s.post;
     *comb = s.comb;
@@ -250,14 +276,12 @@ static void rope_tail(float *v, uint32_t n, uint32_t w, uint32_t rd, const float
 /* Entry of window w from the c/z ring (rows q % slots, cw floats each): per dim, a
  * softmax over the window's slots of z + bias weighting c; with overlap (CSA) the slots
  * are Ca of window w-1 (none for w = 0) then Cb of window w. */
-#define WPI_V4_MAX_RATE 1024
-
 static void compress_window(const float *ring_c, const float *ring_z, uint32_t slots,
                             uint32_t cw, uint32_t m, uint32_t hd, int overlap, uint32_t w,
                             const float *bias, const float *norm, float eps,
                             const float *freqs, uint32_t rd, float *out)
 {
-    float cbuf[512], sbuf[512];
+    float cbuf[MAX_ROPE_DIM / 2], sbuf[MAX_ROPE_DIM / 2];
     float g[2 * WPI_V4_MAX_RATE], v[2 * WPI_V4_MAX_RATE];
     for (uint32_t d = 0; d < hd; d++) {
         uint32_t ns = 0;
@@ -417,31 +441,32 @@ static void v4_attention(wpi_model *m, uint32_t l, const float *x, uint32_t n, u
 {
     const wpi_hparams *hp = m->hp;
     const wpi_layer *L = &m->layers[l];
+    const v4_layer *V = &own(m)->layers[l];
     const uint32_t H = hp->hidden_size, nh = hp->n_heads, hd = hp->head_dim;
     const uint32_t QL = hp->q_lora_rank, RD = hp->rope_dim, half = RD / 2, W = hp->sliding_window;
     const uint32_t ih = hp->index_heads, ihd = hp->index_head_dim;
     const v4_state st = state_of(hp, l, m->ctx);
-    const int csa = hp->layer_compress[l] == WPI_CMP_CSA;
+    const int csa = own_hp(hp)->layer_compress[l] == CMP_CSA;
     v4_scr s;
-    carve(hp, m->chunk, m->v4_buf, &s);
-    float *S = L->cstate;
+    carve(hp, m->chunk, own(m)->buf, &s);
+    float *S = m->kcache + V->cstate;
 
     /* rope of this layer at the chunk's positions */
     const float *cosv = m->rope_cos, *sinv = m->rope_sin;
     if (st.m) {
         for (uint32_t t = 0; t < n; t++)
-            rope_at(m->rope_freqs_c, half, pos + t, s.cc + (size_t)t * half, s.cs + (size_t)t * half);
+            rope_at(own(m)->rope_freqs_c, half, pos + t, s.cc + (size_t)t * half, s.cs + (size_t)t * half);
         cosv = s.cc;
         sinv = s.cs;
     }
 
     /* q, kv */
-    wpi_mm j1[2] = {{&L->wq_a, m->mla_qa, QL}, {&L->wkv, s.kv, hd}};
+    wpi_mm j1[2] = {{&L->wq_a, m->mla_qa, QL}, {&V->wkv, s.kv, hd}};
     wpi_matmul(m, j1, 2, x, H, n);
     for (uint32_t t = 0; t < n; t++) {
         wpi_rmsnorm(m->mla_qa + (size_t)t * QL, m->mla_qa + (size_t)t * QL, L->q_a_norm, QL,
                     hp->rms_norm_eps);
-        wpi_rmsnorm(s.kv + (size_t)t * hd, s.kv + (size_t)t * hd, L->kv_norm, hd, hp->rms_norm_eps);
+        wpi_rmsnorm(s.kv + (size_t)t * hd, s.kv + (size_t)t * hd, V->kv_norm, hd, hp->rms_norm_eps);
         rope_tail(s.kv + (size_t)t * hd, 1, hd, RD, cosv + (size_t)t * half, sinv + (size_t)t * half, 1.0f);
     }
     wpi_mm j2 = {&L->wq_b, m->q, (size_t)nh * hd};
@@ -454,20 +479,20 @@ static void v4_attention(wpi_model *m, uint32_t l, const float *x, uint32_t n, u
 
     /* compressor (and indexer) */
     if (st.m) {
-        wpi_mm jc[2] = {{&L->cmp_kv, s.ckv, st.cw}, {&L->cmp_gate, s.cz, st.cw}};
+        wpi_mm jc[2] = {{&V->cmp_kv, s.ckv, st.cw}, {&V->cmp_gate, s.cz, st.cw}};
         wpi_matmul(m, jc, 2, x, H, n);
         compressor_feed(hp, S + st.c, S + st.z, S + st.ent, &st, hd, csa, s.ckv, s.cz, n, pos,
-                        L->cmp_bias, L->cmp_norm, m->rope_freqs_c);
+                        V->cmp_bias, V->cmp_norm, own(m)->rope_freqs_c);
     }
     if (csa) {
-        wpi_mm ji[3] = {{&L->idx_kv, s.ikv, 2 * ihd}, {&L->idx_gate, s.iz, 2 * ihd},
-                        {&L->idx_w, s.iw, ih}};
+        wpi_mm ji[3] = {{&V->idx_kv, s.ikv, 2 * ihd}, {&V->idx_gate, s.iz, 2 * ihd},
+                        {&V->idx_w, s.iw, ih}};
         wpi_matmul(m, ji, 3, x, H, n);
         v4_state is = st;
         is.cw = 2 * ihd;
         compressor_feed(hp, S + st.ic, S + st.iz, S + st.ient, &is, ihd, 1, s.ikv, s.iz, n, pos,
-                        L->idx_bias, L->idx_norm, m->rope_freqs_c);
-        wpi_mm jq = {&L->idx_q, s.iq, (size_t)ih * ihd};
+                        V->idx_bias, V->idx_norm, own(m)->rope_freqs_c);
+        wpi_mm jq = {&V->idx_q, s.iq, (size_t)ih * ihd};
         wpi_matmul(m, &jq, 1, m->mla_qa, QL, n);
         const float ws = 1.0f / sqrtf((float)ih);
         for (uint32_t t = 0; t < n; t++) {
@@ -490,15 +515,15 @@ static void v4_attention(wpi_model *m, uint32_t l, const float *x, uint32_t n, u
     for (uint32_t t = 0; t < n; t++)
         rope_tail(m->att + (size_t)t * nh * hd, nh, hd, RD, cosv + (size_t)t * half,
                   sinv + (size_t)t * half, -1.0f);
-    const uint32_t G = hp->o_groups, R = hp->o_lora_rank, gin = nh * hd / G;
+    const uint32_t G = own_hp(hp)->o_groups, R = own_hp(hp)->o_lora_rank, gin = nh * hd / G;
     for (uint32_t g = 0; g < G; g++) {
-        wpi_wmat wg = L->wo_a;
-        wg.data = (const char *)L->wo_a.data + (size_t)g * R * wpi_row_bytes(wg.dtype, gin);
+        wpi_wmat wg = V->wo_a;
+        wg.data = (const char *)V->wo_a.data + (size_t)g * R * wpi_row_bytes(wg.dtype, gin);
         wg.rows = R;
         wpi_mm jo = {&wg, s.oa + (size_t)g * R, (size_t)G * R};
         wpi_matmul(m, &jo, 1, m->att + (size_t)g * gin, (size_t)nh * hd, n);
     }
-    wpi_mm jb = {&L->wo_b, out, H};
+    wpi_mm jb = {&V->wo_b, out, H};
     wpi_matmul(m, &jb, 1, s.oa, (size_t)G * R, n);
 }
 
@@ -563,6 +588,7 @@ static wp_status v4_moe(wpi_model *m, uint32_t l, const float *x, uint32_t n, fl
 {
     const wpi_hparams *hp = m->hp;
     const wpi_layer *L = &m->layers[l];
+    const v4_layer *V = &own(m)->layers[l];
     const size_t H = hp->hidden_size, K = hp->top_k, E = hp->n_experts;
 
     wpi_wmat r = {L->router, WPI_F32, hp->n_experts, hp->hidden_size};
@@ -573,8 +599,8 @@ static wp_status v4_moe(wpi_model *m, uint32_t l, const float *x, uint32_t n, fl
         for (size_t e = 0; e < E; e++) sc[e] = sqrt_softplus(sc[e]);
         int32_t *ids = m->topk_id + t * K;
         float *w = m->topk_w + t * K;
-        if (L->hash_ids) {
-            const float *row = L->hash_ids + (size_t)m->tokens[t] * K;
+        if (V->hash_ids) {
+            const float *row = V->hash_ids + (size_t)m->tokens[t] * K;
             for (size_t j = 0; j < K; j++) ids[j] = (int32_t)row[j];
         } else {
             float *ch = m->route_tmp;
@@ -607,9 +633,10 @@ static void v4_lookahead(wpi_model *m, uint32_t l, const float *approx)
 {
     const wpi_hparams *hp = m->hp;
     const wpi_layer *N = &m->layers[l + 1];
+    const v4_layer *NV = &own(m)->layers[l + 1];
     const size_t H = hp->hidden_size, E = hp->n_experts, K = hp->top_k;
-    if (N->hash_ids) { /* the same token picks the next layer's experts: exact */
-        const float *row = N->hash_ids + (size_t)m->tokens[0] * K;
+    if (NV->hash_ids) { /* the same token picks the next layer's experts: exact */
+        const float *row = NV->hash_ids + (size_t)m->tokens[0] * K;
         for (size_t j = 0; j < K; j++) m->la_ids[j] = (int32_t)row[j];
     } else {
         wpi_rmsnorm(m->xg, approx, N->ffn_norm, H, hp->rms_norm_eps);
@@ -633,31 +660,28 @@ static wp_status check(const wpi_container *c, char *err, size_t cap)
 #define HP(cond, ...) \
     if (!(cond)) return wpi_fail(err, cap, WP_E_FORMAT, "deepseek_v4: " __VA_ARGS__)
     TRY(wpi_hparams_check(hp, err, cap));
-    HP(hp->hc_mult >= 1 && hp->hc_mult <= WPI_HC_MAX && hp->hc_sinkhorn_iters >= 1,
-       "hc_mult %u must be in 1..%u and hc_sinkhorn_iters >= 1", hp->hc_mult, WPI_HC_MAX);
+    HP(hp->hc_mult >= 1 && hp->hc_sinkhorn_iters >= 1,
+       "hc_mult %u and hc_sinkhorn_iters must be >= 1", hp->hc_mult);
     HP(hp->n_kv_heads == 1, "n_heads %u share one key/value head (n_kv_heads %u)", hp->n_heads,
        hp->n_kv_heads);
     HP(hp->head_dim >= 2, "head_dim %u", hp->head_dim);
-    HP(hp->rope_dim <= 1024, "rope_dim %u must be <= 1024", hp->rope_dim);
+    HP(hp->rope_dim <= MAX_ROPE_DIM, "rope_dim %u must be <= %d", hp->rope_dim, MAX_ROPE_DIM);
     HP(hp->q_lora_rank > 0, "q_lora_rank must be > 0");
     HP(hp->sliding_window >= 1, "sliding_window must be >= 1");
-    HP(hp->o_groups >= 1 && (hp->n_heads * hp->head_dim) % hp->o_groups == 0 &&
-           hp->o_lora_rank >= 1,
-       "o_groups %u must divide n_heads * head_dim and o_lora_rank be >= 1", hp->o_groups);
-    HP(hp->attn_scale > 0 && hp->rms_norm_eps >= 0, "attn_scale / rms_norm_eps");
+    HP(own_hp(hp)->o_groups >= 1 && (hp->n_heads * hp->head_dim) % own_hp(hp)->o_groups == 0 &&
+           own_hp(hp)->o_lora_rank >= 1,
+       "o_groups %u must divide n_heads * head_dim and o_lora_rank be >= 1", own_hp(hp)->o_groups);
     HP(hp->qk_norm == WPI_QK_NONE && hp->clip_qkv == 0 && !hp->shared_expert_gate,
        "no qk_norm, clip_qkv or shared expert gate");
     HP(hp->scoring == WPI_SCORE_SQRTSOFTPLUS, "scoring_func must be \"sqrtsoftplus\"");
-    HP(hp->n_experts > 0 && hp->n_experts <= 4096 && hp->top_k > 0 &&
+    HP(hp->n_experts > 0 && hp->top_k > 0 &&
            hp->top_k <= hp->n_experts && hp->moe_intermediate_size > 0,
        "n_experts %u, top_k %u, moe_intermediate_size %u", hp->n_experts, hp->top_k,
        hp->moe_intermediate_size);
-    HP(hp->compress_rate_csa <= WPI_V4_MAX_RATE && hp->compress_rate_hca <= WPI_V4_MAX_RATE,
-       "compression rates must be <= %d", WPI_V4_MAX_RATE);
     int any_csa = 0, any_cmp = 0;
     for (uint32_t l = 0; l < hp->n_layers; l++) {
-        any_csa |= hp->layer_compress[l] == WPI_CMP_CSA;
-        any_cmp |= hp->layer_compress[l] != WPI_CMP_NONE;
+        any_csa |= own_hp(hp)->layer_compress[l] == CMP_CSA;
+        any_cmp |= own_hp(hp)->layer_compress[l] != CMP_NONE;
         HP(hp->layer_is_moe[l], "layer %u: every layer is MoE", l);
     }
     if (any_csa)
@@ -667,7 +691,7 @@ static wp_status check(const wpi_container *c, char *err, size_t cap)
     const uint64_t H = hp->hidden_size, NH = hp->n_heads, hd = hp->head_dim;
     const uint64_t QL = hp->q_lora_rank, hc = hp->hc_mult, R = (2 + hc) * hc;
     const uint64_t ihd = hp->index_head_dim, ih = hp->index_heads;
-    const uint64_t G = hp->o_groups, OR = hp->o_lora_rank, S = hp->shared_expert_intermediate_size;
+    const uint64_t G = own_hp(hp)->o_groups, OR = own_hp(hp)->o_lora_rank, S = hp->shared_expert_intermediate_size;
     TRY(wpi_need_matrix(c, "token_embd.weight", hp->vocab_size, H, err, cap));
     TRY(wpi_need_vector(c, "output_norm.weight", H, err, cap));
     if (!hp->tie_word_embeddings)
@@ -696,15 +720,15 @@ static wp_status check(const wpi_container *c, char *err, size_t cap)
         TRY(wpi_need_matrix(c, NAME("attn_output_a.weight"), G * OR, NH * hd / G, err, cap));
         TRY(wpi_need_matrix(c, NAME("attn_output_b.weight"), H, G * OR, err, cap));
         TRY(wpi_need_vector(c, NAME("attn_sinks"), NH, err, cap));
-        const int k = hp->layer_compress[l];
-        if (k != WPI_CMP_NONE) {
-            const uint64_t m = k == WPI_CMP_CSA ? hp->compress_rate_csa : hp->compress_rate_hca;
-            const uint64_t w = k == WPI_CMP_CSA ? 2 * hd : hd;
+        const int k = own_hp(hp)->layer_compress[l];
+        if (k != CMP_NONE) {
+            const uint64_t m = k == CMP_CSA ? own_hp(hp)->compress_rate_csa : own_hp(hp)->compress_rate_hca;
+            const uint64_t w = k == CMP_CSA ? 2 * hd : hd;
             TRY(wpi_need_matrix(c, NAME("attn_cmp_kv.weight"), w, H, err, cap));
             TRY(wpi_need_matrix(c, NAME("attn_cmp_gate.weight"), w, H, err, cap));
             TRY(wpi_need_vector(c, NAME("attn_cmp_bias"), m * w, err, cap));
             TRY(wpi_need_vector(c, NAME("attn_cmp_norm.weight"), hd, err, cap));
-            if (k == WPI_CMP_CSA) {
+            if (k == CMP_CSA) {
                 TRY(wpi_need_matrix(c, NAME("attn_idx_kv.weight"), 2 * ihd, H, err, cap));
                 TRY(wpi_need_matrix(c, NAME("attn_idx_gate.weight"), 2 * ihd, H, err, cap));
                 TRY(wpi_need_vector(c, NAME("attn_idx_bias"), m * 2 * ihd, err, cap));
@@ -714,7 +738,7 @@ static wp_status check(const wpi_container *c, char *err, size_t cap)
             }
         }
         TRY(wpi_need_f32_matrix(c, NAME("ffn_gate_inp.weight"), hp->n_experts, H, err, cap));
-        if (hp->layer_hash[l]) {
+        if (own_hp(hp)->layer_hash[l]) {
             TRY(wpi_need_f32_matrix(c, NAME("ffn_hash_ids"), hp->vocab_size, hp->top_k, err, cap));
             const float *t = wpi_container_tensor(c, NAME("ffn_hash_ids"))->data;
             if (t) /* resident once loaded: every id names an expert */
@@ -738,25 +762,15 @@ static wp_status check(const wpi_container *c, char *err, size_t cap)
     return WP_OK;
 }
 
-static wpi_hc_dims dims(const wpi_hparams *hp)
-{
-    wpi_hc_dims d = {hp->hc_mult, hp->hidden_size, hp->hc_sinkhorn_iters, hp->hc_eps,
-                     hp->rms_norm_eps};
-    return d;
-}
-
 static wp_status layer_forward(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
 {
     const wpi_hparams *hp = m->hp;
     const wpi_layer *L = &m->layers[l];
     const size_t H = hp->hidden_size, hc = hp->hc_mult;
-    const wpi_hc_dims d = dims(hp);
+    const wpi_hc_dims d = wpi_hc_dims_of(hp);
     float *streams, *post, *comb, *hcs, *coll, *y;
     hc_buffers(m, &streams, &post, &comb, &hcs, &coll, &y);
-    if (l == 0)
-        for (uint32_t t = 0; t < n; t++)
-            for (size_t k = 0; k < hc; k++)
-                memcpy(streams + (t * hc + k) * H, m->x + t * H, H * sizeof(float));
+    if (l == 0) wpi_hc_expand(&d, m->x, n, streams);
 
     wpi_hc_pre(m->k, m->pool, &d, L->hc_attn_fn, L->hc_attn_base, L->hc_attn_scale, streams,
                n, post, comb, coll, H, hcs);
@@ -781,7 +795,7 @@ static wp_status layer_forward(wpi_model *m, uint32_t l, uint32_t n, uint32_t po
     }
 
     if (l + 1 == hp->n_layers) {
-        wpi_hc_head(m->k, m->pool, &d, m->hc_head_fn, m->hc_head_base, m->hc_head_scale,
+        wpi_hc_head(m->k, m->pool, &d, own(m)->hc_head_fn, own(m)->hc_head_base, own(m)->hc_head_scale,
                     streams, n, m->x, H, hcs);
     }
     return WP_OK;
@@ -797,15 +811,17 @@ static void state_bytes(const wpi_hparams *hp, uint32_t ctx, uint64_t out[WP_STA
     for (uint32_t l = 0; l < hp->n_layers; l++) {
         const uint64_t rest = layer_state_floats(hp, l, ctx) - win;
         out[WP_STATE_WINDOW] += win * F;
-        out[hp->layer_compress[l] == WPI_CMP_CSA   ? WP_STATE_CSA
-            : hp->layer_compress[l] == WPI_CMP_HCA ? WP_STATE_HCA
+        out[own_hp(hp)->layer_compress[l] == CMP_CSA   ? WP_STATE_CSA
+            : own_hp(hp)->layer_compress[l] == CMP_HCA ? WP_STATE_HCA
                                                    : WP_STATE_WINDOW] += rest * F;
     }
 }
 
 static void scratch(const wpi_hparams *hp, uint32_t chunk, wpi_model *m, wpi_carve *cv)
 {
-    WPI_CARVE(cv, m, v4_buf, float, scratch_floats(hp, chunk));
+    v4_model *a = wpi_carve_own(cv, m, sizeof *a);
+    WPI_CARVE(cv, a, layers, v4_layer, hp->n_layers);
+    WPI_CARVE(cv, a, buf, float, scratch_floats(hp, chunk));
 }
 
 /* Its tensors, and kv as one state block per layer. */
@@ -813,28 +829,28 @@ static void bind(wpi_model *m, const wpi_container *c, void *kv)
 {
     const wpi_hparams *hp = m->hp;
     size_t off = 0;
-    m->rope_freqs_c = wpi_bind_vec(c, "rope_freqs_compress", 0);
-    m->hc_head_fn = wpi_bind_vec(c, "hc_head.fn", 0);
-    m->hc_head_base = wpi_bind_vec(c, "hc_head.base", 0);
-    m->hc_head_scale = wpi_bind_vec(c, "hc_head.scale", 0);
+    own(m)->rope_freqs_c = wpi_bind_vec(c, "rope_freqs_compress", 0);
+    own(m)->hc_head_fn = wpi_bind_vec(c, "hc_head.fn", 0);
+    own(m)->hc_head_base = wpi_bind_vec(c, "hc_head.base", 0);
+    own(m)->hc_head_scale = wpi_bind_vec(c, "hc_head.scale", 0);
     for (uint32_t l = 0; l < hp->n_layers; l++) {
-        wpi_layer *L = &m->layers[l];
-        L->wkv = wpi_bind_mat(c, "blk.%u.attn_kv.weight", l);
-        L->kv_norm = wpi_bind_vec(c, "blk.%u.attn_kv_norm.weight", l);
-        L->wo_a = wpi_bind_mat(c, "blk.%u.attn_output_a.weight", l);
-        L->wo_b = wpi_bind_mat(c, "blk.%u.attn_output_b.weight", l);
-        L->cmp_kv = wpi_bind_mat(c, "blk.%u.attn_cmp_kv.weight", l);
-        L->cmp_gate = wpi_bind_mat(c, "blk.%u.attn_cmp_gate.weight", l);
-        L->cmp_bias = wpi_bind_vec(c, "blk.%u.attn_cmp_bias", l);
-        L->cmp_norm = wpi_bind_vec(c, "blk.%u.attn_cmp_norm.weight", l);
-        L->idx_kv = wpi_bind_mat(c, "blk.%u.attn_idx_kv.weight", l);
-        L->idx_gate = wpi_bind_mat(c, "blk.%u.attn_idx_gate.weight", l);
-        L->idx_q = wpi_bind_mat(c, "blk.%u.attn_idx_q.weight", l);
-        L->idx_w = wpi_bind_mat(c, "blk.%u.attn_idx_w.weight", l);
-        L->idx_bias = wpi_bind_vec(c, "blk.%u.attn_idx_bias", l);
-        L->idx_norm = wpi_bind_vec(c, "blk.%u.attn_idx_norm.weight", l);
-        L->hash_ids = hp->layer_hash[l] ? wpi_bind_vec(c, "blk.%u.ffn_hash_ids", l) : NULL;
-        L->cstate = (float *)kv + off;
+        v4_layer *V = &own(m)->layers[l];
+        V->wkv = wpi_bind_mat(c, "blk.%u.attn_kv.weight", l);
+        V->kv_norm = wpi_bind_vec(c, "blk.%u.attn_kv_norm.weight", l);
+        V->wo_a = wpi_bind_mat(c, "blk.%u.attn_output_a.weight", l);
+        V->wo_b = wpi_bind_mat(c, "blk.%u.attn_output_b.weight", l);
+        V->cmp_kv = wpi_bind_mat(c, "blk.%u.attn_cmp_kv.weight", l);
+        V->cmp_gate = wpi_bind_mat(c, "blk.%u.attn_cmp_gate.weight", l);
+        V->cmp_bias = wpi_bind_vec(c, "blk.%u.attn_cmp_bias", l);
+        V->cmp_norm = wpi_bind_vec(c, "blk.%u.attn_cmp_norm.weight", l);
+        V->idx_kv = wpi_bind_mat(c, "blk.%u.attn_idx_kv.weight", l);
+        V->idx_gate = wpi_bind_mat(c, "blk.%u.attn_idx_gate.weight", l);
+        V->idx_q = wpi_bind_mat(c, "blk.%u.attn_idx_q.weight", l);
+        V->idx_w = wpi_bind_mat(c, "blk.%u.attn_idx_w.weight", l);
+        V->idx_bias = wpi_bind_vec(c, "blk.%u.attn_idx_bias", l);
+        V->idx_norm = wpi_bind_vec(c, "blk.%u.attn_idx_norm.weight", l);
+        V->hash_ids = own_hp(hp)->layer_hash[l] ? wpi_bind_vec(c, "blk.%u.ffn_hash_ids", l) : NULL;
+        V->cstate = off;
         off += layer_state_floats(hp, l, m->ctx);
     }
 }
@@ -842,7 +858,7 @@ static void bind(wpi_model *m, const wpi_container *c, void *kv)
 /* A layer's whole state block is its part 0, whatever the position. */
 static size_t state_part(const wpi_model *m, uint32_t l, int v, uint32_t pos, float **at)
 {
-    *at = m->layers[l].cstate;
+    *at = m->kcache + own(m)->layers[l].cstate;
     return v ? 0 : layer_state_floats(m->hp, l, m->ctx) * sizeof(float);
 }
 
@@ -853,12 +869,6 @@ static const char *no_truncate(const wpi_hparams *hp)
 
 const wpi_arch wpi_arch_deepseek_v4 = {
     .name = "deepseek_v4",
-    .hparams = hparams,
-    .check = check,
-    .state_bytes = state_bytes,
-    .scratch = scratch,
-    .bind = bind,
-    .state_part = state_part,
+    WPI_ARCH_OWN_HOOKS,
     .no_truncate = no_truncate,
-    .layer_forward = layer_forward,
 };

@@ -35,5 +35,5 @@ static wp_status check(const wpi_container *c, char *err, size_t cap)
 const wpi_arch wpi_arch_glm4_moe = {
     .name = "glm4_moe",
     .check = check,
-    .layer_forward = wpi_moe_decoder_layer,
+    WPI_MOE_DECODER_HOOKS,
 };

@@ -21,7 +21,47 @@
 #include "arch.h"
 #include "json.h"
 
-#define MAX_SEL 1024 /* index_topk / index_kpool: pools one token may select */
+#define MAX_SEL WPI_MLA_MAX_POOLS /* index_topk / index_kpool: pools one token may select */
+#define MAX_KPOOL 4096 /* index_kpool: a pool's softmax weights on the stack */
+
+enum { INDEX_NONE = 0, INDEX_FULL = 1, INDEX_SHARED = 2 }; /* per layer (index_kinds) */
+
+/* Its own hparams (hp->arch): the DSA indexer's pools. */
+typedef struct glm5_hp {
+    uint32_t index_kpool;
+    int32_t index_tail;                     /* bool: the incomplete pool is always attended */
+    uint8_t layer_index[WPI_MAX_LAYERS];    /* INDEX_* per layer */
+} glm5_hp;
+WPI_OWN_HPARAMS(glm5_hp)
+
+/* The indexer tensors of an INDEX_FULL layer. */
+typedef struct glm5_layer {
+    wpi_wmat idx_q;                   /* [index_heads*index_head_dim, q_lora_rank] */
+    wpi_wmat idx_w;                   /* [index_heads, hidden] */
+    wpi_wmat idx_gate, idx_k;         /* [index_head_dim, hidden] */
+    const float *idx_k_norm, *idx_k_norm_b; /* LayerNorm [index_head_dim] */
+    const float *idx_ape;             /* [index_kpool, index_head_dim] */
+    uint32_t idx_slot;                /* this layer's block of idx_cache(m) */
+} glm5_layer;
+/* Its model state (m->arch, carved by scratch; shared by a context's sequences, so it
+ * holds no pointer into a sequence's state). */
+typedef struct glm5_model {
+    glm5_layer *layers;          /* [n_layers] */
+    float *hc_x;                 /* [C, hc_mult, hidden] hyper-connection streams */
+    float *hc_post, *hc_comb;    /* [C, hc_mult], [C, hc_mult, hc_mult] */
+    float *hc_scr;               /* wpi_hc_scratch_floats(C) */
+    float *idx_q;                /* [C, index_heads * index_head_dim] indexer queries */
+    float *idx_wt;               /* [C, index_heads] indexer head weights */
+    int32_t *idx_sel;            /* [C, index_topk / index_kpool] selected pools, ascending */
+    int32_t *idx_nsel;           /* [C] */
+} glm5_model;
+WPI_OWN_MODEL(glm5_model)
+
+/* The indexer rows of m's sequence: [indexer layers][ctx][dsa_row_floats], after kda_state. */
+static float *idx_cache(const wpi_model *m)
+{
+    return m->kda_state + (size_t)wpi_kda_layers(m->hp) * wpi_kda_state_floats(m->hp);
+}
 
 /* ---- hparams: the keys only glm5_next reads ----------------------------------------- */
 
@@ -29,30 +69,19 @@
 
 static wp_status index_kinds(const wpi_json *h, wpi_hparams *hp, char *err, size_t cap)
 {
-    memset(hp->layer_index, WPI_INDEX_NONE, sizeof hp->layer_index);
-    const wpi_json *v = wpi_json_get(h, "index_kinds");
-    if (!v || v->type == WPI_JSON_NULL) return WP_OK;
-    if (v->type != WPI_JSON_ARRAY || v->len != hp->n_layers)
-        return wpi_fail(err, cap, WP_E_FORMAT, W ".index_kinds: expected %u strings",
-                        hp->n_layers);
+    glm5_hp *o = own_hp(hp);
+    memset(o->layer_index, INDEX_NONE, sizeof o->layer_index);
+    static const char *const kinds[] = {[INDEX_NONE] = "none", [INDEX_FULL] = "full",
+                                        [INDEX_SHARED] = "shared"};
+    TRY(wpi_hparam_kinds(h, "index_kinds", kinds, 3, hp->n_layers, o->layer_index, err, cap));
     for (uint32_t l = 0; l < hp->n_layers; l++) {
-        const char *k = wpi_json_str(&v->items[l]);
-        if (k && !strcmp(k, "none"))
-            hp->layer_index[l] = WPI_INDEX_NONE;
-        else if (k && !strcmp(k, "full"))
-            hp->layer_index[l] = WPI_INDEX_FULL;
-        else if (k && !strcmp(k, "shared"))
-            hp->layer_index[l] = WPI_INDEX_SHARED;
-        else
-            return wpi_fail(err, cap, WP_E_FORMAT,
-                            W ".index_kinds[%u]: expected \"none\", \"full\" or \"shared\"", l);
-        if (hp->layer_index[l] != WPI_INDEX_NONE && !hp->index_heads)
+        if (o->layer_index[l] != INDEX_NONE && !hp->index_heads)
             return wpi_fail(err, cap, WP_E_FORMAT,
                             W ".index_kinds[%u]: an indexer needs index_heads, index_head_dim, "
                               "index_topk and index_kpool", l);
         /* a shared layer reuses the selection of the layer right before it */
-        if (hp->layer_index[l] == WPI_INDEX_SHARED &&
-            (l == 0 || hp->layer_index[l - 1] != WPI_INDEX_FULL))
+        if (o->layer_index[l] == INDEX_SHARED &&
+            (l == 0 || o->layer_index[l - 1] != INDEX_FULL))
             return wpi_fail(err, cap, WP_E_FORMAT,
                             W ".index_kinds[%u]: \"shared\" must follow a \"full\" layer", l);
     }
@@ -62,29 +91,34 @@ static wp_status index_kinds(const wpi_json *h, wpi_hparams *hp, char *err, size
 /* The DSA indexer's pools (index_kpool, index_tail, index_kinds), after the shared
  * blocks' keys (which include the indexer's shape: index_heads, index_head_dim,
  * index_topk). Absent means off. */
+static const wpi_hp_bound bounds[] = {
+    WPI_HP_U32(glm5_hp, index_kpool, 1, MAX_KPOOL),
+};
+
 static wp_status hparams(const struct wpi_json *h, wpi_hparams *hp, char *err, size_t cap)
 {
+    glm5_hp *o = own_hp(hp);
     TRY(wpi_hparams_shared(h, hp, err, cap));
-    TRY(wpi_hparam_u32(h, "index_kpool", hp, err, cap));
-    if (hp->index_kpool && (!hp->index_heads || !hp->index_head_dim || !hp->index_topk))
+    TRY(wpi_hparams_bounds(h, bounds, sizeof bounds / sizeof bounds[0], o, err, cap));
+    if (own_hp(hp)->index_kpool && (!hp->index_heads || !hp->index_head_dim || !hp->index_topk))
         return wpi_fail(err, cap, WP_E_FORMAT,
                         W ": index_kpool needs index_heads, index_head_dim and index_topk");
-    if (hp->index_kpool) {
-        if (hp->index_topk % hp->index_kpool)
+    if (own_hp(hp)->index_kpool) {
+        if (hp->index_topk % own_hp(hp)->index_kpool)
             return wpi_fail(err, cap, WP_E_FORMAT,
                             W ".index_topk: %u is not a multiple of index_kpool %u",
-                            hp->index_topk, hp->index_kpool);
-        if (hp->index_topk / hp->index_kpool > MAX_SEL)
+                            hp->index_topk, own_hp(hp)->index_kpool);
+        if (hp->index_topk / own_hp(hp)->index_kpool > MAX_SEL)
             return wpi_fail(err, cap, WP_E_FORMAT,
                             W ".index_topk: more than %u pools per token", MAX_SEL);
     }
-    hp->index_tail = hp->index_kpool > 0;
+    own_hp(hp)->index_tail = own_hp(hp)->index_kpool > 0;
     const wpi_json *v = wpi_json_get(h, "index_tail");
     if (v && v->type != WPI_JSON_NULL) {
         int b;
         if (!wpi_json_bool(v, &b))
             return wpi_fail(err, cap, WP_E_FORMAT, W ".index_tail: expected true or false");
-        hp->index_tail = b;
+        own_hp(hp)->index_tail = b;
     }
     return index_kinds(h, hp, err, cap);
 }
@@ -114,14 +148,14 @@ static wp_status hparams(const struct wpi_json *h, wpi_hparams *hp, char *err, s
 
 static uint64_t dsa_row_floats(const wpi_hparams *hp)
 {
-    return hp->index_kpool ? 3ull * hp->index_head_dim : 0;
+    return own_hp(hp)->index_kpool ? 3ull * hp->index_head_dim : 0;
 }
 
 static uint32_t dsa_layers(const wpi_hparams *hp)
 {
     uint32_t n = 0;
     for (uint32_t l = 0; l < hp->n_layers; l++)
-        n += hp->layer_index[l] == WPI_INDEX_FULL && hp->layer_attn[l] != WPI_ATTN_KDA;
+        n += own_hp(hp)->layer_index[l] == INDEX_FULL && hp->layer_attn[l] != WPI_ATTN_KDA;
     return n;
 }
 
@@ -139,11 +173,11 @@ static void layer_norm(float *x, uint32_t n, const float *w, const float *b)
 /* The key of the pool ending at position p, from its tokens' rows, into row p. */
 static void pool_key(const wpi_hparams *hp, const float *ape, float *rows, uint32_t p)
 {
-    const uint32_t D = hp->index_head_dim, P = hp->index_kpool;
+    const uint32_t D = hp->index_head_dim, P = own_hp(hp)->index_kpool;
     const size_t RW = 3 * (size_t)D;
     const float *first = rows + (size_t)(p + 1 - P) * RW;
     float *key = rows + (size_t)p * RW + 2 * D;
-    float e[4096];
+    float e[MAX_KPOOL];
     for (uint32_t c = 0; c < D; c++) {
         float mx = -INFINITY, sum = 0, acc = 0;
         for (uint32_t i = 0; i < P; i++) {
@@ -167,16 +201,16 @@ static void select_task(void *arg, uint32_t t)
     const sel_ctx *a = arg;
     wpi_model *m = a->m;
     const wpi_hparams *hp = m->hp;
-    const uint32_t D = hp->index_head_dim, NI = hp->index_heads, P = hp->index_kpool;
+    const uint32_t D = hp->index_head_dim, NI = hp->index_heads, P = own_hp(hp)->index_kpool;
     const uint32_t per = hp->index_topk / P, p = a->pos + t, nvis = (p + 1) / P;
     const size_t RW = 3 * (size_t)D;
-    int32_t *sel = m->idx_sel + (size_t)t * per;
+    int32_t *sel = own(m)->idx_sel + (size_t)t * per;
     if (nvis <= per) {
         for (uint32_t j = 0; j < nvis; j++) sel[j] = (int32_t)j;
-        m->idx_nsel[t] = (int32_t)nvis;
+        own(m)->idx_nsel[t] = (int32_t)nvis;
         return;
     }
-    const float *q = m->idx_q + (size_t)t * NI * D, *w = m->idx_wt + (size_t)t * NI;
+    const float *q = own(m)->idx_q + (size_t)t * NI * D, *w = own(m)->idx_wt + (size_t)t * NI;
     const float scale = 1.0f / sqrtf((float)D);
     float best[MAX_SEL];
     int32_t ids[MAX_SEL];
@@ -197,27 +231,27 @@ static void select_task(void *arg, uint32_t t)
             ids[k - 1] = tmp;
         }
     memcpy(sel, ids, per * sizeof(int32_t));
-    m->idx_nsel[t] = (int32_t)per;
+    own(m)->idx_nsel[t] = (int32_t)per;
 }
 
 static void dsa_index(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
 {
     const wpi_hparams *hp = m->hp;
-    const wpi_layer *L = &m->layers[l];
-    const uint32_t D = hp->index_head_dim, NI = hp->index_heads, P = hp->index_kpool;
+    const glm5_layer *G = &own(m)->layers[l];
+    const uint32_t D = hp->index_head_dim, NI = hp->index_heads, P = own_hp(hp)->index_kpool;
     const size_t H = hp->hidden_size, RW = 3 * (size_t)D;
-    float *rows = m->idx_cache + (size_t)L->idx_slot * m->ctx * RW;
+    float *rows = idx_cache(m) + (size_t)G->idx_slot * m->ctx * RW;
     float *r0 = rows + (size_t)pos * RW;
 
-    wpi_mm a[3] = {{&L->idx_k, r0, RW}, {&L->idx_gate, r0 + D, RW}, {&L->idx_w, m->idx_wt, NI}};
+    wpi_mm a[3] = {{&G->idx_k, r0, RW}, {&G->idx_gate, r0 + D, RW}, {&G->idx_w, own(m)->idx_wt, NI}};
     wpi_matmul(m, a, 3, m->xn, H, n);
-    wpi_mm b = {&L->idx_q, m->idx_q, (size_t)NI * D};
+    wpi_mm b = {&G->idx_q, own(m)->idx_q, (size_t)NI * D};
     wpi_matmul(m, &b, 1, m->mla_qa, hp->q_lora_rank, n);
     const float ws = 1.0f / sqrtf((float)NI);
     for (uint32_t t = 0; t < n; t++) {
-        layer_norm(r0 + t * RW, D, L->idx_k_norm, L->idx_k_norm_b);
-        for (uint32_t h = 0; h < NI; h++) m->idx_wt[(size_t)t * NI + h] *= ws;
-        if ((pos + t + 1) % P == 0) pool_key(hp, L->idx_ape, rows, pos + t);
+        layer_norm(r0 + t * RW, D, G->idx_k_norm, G->idx_k_norm_b);
+        for (uint32_t h = 0; h < NI; h++) own(m)->idx_wt[(size_t)t * NI + h] *= ws;
+        if ((pos + t + 1) % P == 0) pool_key(hp, G->idx_ape, rows, pos + t);
     }
 
     sel_ctx c = {m, rows, pos};
@@ -245,13 +279,13 @@ static wp_status check_hparams(const wpi_hparams *hp, char *err, size_t cap)
     HP(hp->kda_heads && hp->kda_head_dim && hp->kda_conv,
        "kda_heads, kda_head_dim and kda_conv are needed");
     HP(hp->swiglu_alpha == 0, "no swiglu_alpha (the SwiGLU clamp is swiglu_limit alone)");
-    HP(hp->index_kpool && hp->index_tail,
+    HP(own_hp(hp)->index_kpool && own_hp(hp)->index_tail,
        "the DSA indexer (index_*) with index_tail is needed");
     for (uint32_t l = 0; l < hp->n_layers; l++) {
         HP(hp->layer_attn[l] != WPI_ATTN_SLIDING, "layer %u: sliding attention", l);
-        HP(hp->layer_attn[l] == WPI_ATTN_KDA || hp->layer_index[l] != WPI_INDEX_NONE,
+        HP(hp->layer_attn[l] == WPI_ATTN_KDA || own_hp(hp)->layer_index[l] != INDEX_NONE,
            "layer %u: an MLA layer needs index_kinds \"full\" or \"shared\"", l);
-        HP(hp->layer_attn[l] != WPI_ATTN_KDA || hp->layer_index[l] == WPI_INDEX_NONE,
+        HP(hp->layer_attn[l] != WPI_ATTN_KDA || own_hp(hp)->layer_index[l] == INDEX_NONE,
            "layer %u: a KDA layer has no indexer (index_kinds \"none\")", l);
     }
 #undef HP
@@ -290,14 +324,14 @@ static wp_status check(const wpi_container *c, char *err, size_t cap)
         TRY(wpi_need_matrix(c, NAME("attn_kv_b.weight"),
                             NH * (hp->qk_nope_head_dim + hp->v_head_dim), R, err, cap));
         TRY(wpi_need_matrix(c, NAME("attn_output.weight"), H, NH * hp->v_head_dim, err, cap));
-        if (hp->layer_index[l] != WPI_INDEX_FULL) continue;
+        if (own_hp(hp)->layer_index[l] != INDEX_FULL) continue;
         TRY(wpi_need_matrix(c, NAME("attn_idx_q.weight"), NI * ID, QL, err, cap));
         TRY(wpi_need_matrix(c, NAME("attn_idx_k.weight"), ID, H, err, cap));
         TRY(wpi_need_matrix(c, NAME("attn_idx_gate.weight"), ID, H, err, cap));
         TRY(wpi_need_matrix(c, NAME("attn_idx_w.weight"), NI, H, err, cap));
         TRY(wpi_need_vector(c, NAME("attn_idx_k_norm.weight"), ID, err, cap));
         TRY(wpi_need_vector(c, NAME("attn_idx_k_norm.bias"), ID, err, cap));
-        TRY(wpi_need_vector(c, NAME("attn_idx_ape"), (uint64_t)hp->index_kpool * ID, err, cap));
+        TRY(wpi_need_vector(c, NAME("attn_idx_ape"), (uint64_t)own_hp(hp)->index_kpool * ID, err, cap));
 #undef NAME
     }
     return WP_OK;
@@ -307,39 +341,38 @@ static wp_status layer_forward(wpi_model *m, uint32_t l, uint32_t n, uint32_t po
 {
     const wpi_hparams *hp = m->hp;
     const wpi_layer *L = &m->layers[l];
-    const size_t H = hp->hidden_size, S = (size_t)hp->hc_mult * H;
-    const wpi_hc_dims d = {hp->hc_mult, hp->hidden_size, hp->hc_sinkhorn_iters, hp->hc_eps,
-                           hp->rms_norm_eps};
-    if (l == 0) /* the embedding into every stream */
-        for (uint32_t t = 0; t < n; t++)
-            for (uint32_t s = 0; s < hp->hc_mult; s++)
-                memcpy(m->hc_x + t * S + s * H, m->x + t * H, H * sizeof(float));
+    const size_t H = hp->hidden_size;
+    const wpi_hc_dims d = wpi_hc_dims_of(hp);
+    if (l == 0) wpi_hc_expand(&d, m->x, n, own(m)->hc_x); /* the embedding into every stream */
 
     /* attention: the block reads x and leaves its output in xn */
-    wpi_hc_pre(m->k, m->pool, &d, L->hc_attn_fn, L->hc_attn_base, L->hc_attn_scale, m->hc_x,
-               n, m->hc_post, m->hc_comb, m->x, H, m->hc_scr);
+    wpi_hc_pre(m->k, m->pool, &d, L->hc_attn_fn, L->hc_attn_base, L->hc_attn_scale, own(m)->hc_x,
+               n, own(m)->hc_post, own(m)->hc_comb, m->x, H, own(m)->hc_scr);
     if (hp->layer_attn[l] == WPI_ATTN_KDA) {
         wpi_kda_block(m, l, n, pos);
     } else {
         wpi_mla_project(m, l, n, pos);
-        if (hp->layer_index[l] == WPI_INDEX_FULL) dsa_index(m, l, n, pos);
-        wpi_mla_attend(m, l, n, pos, 1);
+        if (own_hp(hp)->layer_index[l] == INDEX_FULL) dsa_index(m, l, n, pos);
+        const glm5_hp *o = own_hp(hp);
+        const wpi_mla_pools ps = {own(m)->idx_sel, own(m)->idx_nsel, o->index_kpool,
+                                  hp->index_topk / o->index_kpool, o->index_tail};
+        wpi_mla_attend(m, l, n, pos, &ps);
     }
-    wpi_hc_post(m->pool, &d, m->hc_x, m->xn, H, m->hc_post, m->hc_comb, n);
+    wpi_hc_post(m->pool, &d, own(m)->hc_x, m->xn, H, own(m)->hc_post, own(m)->hc_comb, n);
 
     /* FFN: the block reads x and leaves its output in moe_out */
-    wpi_hc_pre(m->k, m->pool, &d, L->hc_ffn_fn, L->hc_ffn_base, L->hc_ffn_scale, m->hc_x, n,
-               m->hc_post, m->hc_comb, m->x, H, m->hc_scr);
+    wpi_hc_pre(m->k, m->pool, &d, L->hc_ffn_fn, L->hc_ffn_base, L->hc_ffn_scale, own(m)->hc_x, n,
+               own(m)->hc_post, own(m)->hc_comb, m->x, H, own(m)->hc_scr);
     if (L->is_moe) {
         wp_status st = wpi_moe_block(m, l, n);
         if (st != WP_OK) return st;
     } else {
         wpi_ffn_block(m, l, n);
     }
-    wpi_hc_post(m->pool, &d, m->hc_x, m->moe_out, H, m->hc_post, m->hc_comb, n);
+    wpi_hc_post(m->pool, &d, own(m)->hc_x, m->moe_out, H, own(m)->hc_post, own(m)->hc_comb, n);
 
     if (l + 1 == hp->n_layers) /* the final norm reads x: the streams' mean */
-        wpi_hc_head(m->k, m->pool, &d, NULL, NULL, NULL, m->hc_x, n, m->x, H, NULL);
+        wpi_hc_head(m->k, m->pool, &d, NULL, NULL, NULL, own(m)->hc_x, n, m->x, H, NULL);
     return WP_OK;
 }
 
@@ -349,7 +382,7 @@ static wp_status layer_forward(wpi_model *m, uint32_t l, uint32_t n, uint32_t po
 /* An MLA layer with its own indexer (index_kinds "full"). */
 static int is_indexer(const wpi_hparams *hp, uint32_t l)
 {
-    return hp->layer_index[l] == WPI_INDEX_FULL && hp->layer_attn[l] != WPI_ATTN_KDA;
+    return own_hp(hp)->layer_index[l] == INDEX_FULL && hp->layer_attn[l] != WPI_ATTN_KDA;
 }
 
 /* MLA latent rows and KDA states (mla.c), then a row per position of every indexer layer. */
@@ -363,17 +396,19 @@ static void state_bytes(const wpi_hparams *hp, uint32_t ctx, uint64_t out[WP_STA
 static void scratch(const wpi_hparams *hp, uint32_t chunk, wpi_model *m, wpi_carve *cv)
 {
     const uint64_t C = chunk, H = hp->hidden_size, HC = hp->hc_mult;
-    const wpi_hc_dims hd = {hp->hc_mult, hp->hidden_size, hp->hc_sinkhorn_iters, 0, 0};
-    const uint64_t NI = hp->index_kpool ? hp->index_heads : 0;
-    const uint64_t SEL = hp->index_kpool ? hp->index_topk / hp->index_kpool : 0;
-    WPI_CARVE(cv, m, hc_x, float, C * HC * H);
-    WPI_CARVE(cv, m, hc_post, float, C * HC);
-    WPI_CARVE(cv, m, hc_comb, float, C * HC * HC);
-    WPI_CARVE(cv, m, hc_scr, float, HC ? wpi_hc_scratch_floats(&hd, chunk) : 0);
-    WPI_CARVE(cv, m, idx_q, float, C * NI * hp->index_head_dim);
-    WPI_CARVE(cv, m, idx_wt, float, C * NI);
-    WPI_CARVE(cv, m, idx_sel, int32_t, C * SEL);
-    WPI_CARVE(cv, m, idx_nsel, int32_t, SEL ? C : 0);
+    const wpi_hc_dims hd = wpi_hc_dims_of(hp);
+    const uint64_t NI = own_hp(hp)->index_kpool ? hp->index_heads : 0;
+    const uint64_t SEL = own_hp(hp)->index_kpool ? hp->index_topk / own_hp(hp)->index_kpool : 0;
+    glm5_model *a = wpi_carve_own(cv, m, sizeof *a);
+    WPI_CARVE(cv, a, layers, glm5_layer, hp->n_layers);
+    WPI_CARVE(cv, a, hc_x, float, C * HC * H);
+    WPI_CARVE(cv, a, hc_post, float, C * HC);
+    WPI_CARVE(cv, a, hc_comb, float, C * HC * HC);
+    WPI_CARVE(cv, a, hc_scr, float, HC ? wpi_hc_scratch_floats(&hd, chunk) : 0);
+    WPI_CARVE(cv, a, idx_q, float, C * NI * hp->index_head_dim);
+    WPI_CARVE(cv, a, idx_wt, float, C * NI);
+    WPI_CARVE(cv, a, idx_sel, int32_t, C * SEL);
+    WPI_CARVE(cv, a, idx_nsel, int32_t, SEL ? C : 0);
 }
 
 /* kv as MLA's (mla.c), then the indexer rows; the indexer tensors of its layers. */
@@ -382,18 +417,17 @@ static void bind(wpi_model *m, const wpi_container *c, void *kv)
     const wpi_hparams *hp = m->hp;
     uint32_t n_idx = 0;
     wpi_mla_bind(m, c, kv);
-    m->idx_cache = m->kda_state + (size_t)wpi_kda_layers(hp) * wpi_kda_state_floats(hp);
     for (uint32_t l = 0; l < hp->n_layers; l++) {
-        wpi_layer *L = &m->layers[l];
+        glm5_layer *G = &own(m)->layers[l];
         if (!is_indexer(hp, l)) continue;
-        L->idx_slot = n_idx++;
-        L->idx_q = wpi_bind_mat(c, "blk.%u.attn_idx_q.weight", l);
-        L->idx_k = wpi_bind_mat(c, "blk.%u.attn_idx_k.weight", l);
-        L->idx_gate = wpi_bind_mat(c, "blk.%u.attn_idx_gate.weight", l);
-        L->idx_w = wpi_bind_mat(c, "blk.%u.attn_idx_w.weight", l);
-        L->idx_k_norm = wpi_bind_vec(c, "blk.%u.attn_idx_k_norm.weight", l);
-        L->idx_k_norm_b = wpi_bind_vec(c, "blk.%u.attn_idx_k_norm.bias", l);
-        L->idx_ape = wpi_bind_vec(c, "blk.%u.attn_idx_ape", l);
+        G->idx_slot = n_idx++;
+        G->idx_q = wpi_bind_mat(c, "blk.%u.attn_idx_q.weight", l);
+        G->idx_k = wpi_bind_mat(c, "blk.%u.attn_idx_k.weight", l);
+        G->idx_gate = wpi_bind_mat(c, "blk.%u.attn_idx_gate.weight", l);
+        G->idx_w = wpi_bind_mat(c, "blk.%u.attn_idx_w.weight", l);
+        G->idx_k_norm = wpi_bind_vec(c, "blk.%u.attn_idx_k_norm.weight", l);
+        G->idx_k_norm_b = wpi_bind_vec(c, "blk.%u.attn_idx_k_norm.bias", l);
+        G->idx_ape = wpi_bind_vec(c, "blk.%u.attn_idx_ape", l);
     }
 }
 
@@ -402,7 +436,7 @@ static size_t state_part(const wpi_model *m, uint32_t l, int v, uint32_t pos, fl
 {
     const wpi_hparams *hp = m->hp;
     if (v && is_indexer(hp, l)) {
-        *at = m->idx_cache + (size_t)m->layers[l].idx_slot * m->ctx * dsa_row_floats(hp);
+        *at = idx_cache(m) + (size_t)own(m)->layers[l].idx_slot * m->ctx * dsa_row_floats(hp);
         return dsa_row_floats(hp) * sizeof(float) * pos;
     }
     return wpi_mla_state_part(m, l, v, pos, at);
@@ -410,12 +444,6 @@ static size_t state_part(const wpi_model *m, uint32_t l, int v, uint32_t pos, fl
 
 const wpi_arch wpi_arch_glm5_next = {
     .name = "glm5_next",
-    .hparams = hparams,
-    .check = check,
-    .state_bytes = state_bytes,
-    .scratch = scratch,
-    .bind = bind,
-    .state_part = state_part,
+    WPI_ARCH_OWN_HOOKS,
     .no_truncate = wpi_kda_no_truncate,
-    .layer_forward = layer_forward,
 };

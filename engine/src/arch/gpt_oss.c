@@ -12,6 +12,16 @@
 
 #include "arch.h"
 
+/* Its tensors beyond the shared ones, per layer (m->arch, carved by scratch). */
+typedef struct oss_layer {
+    const float *router_b;                           /* ffn_gate_inp.bias [n_experts] */
+    const float *exp_gate_b, *exp_up_b, *exp_down_b; /* ffn_*_exps.bias [n_experts, I|H] */
+} oss_layer;
+typedef struct oss_model {
+    oss_layer *layers; /* [n_layers] */
+} oss_model;
+WPI_OWN_MODEL(oss_model)
+
 /* ---- mixture of experts ---------------------------------------------------------------
  *
  * A router with a bias, softmax over the top-k router logits, and experts with biases
@@ -25,16 +35,18 @@
  */
 
 /* Router logits (with bias) of n tokens into out [n, n_experts]. */
-static void route(wpi_model *m, const wpi_layer *L, const float *xs, uint32_t n, float *out)
+static void route(wpi_model *m, uint32_t l, const float *xs, uint32_t n, float *out)
 {
     const wpi_hparams *hp = m->hp;
+    const wpi_layer *L = &m->layers[l];
+    const oss_layer *A = &own(m)->layers[l];
     wpi_wmat r = {L->router, WPI_F32, hp->n_experts, hp->hidden_size};
     wpi_mm job = {&r, out, hp->n_experts};
     wpi_matmul(m, &job, 1, xs, hp->hidden_size, n);
-    if (L->router_b)
+    if (A->router_b)
         for (uint32_t t = 0; t < n; t++)
             for (uint32_t e = 0; e < hp->n_experts; e++)
-                out[(size_t)t * hp->n_experts + e] += L->router_b[e];
+                out[(size_t)t * hp->n_experts + e] += A->router_b[e];
 }
 
 /* Top-k of the logits, then softmax over the k selected values. */
@@ -51,7 +63,7 @@ static void select_topk(const wpi_hparams *hp, const float *logits, int32_t *ids
 }
 
 /* out[i] = expert(x_i) for cnt tokens (rows of xs, H apart). */
-static void expert_ffn(wpi_model *m, const wpi_layer *L, const wpi_expert_view *v, int32_t id,
+static void expert_ffn(wpi_model *m, const oss_layer *L, const wpi_expert_view *v, int32_t id,
                        const float *xs, uint32_t cnt, float *out)
 {
     const wpi_hparams *hp = m->hp;
@@ -84,21 +96,24 @@ static void expert_ffn(wpi_model *m, const wpi_layer *L, const wpi_expert_view *
     }
 }
 
-/* wpi_expert_apply_fn: arg is the layer (its expert biases). */
+/* wpi_expert_apply_fn: arg is the layer's oss_layer (its expert biases). */
 static void routed_expert(void *arg, wpi_model *m, const wpi_expert_view *v, int32_t expert,
                           const float *rows, uint32_t cnt, float *out)
 {
-    expert_ffn(m, (const wpi_layer *)arg, v, expert, rows, cnt, out);
+    expert_ffn(m, (const oss_layer *)arg, v, expert, rows, cnt, out);
 }
 
-static void lookahead(wpi_model *m, uint32_t l)
+static void lookahead(wpi_model *m, uint32_t l, uint32_t n)
 {
     const wpi_hparams *hp = m->hp;
     const wpi_layer *N = &m->layers[l + 1];
-    wpi_rmsnorm(m->xg, m->x, N->ffn_norm, hp->hidden_size, hp->rms_norm_eps);
-    route(m, N, m->xg, 1, m->la_probs);
-    wpi_topk(m->la_probs, hp->n_experts, hp->top_k, m->la_ids, m->la_w);
-    wpi_experts_prefetch(m->experts, l + 1, m->la_ids, hp->top_k);
+    for (uint32_t t = 0; t < n; t++) {
+        wpi_rmsnorm(m->xg, m->x + (size_t)t * hp->hidden_size, N->ffn_norm, hp->hidden_size,
+                    hp->rms_norm_eps);
+        route(m, l + 1, m->xg, 1, m->la_probs);
+        wpi_topk(m->la_probs, hp->n_experts, hp->top_k, m->la_ids, m->la_w);
+        wpi_experts_prefetch(m->experts, l + 1, m->la_ids, hp->top_k);
+    }
 }
 
 static wp_status moe_block(wpi_model *m, uint32_t l, uint32_t n)
@@ -109,12 +124,13 @@ static wp_status moe_block(wpi_model *m, uint32_t l, uint32_t n)
 
     for (uint32_t t = 0; t < n; t++)
         wpi_rmsnorm(m->xn + t * H, m->x + t * H, L->ffn_norm, H, hp->rms_norm_eps);
-    route(m, L, m->xn, n, m->probs);
+    route(m, l, m->xn, n, m->probs);
     for (uint32_t t = 0; t < n; t++)
         select_topk(hp, m->probs + t * E, m->topk_id + t * K, m->topk_w + t * K);
 
     const uint32_t nd = wpi_moe_distinct_experts(m, n);
-    wp_status st = wpi_moe_for_each_expert(m, l, m->xn, nd, routed_expert, (void *)L);
+    wp_status st = wpi_moe_for_each_expert(m, l, m->xn, nd, routed_expert,
+                                           (void *)&own(m)->layers[l]);
     if (st != WP_OK) return st;
 
     for (uint32_t t = 0; t < n; t++) {
@@ -126,8 +142,9 @@ static wp_status moe_block(wpi_model *m, uint32_t l, uint32_t n)
         for (size_t i = 0; i < H; i++) x[i] += acc[i];
     }
 
-    if (m->lookahead && n == 1 && l + 1 < hp->n_layers && m->layers[l + 1].is_moe)
-        lookahead(m, l);
+    if (m->lookahead && (n == 1 || n == m->la_rows) && l + 1 < hp->n_layers &&
+        m->layers[l + 1].is_moe)
+        lookahead(m, l, n);
     return WP_OK;
 }
 
@@ -168,20 +185,31 @@ static wp_status check(const wpi_container *c, char *err, size_t cap)
     return WP_OK;
 }
 
-static wp_status layer_forward(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
+static void mixer(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
 {
     const wpi_hparams *hp = m->hp;
     wpi_attention_sw_block(m, l, n, pos,
                            hp->layer_attn[l] == WPI_ATTN_SLIDING ? hp->sliding_window : 0);
+}
+
+static wp_status layer_forward(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
+{
+    mixer(m, l, n, pos);
     return moe_block(m, l, n);
+}
+
+static void scratch(const wpi_hparams *hp, uint32_t chunk, wpi_model *m, wpi_carve *cv)
+{
+    oss_model *a = wpi_carve_own(cv, m, sizeof *a);
+    WPI_CARVE(cv, a, layers, oss_layer, hp->n_layers);
 }
 
 /* The router bias and the experts' biases of every layer (all are MoE). */
 static void bind(wpi_model *m, const wpi_container *c, void *kv)
 {
     for (uint32_t l = 0; l < m->hp->n_layers; l++) {
-        wpi_layer *L = &m->layers[l];
-        if (!L->is_moe) continue;
+        oss_layer *L = &own(m)->layers[l];
+        if (!m->layers[l].is_moe) continue;
         L->router_b = wpi_bind_vec(c, "blk.%u.ffn_gate_inp.bias", l);
         L->exp_gate_b = wpi_bind_vec(c, "blk.%u.ffn_gate_exps.bias", l);
         L->exp_up_b = wpi_bind_vec(c, "blk.%u.ffn_up_exps.bias", l);
@@ -192,6 +220,9 @@ static void bind(wpi_model *m, const wpi_container *c, void *kv)
 const wpi_arch wpi_arch_gpt_oss = {
     .name = "gpt_oss",
     .check = check,
+    .scratch = scratch,
     .bind = bind,
     .layer_forward = layer_forward,
+    .mixer = mixer,
+    .ffn = moe_block,
 };

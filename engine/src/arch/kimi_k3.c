@@ -17,9 +17,11 @@
  * order, rmsnorm'd by ffn_lat_norm when latent_moe_norm; ffn = ffn_lat_up y + shared(xn),
  * the shared experts on the full hidden state.
  * A layer is its mixer part (AttnRes before attention, the attention block), then its FFN
- * part (the FFN, AttnRes bookkeeping, the output aggregation after the last layer).
+ * part (the FFN, AttnRes bookkeeping, the output aggregation after the last layer), set as
+ * the mixer / ffn hooks: ps and the blocks are kept per row of the step (a sequence's rows
+ * are its slice of x, so its row offset into them is its x's offset from the scratch's).
  * State: MLA's latent rows and KDA's recurrent state (mla.c); AttnRes keeps none across
- * tokens. Scratch (k3_buf): ps, lat, shared output and the blocks, [chunk][hidden] each.
+ * tokens. Scratch (buf): ps, lat, shared output and the blocks, [chunk][hidden] each.
  */
 #include <math.h>
 #include <stdio.h>
@@ -29,10 +31,37 @@
 
 #define W "manifest.json: hparams"
 
-static uint32_t res_blocks(const wpi_hparams *hp)
+/* Its own hparams (hp->arch), zero when absent. */
+typedef struct k3_hp {
+    uint32_t attn_res_block_size;         /* Attention Residuals: layers per block */
+    int32_t latent_moe_norm, mla_output_gate; /* bools */
+} k3_hp;
+WPI_OWN_HPARAMS(k3_hp)
+
+static const wpi_hp_bound bounds[] = {
+    WPI_HP_U32(k3_hp, attn_res_block_size, 1, WPI_MAX_LAYERS),
+};
+
+/* Its own tensors (m->arch, carved by scratch): latent MoE and Attention Residuals, f32
+ * vectors [hidden] unless noted. */
+typedef struct k3_layer {
+    wpi_wmat lat_down, lat_up;  /* [expert_hidden, hidden], [hidden, expert_hidden] */
+    const float *lat_norm;      /* [expert_hidden_size] or NULL */
+    const float *res_attn_norm, *res_attn_proj, *res_ffn_norm, *res_ffn_proj;
+} k3_layer;
+typedef struct k3_model {
+    k3_layer *layers;                     /* [n_layers] */
+    float *buf;                           /* ps, lat, sh, blocks: [chunk][hidden] each */
+    const float *x0;                      /* the scratch's x: rows are offsets from it */
+    const float *out_res_norm, *out_res_proj; /* the output aggregation */
+} k3_model;
+WPI_OWN_MODEL(k3_model)
+
+/* Layers 0, B, 2B.. append a block: how many layer l finds (B = 0: none). */
+static uint32_t blocks_before(const wpi_hparams *hp, uint32_t l)
 {
-    const uint32_t B = hp->attn_res_block_size;
-    return B ? (hp->n_layers + B - 1) / B : 0;
+    const uint32_t B = own_hp(hp)->attn_res_block_size;
+    return B ? (l + B - 1) / B : 0;
 }
 
 static uint32_t expert_hidden(const wpi_hparams *hp)
@@ -42,13 +71,15 @@ static uint32_t expert_hidden(const wpi_hparams *hp)
 
 static wp_status hparams(const struct wpi_json *h, wpi_hparams *hp, char *err, size_t cap)
 {
+    k3_hp *o = own_hp(hp);
     TRY(wpi_hparams_shared(h, hp, err, cap));
-    TRY(wpi_hparam_u32(h, "attn_res_block_size", hp, err, cap));
-    TRY(wpi_hparam_bool(h, "latent_moe_norm", &hp->latent_moe_norm, err, cap));
-    TRY(wpi_hparam_bool(h, "mla_output_gate", &hp->mla_output_gate, err, cap));
-    if (hp->latent_moe_norm && !hp->expert_hidden_size)
+    memset(o, 0, sizeof *o);
+    TRY(wpi_hparams_bounds(h, bounds, sizeof bounds / sizeof bounds[0], o, err, cap));
+    TRY(wpi_hparam_bool(h, "latent_moe_norm", &o->latent_moe_norm, err, cap));
+    TRY(wpi_hparam_bool(h, "mla_output_gate", &o->mla_output_gate, err, cap));
+    if (o->latent_moe_norm && !hp->expert_hidden_size)
         return wpi_fail(err, cap, WP_E_FORMAT, W ".latent_moe_norm: needs expert_hidden_size");
-    if (hp->mla_output_gate && hp->v_head_dim > hp->head_dim)
+    if (o->mla_output_gate && hp->v_head_dim > hp->head_dim)
         return wpi_fail(err, cap, WP_E_FORMAT,
                         W ".mla_output_gate: v_head_dim %u above head_dim %u", hp->v_head_dim,
                         hp->head_dim);
@@ -58,6 +89,7 @@ static wp_status hparams(const struct wpi_json *h, wpi_hparams *hp, char *err, s
 static wp_status check(const wpi_container *c, char *err, size_t cap)
 {
     const wpi_hparams *hp = &c->hp;
+    const k3_hp *o = own_hp(hp);
     const uint64_t H = hp->hidden_size, LH = expert_hidden(hp);
     if (!hp->kv_lora_rank)
         return wpi_fail(err, cap, WP_E_FORMAT, "kimi_k3: kv_lora_rank is required (> 0)");
@@ -70,7 +102,7 @@ static wp_status check(const wpi_container *c, char *err, size_t cap)
     if (hp->n_experts && hp->scoring != WPI_SCORE_SIGMOID)
         return wpi_fail(err, cap, WP_E_FORMAT, "kimi_k3: routing needs sigmoid scores");
     TRY(wpi_check_decoder(c, err, cap));
-    if (hp->attn_res_block_size) {
+    if (o->attn_res_block_size) {
         TRY(wpi_need_vector(c, "output_res_norm.weight", H, err, cap));
         TRY(wpi_need_vector(c, "output_res_proj.weight", H, err, cap));
     }
@@ -79,7 +111,7 @@ static wp_status check(const wpi_container *c, char *err, size_t cap)
 #define NAME(s) (snprintf(n, sizeof n, "blk.%u." s, l), n)
         if (hp->layer_attn[l] == WPI_ATTN_SLIDING)
             return wpi_fail(err, cap, WP_E_FORMAT, "kimi_k3: layer %u: sliding attention", l);
-        if (hp->attn_res_block_size) {
+        if (o->attn_res_block_size) {
             TRY(wpi_need_vector(c, NAME("attn_res_norm.weight"), H, err, cap));
             TRY(wpi_need_vector(c, NAME("attn_res_proj.weight"), H, err, cap));
             TRY(wpi_need_vector(c, NAME("ffn_res_norm.weight"), H, err, cap));
@@ -91,7 +123,7 @@ static wp_status check(const wpi_container *c, char *err, size_t cap)
                 TRY(wpi_need_matrix(c, NAME("ffn_lat_down.weight"), LH, H, err, cap));
                 TRY(wpi_need_matrix(c, NAME("ffn_lat_up.weight"), H, LH, err, cap));
             }
-            if (hp->latent_moe_norm)
+            if (o->latent_moe_norm)
                 TRY(wpi_need_vector(c, NAME("ffn_lat_norm.weight"), LH, err, cap));
         }
         if (hp->layer_attn[l] == WPI_ATTN_KDA) {
@@ -99,7 +131,7 @@ static wp_status check(const wpi_container *c, char *err, size_t cap)
             continue;
         }
         TRY(wpi_mla_check_layer(c, l, err, cap));
-        if (hp->mla_output_gate)
+        if (o->mla_output_gate)
             TRY(wpi_need_matrix(c, NAME("attn_gate.weight"),
                                 (uint64_t)hp->n_heads * hp->v_head_dim, H, err, cap));
 #undef NAME
@@ -109,7 +141,10 @@ static wp_status check(const wpi_container *c, char *err, size_t cap)
 
 static void scratch(const wpi_hparams *hp, uint32_t chunk, wpi_model *m, wpi_carve *cv)
 {
-    WPI_CARVE(cv, m, k3_buf, float, (uint64_t)(3 + res_blocks(hp)) * chunk * hp->hidden_size);
+    k3_model *a = wpi_carve_own(cv, m, sizeof *a);
+    WPI_CARVE(cv, a, layers, k3_layer, hp->n_layers);
+    WPI_CARVE(cv, a, buf, float,
+              (uint64_t)(3 + blocks_before(hp, hp->n_layers)) * chunk * hp->hidden_size);
 }
 
 static void bind(wpi_model *m, const wpi_container *c, void *kv)
@@ -117,12 +152,14 @@ static void bind(wpi_model *m, const wpi_container *c, void *kv)
     wpi_mla_bind(m, c, kv);
     const wpi_tensor *nt = wpi_container_tensor(c, "output_res_norm.weight");
     const wpi_tensor *pt = wpi_container_tensor(c, "output_res_proj.weight");
-    m->out_res_norm = nt ? nt->data : NULL;
-    m->out_res_proj = pt ? pt->data : NULL;
+    k3_model *a = own(m);
+    a->x0 = m->x;
+    a->out_res_norm = nt ? nt->data : NULL;
+    a->out_res_proj = pt ? pt->data : NULL;
     for (uint32_t l = 0; l < m->hp->n_layers; l++) {
-        wpi_layer *L = &m->layers[l];
-        L->kda_g = wpi_bind_mat(c, "blk.%u.kda_g.weight", l);
-        L->attn_gate = wpi_bind_mat(c, "blk.%u.attn_gate.weight", l);
+        m->layers[l].kda_g = wpi_bind_mat(c, "blk.%u.kda_g.weight", l);
+        m->layers[l].attn_gate = wpi_bind_mat(c, "blk.%u.attn_gate.weight", l);
+        k3_layer *L = &a->layers[l];
         L->lat_down = wpi_bind_mat(c, "blk.%u.ffn_lat_down.weight", l);
         L->lat_up = wpi_bind_mat(c, "blk.%u.ffn_lat_up.weight", l);
         L->lat_norm = wpi_bind_vec(c, "blk.%u.ffn_lat_norm.weight", l);
@@ -181,9 +218,10 @@ static wp_status latent_moe(wpi_model *m, uint32_t l, uint32_t n)
 {
     const wpi_hparams *hp = m->hp;
     const wpi_layer *L = &m->layers[l];
+    const k3_layer *A = &own(m)->layers[l];
     const size_t H = hp->hidden_size, K = hp->top_k, E = hp->n_experts, LH = expert_hidden(hp);
     const size_t CH = (size_t)m->chunk * H;
-    float *lat = m->k3_buf + CH, *sh = lat + CH;
+    float *lat = own(m)->buf + CH, *sh = lat + CH;
     for (uint32_t t = 0; t < n; t++)
         wpi_rmsnorm(m->xn + t * H, m->x + t * H, L->ffn_norm, H, hp->rms_norm_eps);
     wpi_wmat r = {L->router, WPI_F32, hp->n_experts, hp->hidden_size};
@@ -195,9 +233,9 @@ static wp_status latent_moe(wpi_model *m, uint32_t l, uint32_t n)
                         m->topk_w + t * K);
     const uint32_t nd = wpi_moe_distinct_experts(m, n);
     const float *xs = m->xn;
-    const int latent = L->lat_down.data != NULL; /* checked: with expert_hidden_size */
+    const int latent = A->lat_down.data != NULL; /* checked: with expert_hidden_size */
     if (latent) {
-        wpi_mm down = {&L->lat_down, lat, H};
+        wpi_mm down = {&A->lat_down, lat, H};
         wpi_matmul(m, &down, 1, m->xn, H, n);
         xs = lat;
     }
@@ -210,10 +248,10 @@ static wp_status latent_moe(wpi_model *m, uint32_t l, uint32_t n)
         memset(acc, 0, LH * sizeof(float));
         for (size_t j = 0; j < K; j++)
             m->k->axpy_f32(m->topk_w[t * K + j], m->eo + (t * K + j) * H, acc, LH);
-        if (L->lat_norm) wpi_rmsnorm(acc, acc, L->lat_norm, LH, hp->rms_norm_eps);
+        if (A->lat_norm) wpi_rmsnorm(acc, acc, A->lat_norm, LH, hp->rms_norm_eps);
     }
     if (latent) {
-        wpi_mm up = {&L->lat_up, m->moe_out, H};
+        wpi_mm up = {&A->lat_up, m->moe_out, H};
         wpi_matmul(m, &up, 1, lat, H, n);
     }
     for (uint32_t t = 0; t < n; t++) {
@@ -226,20 +264,22 @@ static wp_status latent_moe(wpi_model *m, uint32_t l, uint32_t n)
     return WP_OK;
 }
 
-static wp_status layer_forward(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
+/* AttnRes before attention, the attention block, AttnRes before the FFN: on this
+ * sequence's n rows of x, its rows of ps and the blocks at its offset. */
+static void mixer(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
 {
     const wpi_hparams *hp = m->hp;
-    const wpi_layer *L = &m->layers[l];
+    const k3_model *a = own(m);
+    const k3_layer *A = &a->layers[l];
     const size_t H = hp->hidden_size, CH = (size_t)m->chunk * H, NH = (size_t)n * H;
-    const uint32_t B = hp->attn_res_block_size;
-    float *ps = m->k3_buf, *blocks = ps + 3 * CH;
-    uint32_t nb = B ? (l + B - 1) / B : 0; /* blocks appended by layers 0, B, 2B.. before l */
-
-    /* mixer part */
+    const size_t off = (size_t)(m->x - a->x0);
+    const uint32_t B = own_hp(hp)->attn_res_block_size;
+    float *ps = a->buf + off, *blocks = a->buf + 3 * CH + off;
+    uint32_t nb = blocks_before(hp, l);
     int fresh = 0; /* ps is none: it starts a block */
     if (B) {
         memcpy(ps, m->x, NH * sizeof(float));
-        if (nb) attn_res(m, ps, blocks, nb, n, L->res_attn_norm, L->res_attn_proj, m->x);
+        if (nb) attn_res(m, ps, blocks, nb, n, A->res_attn_norm, A->res_attn_proj, m->x);
         if (l % B == 0) {
             memcpy(blocks + nb++ * CH, ps, NH * sizeof(float));
             fresh = 1;
@@ -251,21 +291,36 @@ static wp_status layer_forward(wpi_model *m, uint32_t l, uint32_t n, uint32_t po
         wpi_mla_block(m, l, n, pos);
     if (B) { /* the block left its output in xn */
         for (size_t i = 0; i < NH; i++) ps[i] = fresh ? m->xn[i] : ps[i] + m->xn[i];
-        attn_res(m, ps, blocks, nb, n, L->res_ffn_norm, L->res_ffn_proj, m->x);
+        attn_res(m, ps, blocks, nb, n, A->res_ffn_norm, A->res_ffn_proj, m->x);
     }
+}
 
-    /* FFN part: its output in moe_out */
-    if (L->is_moe)
+/* The FFN (its output in moe_out), then ps += it and x = ps, or after the last layer the
+ * output aggregation; on rows 0..n of the step. */
+static wp_status ffn(wpi_model *m, uint32_t l, uint32_t n)
+{
+    const wpi_hparams *hp = m->hp;
+    const k3_model *a = own(m);
+    const size_t H = hp->hidden_size, CH = (size_t)m->chunk * H, NH = (size_t)n * H;
+    if (m->layers[l].is_moe)
         TRY(latent_moe(m, l, n));
     else
         wpi_ffn_block(m, l, n);
-    if (!B) return WP_OK;
+    if (!own_hp(hp)->attn_res_block_size) return WP_OK;
+    float *ps = a->buf + (size_t)(m->x - a->x0), *blocks = ps + 3 * CH;
     for (size_t i = 0; i < NH; i++) ps[i] += m->moe_out[i];
     if (l + 1 < hp->n_layers)
         memcpy(m->x, ps, NH * sizeof(float));
     else
-        attn_res(m, ps, blocks, nb, n, m->out_res_norm, m->out_res_proj, m->x);
+        attn_res(m, ps, blocks, blocks_before(hp, l + 1), n, a->out_res_norm, a->out_res_proj,
+                 m->x);
     return WP_OK;
+}
+
+static wp_status layer_forward(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
+{
+    mixer(m, l, n, pos);
+    return ffn(m, l, n);
 }
 
 const wpi_arch wpi_arch_kimi_k3 = {
@@ -278,4 +333,6 @@ const wpi_arch wpi_arch_kimi_k3 = {
     .state_part = wpi_mla_state_part,
     .no_truncate = wpi_kda_no_truncate,
     .layer_forward = layer_forward,
+    .mixer = mixer,
+    .ffn = ffn,
 };

@@ -42,17 +42,18 @@ static wp_status check(const wpi_container *c, char *err, size_t cap)
     return WP_OK;
 }
 
-static wp_status layer_forward(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
+static void mixer(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
 {
     if (m->hp->layer_attn[l] == WPI_ATTN_KDA)
         wpi_kda_block(m, l, n, pos);
     else
         wpi_mla_block(m, l, n, pos);
-    if (!m->layers[l].is_moe) {
-        wpi_ffn_block(m, l, n);
-        return WP_OK;
-    }
-    return wpi_moe_block(m, l, n);
+}
+
+static wp_status layer_forward(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
+{
+    mixer(m, l, n, pos);
+    return wpi_moe_decoder_ffn(m, l, n);
 }
 
 const wpi_arch wpi_arch_kimi_linear = {
@@ -60,4 +61,6 @@ const wpi_arch wpi_arch_kimi_linear = {
     .check = check,
     WPI_MLA_HOOKS,
     .layer_forward = layer_forward,
+    .mixer = mixer,
+    .ffn = wpi_moe_decoder_ffn,
 };

@@ -17,15 +17,22 @@ static wp_status check(const wpi_container *c, char *err, size_t cap)
     return wpi_check_decoder(c, err, cap);
 }
 
+static wp_status ffn(wpi_model *m, uint32_t l, uint32_t n)
+{
+    wpi_ffn_block(m, l, n);
+    return WP_OK;
+}
+
 static wp_status layer_forward(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
 {
     wpi_attention_block(m, l, n, pos);
-    wpi_ffn_block(m, l, n);
-    return WP_OK;
+    return ffn(m, l, n);
 }
 
 const wpi_arch wpi_arch_llama = {
     .name = "llama",
     .check = check,
     .layer_forward = layer_forward,
+    .mixer = wpi_attention_block,
+    .ffn = ffn,
 };

@@ -7,19 +7,13 @@
 
 static wp_status check(const wpi_container *c, char *err, size_t cap)
 {
-    const wpi_hparams *hp = &c->hp;
-    if (hp->qk_norm != WPI_QK_NONE)
-        return wpi_fail(err, cap, WP_E_FORMAT, "mixtral: qk_norm must be \"none\"");
-    if (!hp->norm_topk_prob)
+    if (c->hp.qk_norm == WPI_QK_NONE && !c->hp.norm_topk_prob)
         return wpi_fail(err, cap, WP_E_FORMAT, "mixtral: norm_topk_prob must be true");
-    if (hp->shared_expert_intermediate_size != 0)
-        return wpi_fail(err, cap, WP_E_FORMAT,
-                        "mixtral: hparams.shared_expert_intermediate_size must be 0");
-    return wpi_check_decoder(c, err, cap);
+    return wpi_check_plain(c, "mixtral", WPI_QK_NONE, 0, err, cap);
 }
 
 const wpi_arch wpi_arch_mixtral = {
     .name = "mixtral",
     .check = check,
-    .layer_forward = wpi_moe_decoder_layer,
+    WPI_MOE_DECODER_HOOKS,
 };

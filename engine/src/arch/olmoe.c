@@ -8,16 +8,11 @@
 
 static wp_status check(const wpi_container *c, char *err, size_t cap)
 {
-    if (c->hp.qk_norm != WPI_QK_FULL)
-        return wpi_fail(err, cap, WP_E_FORMAT, "olmoe: qk_norm must be \"full\"");
-    if (c->hp.shared_expert_intermediate_size != 0)
-        return wpi_fail(err, cap, WP_E_FORMAT,
-                        "olmoe: hparams.shared_expert_intermediate_size must be 0");
-    return wpi_check_decoder(c, err, cap);
+    return wpi_check_plain(c, "olmoe", WPI_QK_FULL, 0, err, cap);
 }
 
 const wpi_arch wpi_arch_olmoe = {
     .name = "olmoe",
     .check = check,
-    .layer_forward = wpi_moe_decoder_layer,
+    WPI_MOE_DECODER_HOOKS,
 };

@@ -9,14 +9,11 @@
 
 static wp_status check(const wpi_container *c, char *err, size_t cap)
 {
-    const wpi_hparams *hp = &c->hp;
-    if (hp->qk_norm != WPI_QK_NONE)
-        return wpi_fail(err, cap, WP_E_FORMAT, "qwen2_moe: qk_norm must be \"none\"");
-    return wpi_check_decoder(c, err, cap);
+    return wpi_check_plain(c, "qwen2_moe", WPI_QK_NONE, 1, err, cap);
 }
 
 const wpi_arch wpi_arch_qwen2_moe = {
     .name = "qwen2_moe",
     .check = check,
-    .layer_forward = wpi_moe_decoder_layer,
+    WPI_MOE_DECODER_HOOKS,
 };

@@ -15,9 +15,9 @@
  *   moe.c, checks.c       expert_hidden_size (the experts' width, a latent MoE's)
  *
  * Every key is optional; absent means off (0, false, "softmax", 1.0). Present keys are
- * bounds-checked; the architecture's check function decides which it needs.
+ * checked against the one bounds table (container.c); the architecture's check function
+ * decides which it needs.
  */
-#include <float.h>
 #include <string.h>
 
 #include "blocks.h"
@@ -94,15 +94,9 @@ static wp_status mla_keys(const wpi_json *h, wpi_hparams *hp, char *err, size_t 
                             hp->topk_group, hp->top_k);
     }
 
-    hp->routed_scaling_factor = 1.0f;
-    v = wpi_json_get(h, "routed_scaling_factor");
-    if (v && v->type != WPI_JSON_NULL) {
-        double d;
-        if (!wpi_json_num(v, &d) || !(d > 0 && d <= 1e6))
-            return wpi_fail(err, cap, WP_E_FORMAT,
-                            W ".routed_scaling_factor: expected a number in (0, 1e6]");
-        hp->routed_scaling_factor = (float)d;
-    }
+    int scaled;
+    TRY(wpi_hparam_f32(h, "routed_scaling_factor", hp, &scaled, err, cap));
+    if (!scaled) hp->routed_scaling_factor = 1.0f;
     return WP_OK;
 }
 
@@ -110,20 +104,13 @@ static wp_status mla_keys(const wpi_json *h, wpi_hparams *hp, char *err, size_t 
 static wp_status hyper_index_keys(const wpi_json *h, wpi_hparams *hp, char *err, size_t cap)
 {
     wp_status st;
-    hp->hc_eps = 0;
     if ((st = wpi_hparam_u32(h, "hc_mult", hp, err, cap)) != WP_OK ||
         (st = wpi_hparam_u32(h, "hc_sinkhorn_iters", hp, err, cap)) != WP_OK ||
         (st = wpi_hparam_u32(h, "index_heads", hp, err, cap)) != WP_OK ||
         (st = wpi_hparam_u32(h, "index_head_dim", hp, err, cap)) != WP_OK ||
-        (st = wpi_hparam_u32(h, "index_topk", hp, err, cap)) != WP_OK)
+        (st = wpi_hparam_u32(h, "index_topk", hp, err, cap)) != WP_OK ||
+        (st = wpi_hparam_f32(h, "hc_eps", hp, NULL, err, cap)) != WP_OK)
         return st;
-    const wpi_json *v = wpi_json_get(h, "hc_eps");
-    if (v && v->type != WPI_JSON_NULL) {
-        double d;
-        if (!wpi_json_num(v, &d) || !(d >= 0 && d < 1))
-            return wpi_fail(err, cap, WP_E_FORMAT, W ".hc_eps: expected a number in [0, 1)");
-        hp->hc_eps = (float)d;
-    }
     return WP_OK;
 }
 
@@ -132,8 +119,8 @@ static wp_status gate_eps_keys(const wpi_json *h, wpi_hparams *hp, char *err, si
 {
     wp_status st;
     int safe = 0;
-    if ((st = wpi_hparam_num(h, "kda_lower_bound", -1e6, 0, &hp->kda_lower_bound, &safe, err, cap)) != WP_OK ||
-        (st = wpi_hparam_num(h, "lora_norm_eps", 0, 1, &hp->lora_norm_eps, NULL, err, cap)) != WP_OK)
+    if ((st = wpi_hparam_f32(h, "kda_lower_bound", hp, &safe, err, cap)) != WP_OK ||
+        (st = wpi_hparam_f32(h, "lora_norm_eps", hp, NULL, err, cap)) != WP_OK)
         return st;
     hp->kda_safe_gate = safe;
     if (hp->hc_mult && !hp->hc_sinkhorn_iters)
@@ -147,11 +134,10 @@ static wp_status layer_keys(const wpi_json *h, wpi_hparams *hp, char *err, size_
     memset(hp->layer_attn, WPI_ATTN_FULL, sizeof hp->layer_attn);
     if ((st = wpi_hparam_u32(h, "sliding_window", hp, err, cap)) != WP_OK ||
         (st = wpi_hparam_u32(h, "expert_hidden_size", hp, err, cap)) != WP_OK ||
-        (st = wpi_hparam_num(h, "situ_beta", 0, 1e6, &hp->situ_beta, NULL, err, cap)) != WP_OK ||
-        (st = wpi_hparam_num(h, "situ_linear_beta", 0, 1e6, &hp->situ_linear_beta, NULL, err,
-                             cap)) != WP_OK ||
-        (st = wpi_hparam_num(h, "swiglu_alpha", 0, 1e6, &hp->swiglu_alpha, NULL, err, cap)) != WP_OK ||
-        (st = wpi_hparam_num(h, "swiglu_limit", 0, FLT_MAX, &hp->swiglu_limit, NULL, err, cap)) != WP_OK ||
+        (st = wpi_hparam_f32(h, "situ_beta", hp, NULL, err, cap)) != WP_OK ||
+        (st = wpi_hparam_f32(h, "situ_linear_beta", hp, NULL, err, cap)) != WP_OK ||
+        (st = wpi_hparam_f32(h, "swiglu_alpha", hp, NULL, err, cap)) != WP_OK ||
+        (st = wpi_hparam_f32(h, "swiglu_limit", hp, NULL, err, cap)) != WP_OK ||
         (st = wpi_hparam_u32(h, "kda_heads", hp, err, cap)) != WP_OK ||
         (st = wpi_hparam_u32(h, "kda_head_dim", hp, err, cap)) != WP_OK ||
         (st = wpi_hparam_u32(h, "kda_conv", hp, err, cap)) != WP_OK ||
@@ -162,21 +148,11 @@ static wp_status layer_keys(const wpi_json *h, wpi_hparams *hp, char *err, size_
                         hp->expert_hidden_size, hp->hidden_size);
     if (hp->situ_linear_beta > 0 && !(hp->situ_beta > 0))
         return wpi_fail(err, cap, WP_E_FORMAT, W ".situ_linear_beta: needs situ_beta");
-    const wpi_json *v = wpi_json_get(h, "attn_kinds");
-    if (!v || v->type == WPI_JSON_NULL) return WP_OK;
-    if (v->type != WPI_JSON_ARRAY || v->len != hp->n_layers)
-        return wpi_fail(err, cap, WP_E_FORMAT, W ".attn_kinds: expected %u strings", hp->n_layers);
+    static const char *const kinds[] = {[WPI_ATTN_FULL] = "full",
+                                        [WPI_ATTN_SLIDING] = "sliding",
+                                        [WPI_ATTN_KDA] = "kda"};
+    TRY(wpi_hparam_kinds(h, "attn_kinds", kinds, 3, hp->n_layers, hp->layer_attn, err, cap));
     for (uint32_t l = 0; l < hp->n_layers; l++) {
-        const char *k = wpi_json_str(&v->items[l]);
-        if (k && !strcmp(k, "full"))
-            hp->layer_attn[l] = WPI_ATTN_FULL;
-        else if (k && !strcmp(k, "sliding"))
-            hp->layer_attn[l] = WPI_ATTN_SLIDING;
-        else if (k && !strcmp(k, "kda"))
-            hp->layer_attn[l] = WPI_ATTN_KDA;
-        else
-            return wpi_fail(err, cap, WP_E_FORMAT,
-                            W ".attn_kinds[%u]: expected \"full\", \"sliding\" or \"kda\"", l);
         if (hp->layer_attn[l] == WPI_ATTN_SLIDING && !hp->sliding_window)
             return wpi_fail(err, cap, WP_E_FORMAT,
                             W ".attn_kinds[%u]: \"sliding\" needs sliding_window", l);

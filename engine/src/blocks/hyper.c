@@ -36,6 +36,21 @@ uint32_t wpi_hc_mix_count(const wpi_hc_dims *d)
     return (2 + d->hc) * d->hc;
 }
 
+wpi_hc_dims wpi_hc_dims_of(const wpi_hparams *hp)
+{
+    wpi_hc_dims d = {hp->hc_mult, hp->hidden_size, hp->hc_sinkhorn_iters, hp->hc_eps,
+                     hp->rms_norm_eps};
+    return d;
+}
+
+void wpi_hc_expand(const wpi_hc_dims *d, const float *x, uint32_t n, float *streams)
+{
+    const size_t H = d->dim;
+    for (uint32_t t = 0; t < n; t++)
+        for (uint32_t k = 0; k < d->hc; k++)
+            memcpy(streams + ((size_t)t * d->hc + k) * H, x + t * H, H * sizeof(float));
+}
+
 uint64_t wpi_hc_scratch_floats(const wpi_hc_dims *d, uint32_t n)
 {
     return (uint64_t)n * (wpi_hc_mix_count(d) + 1);

@@ -70,7 +70,7 @@ static void head_task(void *arg, uint32_t h)
     const float scale = 1.0f / sqrtf((float)d);
     const float decay = expf(a->L->kda_a_log[h]);
     float *S = a->S + (size_t)h * d * d;
-    float q[1024], k[1024], delta[1024];
+    float q[WPI_KDA_MAX_HEAD_DIM], k[WPI_KDA_MAX_HEAD_DIM], delta[WPI_KDA_MAX_HEAD_DIM];
     for (uint32_t t = 0; t < a->n; t++) {
         const float *mx = a->mixed + t * 3 * D;
         const float *qi = mx + (size_t)h * d, *ki = mx + D + (size_t)h * d;

@@ -29,7 +29,7 @@
 #define KEY_BLOCK 256
 #define LORA_EPS 1e-6f
 #define MAX_RANK WPI_MAX_LORA_RANK /* a row buffer on the task's stack */
-#define MAX_RANGES 1025 /* selected pools (the bound arch/glm5_next.c reads) + the incomplete pool */
+#define MAX_RANGES (WPI_MLA_MAX_POOLS + 1) /* selected pools + the incomplete pool */
 
 void wpi_rope_apply_interleaved(float *v, uint32_t n_heads, uint32_t head_dim,
                                 uint32_t rope_dim, const float *cos_, const float *sin_)
@@ -65,7 +65,7 @@ typedef struct mla_ctx {
     const float *cache;  /* this layer's latent rows, row 0 */
     uint32_t n, pos;
     wpi_matmul_fn fn;    /* kv_b matmul */
-    int sparse;          /* keys from idx_sel (glm5_next's indexer) */
+    const wpi_mla_pools *pools; /* selected key pools, or NULL: every key */
 } mla_ctx;
 
 /* Task h: the absorbed query of head h for all n tokens. */
@@ -99,22 +99,22 @@ static void absorb_task(void *arg, uint32_t h)
  * (sparse) its selected pools and then its incomplete pool (arch/glm5_next.c). */
 static uint32_t key_ranges(const mla_ctx *a, uint32_t t, uint32_t *r0, uint32_t *r1)
 {
-    const wpi_hparams *hp = a->m->hp;
+    const wpi_mla_pools *ps = a->pools;
     const uint32_t npos = a->pos + t + 1;
-    if (!a->sparse) {
+    if (!ps) {
         r0[0] = 0;
         r1[0] = npos;
         return 1;
     }
-    const uint32_t P = hp->index_kpool, per = hp->index_topk / P;
-    const int32_t *sel = a->m->idx_sel + (size_t)t * per;
-    uint32_t nr = 0, ns = (uint32_t)a->m->idx_nsel[t];
+    const uint32_t P = ps->pool;
+    const int32_t *sel = ps->sel + (size_t)t * ps->per;
+    uint32_t nr = 0, ns = (uint32_t)ps->nsel[t];
     for (uint32_t i = 0; i < ns; i++) {
         r0[nr] = (uint32_t)sel[i] * P;
         r1[nr++] = (uint32_t)sel[i] * P + P;
     }
     const uint32_t tail = npos / P * P;
-    if (hp->index_tail && tail < npos) {
+    if (ps->tail && tail < npos) {
         r0[nr] = tail;
         r1[nr++] = npos;
     }
@@ -225,7 +225,8 @@ void wpi_mla_project(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
     }
 }
 
-void wpi_mla_attend(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos, int sparse)
+void wpi_mla_attend(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos,
+                    const wpi_mla_pools *pools)
 {
     const wpi_hparams *hp = m->hp;
     const wpi_layer *L = &m->layers[l];
@@ -233,7 +234,7 @@ void wpi_mla_attend(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos, int spar
     const uint32_t R = hp->kv_lora_rank, RD = hp->rope_dim;
     const size_t W = (size_t)R + RD, od = NH * hp->v_head_dim;
     const float *cache = m->kcache + (size_t)L->kv_slot * m->ctx * W;
-    mla_ctx a = {m, L, cache, n, pos, wpi_kernels_matmul(m->k, L->wkv_b.dtype), sparse};
+    mla_ctx a = {m, L, cache, n, pos, wpi_kernels_matmul(m->k, L->wkv_b.dtype), pools};
     run(m, hp->n_heads, (uint64_t)n * NH * hp->qk_nope_head_dim * R, absorb_task, &a);
     run(m, n * hp->n_heads, (uint64_t)n * NH * (pos + n) * (W + R), attn_task, &a);
     run(m, hp->n_heads, (uint64_t)n * NH * hp->v_head_dim * R, up_task, &a);
@@ -254,7 +255,7 @@ void wpi_mla_attend(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos, int spar
 void wpi_mla_block(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
 {
     wpi_mla_project(m, l, n, pos);
-    wpi_mla_attend(m, l, n, pos, 0);
+    wpi_mla_attend(m, l, n, pos, NULL);
 }
 
 /* ---- buffers and state --------------------------------------------------------------- */

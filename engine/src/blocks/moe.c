@@ -8,8 +8,9 @@
  * from the cache in groups of at most wpi_experts_max_pinned, each applied once to every
  * token that chose it. Each (token, choice) output is kept apart and summed per token in
  * router order at the end, so results do not depend on arrival order or cache state.
- * Decode only: the next MoE layer's router runs on this layer's output and its top-k is
- * prefetched (timing only; the real router still decides).
+ * Decode only (one token, or one per sequence of a batched step): the next MoE layer's
+ * router runs on this layer's output and its top-k is prefetched (timing only; the real
+ * router still decides).
  */
 #include <math.h>
 #include <string.h>
@@ -60,17 +61,22 @@ static void select_topk(const wpi_hparams *hp, const float *probs, int32_t *ids,
     }
 }
 
-static void lookahead(wpi_model *m, uint32_t l)
+/* Each of the n decode rows' likely experts of layer l + 1 (the cache skips the ones
+ * already resident or on their way). */
+static void lookahead(wpi_model *m, uint32_t l, uint32_t n)
 {
     const wpi_hparams *hp = m->hp;
     const wpi_layer *N = &m->layers[l + 1];
-    wpi_rmsnorm(m->xg, m->x, N->ffn_norm, hp->hidden_size, hp->rms_norm_eps);
-    route(m, N->router, m->xg, hp->hidden_size, 1, m->la_probs);
-    if (wpi_route_noaux_used(hp, N))
-        wpi_route_noaux(hp, m->la_probs, N->exp_bias, m->route_tmp, m->la_ids, m->la_w);
-    else
-        wpi_topk(m->la_probs, hp->n_experts, hp->top_k, m->la_ids, m->la_w);
-    wpi_experts_prefetch(m->experts, l + 1, m->la_ids, hp->top_k);
+    const size_t H = hp->hidden_size;
+    for (uint32_t t = 0; t < n; t++) {
+        wpi_rmsnorm(m->xg, m->x + t * H, N->ffn_norm, H, hp->rms_norm_eps);
+        route(m, N->router, m->xg, H, 1, m->la_probs);
+        if (wpi_route_noaux_used(hp, N))
+            wpi_route_noaux(hp, m->la_probs, N->exp_bias, m->route_tmp, m->la_ids, m->la_w);
+        else
+            wpi_topk(m->la_probs, hp->n_experts, hp->top_k, m->la_ids, m->la_w);
+        wpi_experts_prefetch(m->experts, l + 1, m->la_ids, hp->top_k);
+    }
 }
 
 /* Applies expert `id` to the tokens of its picks [p0, p1), outputs into eo. */
@@ -313,12 +319,13 @@ wp_status wpi_moe_block(wpi_model *m, uint32_t l, uint32_t n)
         for (size_t i = 0; i < H; i++) x[i] += acc[i];
     }
 
-    if (m->lookahead && n == 1 && l + 1 < hp->n_layers && m->layers[l + 1].is_moe)
-        lookahead(m, l);
+    if (m->lookahead && (n == 1 || n == m->la_rows) && l + 1 < hp->n_layers &&
+        m->layers[l + 1].is_moe)
+        lookahead(m, l, n);
     return WP_OK;
 }
 
-wp_status wpi_moe_decoder_layer(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
+void wpi_moe_decoder_mixer(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
 {
     /* a layer hparams.attn_kinds marks "sliding" (mixtral, qwen2_moe, qwen3_moe) sees
      * only the last sliding_window keys; no sinks there, so it is plain attention within */
@@ -326,11 +333,21 @@ wp_status wpi_moe_decoder_layer(wpi_model *m, uint32_t l, uint32_t n, uint32_t p
         wpi_attention_sw_block(m, l, n, pos, m->hp->sliding_window);
     else
         wpi_attention_block(m, l, n, pos);
+}
+
+wp_status wpi_moe_decoder_ffn(wpi_model *m, uint32_t l, uint32_t n)
+{
     if (!m->layers[l].is_moe) {
         wpi_ffn_block(m, l, n);
         return WP_OK;
     }
     return wpi_moe_block(m, l, n);
+}
+
+wp_status wpi_moe_decoder_layer(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
+{
+    wpi_moe_decoder_mixer(m, l, n, pos);
+    return wpi_moe_decoder_ffn(m, l, n);
 }
 
 void wpi_topk_insert(float *w, int32_t *ids, uint32_t k, uint32_t *filled, float s, int32_t id)

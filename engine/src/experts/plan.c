@@ -1,9 +1,12 @@
 /*
- * plan.c -- the memory plan (floor, working set, budget, cache size) and usable RAM.
+ * plan.c -- the memory plan (floor, working set, budget, cache size). The state and
+ * scratch sizes come from the layer above (wpi_sizes_fn): no architecture is known here.
  *
  *   floor       = trunk + kv + scratch + minimum cache (top_k x record x 2, so one
  *                 layer's experts can be in use while the next layer's are read, plus
  *                 the cache's bookkeeping: wpi_cache_meta_bytes)
+ *                 + (sequences - 1) x sequence (its state and its layer table; the
+ *                 scratch is shared, sequence 0's state is kv)
  *   ws          = top_k x record x MoE layers: one token's expert traffic
  *   recommended = floor + 3 ws, capped where every expert record fits
  *   budget      = explicit: exactly as given (below the floor: WP_E_BUDGET)
@@ -22,11 +25,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "arch.h"
+#include "experts.h"
 
 #define GIB (1024.0 * 1024.0 * 1024.0)
 #define DEFAULT_CTX 4096
 #define DEFAULT_CHUNK 64
+#define WPI_MAX_SEQUENCES 4096 /* states a context may hold */
 
 static uint64_t sat_add(uint64_t a, uint64_t b)
 {
@@ -39,10 +43,10 @@ static uint64_t sat_mul(uint64_t a, uint64_t b)
     return __builtin_mul_overflow(a, b, &r) ? UINT64_MAX : r;
 }
 
-wp_status wpi_plan(const wpi_container *c, const wp_cfg *cfg, wp_plan *out, char *err,
-                   size_t cap)
+wp_status wpi_plan(const wpi_container *c, const wp_cfg *cfg, wpi_sizes_fn sizes,
+                   wp_plan *out, char *err, size_t cap)
 {
-    if (!c || !cfg || !out)
+    if (!c || !cfg || !sizes || !out)
         return wpi_fail(err, cap, WP_E_ARG, "plan: NULL argument");
     memset(out, 0, sizeof(*out));
     const wpi_hparams *hp = &c->hp;
@@ -54,11 +58,14 @@ wp_status wpi_plan(const wpi_container *c, const wp_cfg *cfg, wp_plan *out, char
     uint64_t rec = c->n_banks ? c->max_record_bytes : 0;
     uint64_t topk = c->n_banks ? hp->top_k : 0;
 
+    if (cfg->max_sequences > WPI_MAX_SEQUENCES)
+        return wpi_fail(err, cap, WP_E_ARG, "max_sequences %u is above the limit %u",
+                        cfg->max_sequences, WPI_MAX_SEQUENCES);
     out->ctx_tokens = ctx;
+    out->sequences = cfg->max_sequences ? cfg->max_sequences : 1;
     out->trunk_bytes = c->trunk_bytes;
-    out->kv_bytes = wpi_kv_bytes(hp, ctx);
-    wpi_state_bytes(hp, ctx, out->state_bytes);
-    out->scratch_bytes = wpi_scratch_bytes(hp, chunk, ctx);
+    sizes(hp, ctx, chunk, out->state_bytes, &out->scratch_bytes, &out->sequence_bytes);
+    for (int k = 0; k < WP_STATE_KINDS; k++) out->kv_bytes += out->state_bytes[k];
     out->record_bytes = rec;
     out->experts_total_bytes = c->experts_total_bytes;
     /* The cache's bookkeeping (slot table, map, usage counts) is part of the minimum:
@@ -67,8 +74,10 @@ wp_status wpi_plan(const wpi_container *c, const wp_cfg *cfg, wp_plan *out, char
     uint64_t most = records > 2 * topk ? records : 2 * topk;
     uint64_t meta = wpi_cache_meta_bytes(c, most > UINT32_MAX ? UINT32_MAX : (uint32_t)most);
     out->min_cache_bytes = sat_add(sat_mul(sat_mul(topk, rec), 2), meta);
-    out->floor_bytes = sat_add(sat_add(sat_add(out->trunk_bytes, out->kv_bytes),
-                                       out->scratch_bytes), out->min_cache_bytes);
+    const uint64_t more = sat_mul(out->sequences - 1, out->sequence_bytes);
+    out->floor_bytes = sat_add(sat_add(sat_add(sat_add(out->trunk_bytes, out->kv_bytes),
+                                               out->scratch_bytes), out->min_cache_bytes),
+                               more);
     out->working_set_bytes = sat_mul(sat_mul(topk, rec), c->n_banks);
     /* The most cache that can be useful: every record (never below the minimum). */
     uint64_t all = c->n_banks ? sat_add(c->experts_total_bytes, meta) : 0;
@@ -85,14 +94,16 @@ wp_status wpi_plan(const wpi_container *c, const wp_cfg *cfg, wp_plan *out, char
         if (cfg->budget_bytes < out->floor_bytes) {
             st = wpi_fail(err, cap, WP_E_BUDGET,
                           "budget %llu bytes (%.2f GiB) is below the floor %llu bytes "
-                          "(%.2f GiB): trunk %llu + kv %llu + scratch %llu + minimum expert "
-                          "cache %llu",
+                          "(%.2f GiB) for %u sequence%s: trunk %llu + kv %llu + scratch %llu "
+                          "+ minimum expert cache %llu + %u more sequences x %llu",
                           (unsigned long long)cfg->budget_bytes, cfg->budget_bytes / GIB,
                           (unsigned long long)out->floor_bytes, out->floor_bytes / GIB,
+                          out->sequences, out->sequences == 1 ? "" : "s",
                           (unsigned long long)out->trunk_bytes,
                           (unsigned long long)out->kv_bytes,
                           (unsigned long long)out->scratch_bytes,
-                          (unsigned long long)out->min_cache_bytes);
+                          (unsigned long long)out->min_cache_bytes, out->sequences - 1,
+                          (unsigned long long)out->sequence_bytes);
         }
     } else {
         uint64_t cap_bytes = out->usable_ram_bytes / 4 * 3;
@@ -116,35 +127,5 @@ wp_status wpi_plan(const wpi_container *c, const wp_cfg *cfg, wp_plan *out, char
             out->cache_bytes = 0;
         out->cache_slots = wpi_cache_slots(c, out->cache_bytes);
     }
-    return st;
-}
-
-/* ---- public ------------------------------------------------------------------------ */
-
-wp_status wp_plan_memory(const char *path, const wp_cfg *cfg, wp_plan *out, char *err,
-                         size_t err_cap)
-{
-    if (err && err_cap)
-        err[0] = '\0';
-    if (!path || !out)
-        return wpi_fail(err, err_cap, WP_E_ARG, "wp_plan_memory: NULL argument");
-    wp_cfg defaults;
-    if (!cfg) {
-        wp_cfg_init(&defaults);
-        cfg = &defaults;
-    }
-    wpi_container *c = NULL;
-    wp_status st = wpi_container_open(path, &c, err, err_cap);
-    if (st != WP_OK)
-        return st;
-    const wpi_arch *arch = wpi_arch_find(c->hp.model_type);
-    if (!arch) {
-        st = wpi_fail(err, err_cap, WP_E_UNSUPPORTED,
-                      "model_type '%s' is not supported (supported: %s)", c->hp.model_type,
-                      wpi_arch_names());
-    } else if (!arch->check || (st = arch->check(c, err, err_cap)) == WP_OK) {
-        st = wpi_plan(c, cfg, out, err, err_cap);
-    }
-    wpi_container_close(c, NULL);
     return st;
 }

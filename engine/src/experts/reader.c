@@ -107,6 +107,19 @@ wp_status wpi_record_check(const wpi_bank *b, uint32_t expert, const void *rec, 
     if (why)
         return wpi_fail(err, cap, WP_E_IO, "%s: layer %u expert %u: %s", bank_file(b),
                         b->layer, expert, why);
+    /* Block contents (mxfp4's NaN scale), a damaged record like the above: gate, up and
+     * down each hold whole blocks. */
+    static const char *const part[3] = {"gate", "up", "down"};
+    const uint64_t off[4] = {b->gate_offset, b->up_offset, b->down_offset,
+                             WPI_RECORD_HEADER_BYTES + b->payload_bytes};
+    for (int i = 0; i < 3; i++) {
+        uint64_t bad;
+        if (!wpi_blocks_valid(b->dtype, h + off[i], off[i + 1] - off[i], &bad))
+            return wpi_fail(err, cap, WP_E_IO,
+                            "%s: layer %u expert %u: %s block %llu has %s scale byte 255 "
+                            "(NaN)", bank_file(b), b->layer, expert, part[i],
+                            (unsigned long long)bad, wpi_dtype_name(b->dtype));
+    }
     return WP_OK;
 }
 

@@ -18,12 +18,33 @@
 /* Dense slot of each dtype in the per-dtype arrays of a table. */
 enum {
     WPI_SLOT_F32, WPI_SLOT_F16, WPI_SLOT_BF16, WPI_SLOT_Q8_0, WPI_SLOT_Q4_0, WPI_SLOT_Q4_1,
-    WPI_SLOTS
+    WPI_SLOT_MXFP4, WPI_SLOTS
 };
 
 #define WPI_TILE_ROWS 8    /* rows dequantized together and sharing one pass over x */
 #define WPI_CHUNK_MAX 512  /* the largest chunk of a table: the driver's buffer width */
 #define WPI_BUF_ALIGN 64   /* the buffer's alignment: a whole AVX-512 vector */
+
+/*
+ * MXFP4 (docs/FORMAT.md section 1): a 17-byte block is the E8M0 scale byte e, then 16
+ * bytes of E2M1 codes (low nibble = weight j, high nibble = weight j + 16, as q4_0). Each
+ * file maps a code to twice its value with a byte table (WPI_MXFP4_X2: 0, 0.5, 1, 1.5, 2,
+ * 3, 4, 6 doubled, then their negatives; bit 3 is the sign) and multiplies by half the
+ * scale, 2^(e - 128): both factors are exact, so a weight is code * 2^(e - 127) in
+ * binary32 exactly, inf where that overflows (e >= 253 with large codes). Every kernel
+ * multiplies each weight by half the scale before its product with x, as the reference
+ * does, so all of them overflow on the same weights.
+ */
+#define WPI_MXFP4_BYTES 17
+#define WPI_MXFP4_X2 0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12
+
+/* 2^(e - 128) as a float, exactly (a subnormal for e < 2); e = 255 is refused at open. */
+static inline float wpi_e8m0_half(uint8_t e)
+{
+    union { uint32_t u; float f; } v;
+    v.u = e < 2 ? (uint32_t)0x00200000u << e : (uint32_t)(e - 1) << 23;
+    return v.f;
+}
 
 /* One weight row (cols weights) dotted with one token's activations. */
 typedef float (*wpi_row_dot_fn)(const uint8_t *row, const float *x, size_t cols);

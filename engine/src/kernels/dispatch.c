@@ -119,6 +119,7 @@ wpi_matmul_fn wpi_kernels_matmul(const wpi_kernels *k, int dtype)
     case WPI_Q8_0: return k->matmul_q8_0;
     case WPI_Q4_0: return k->matmul_q4_0;
     case WPI_Q4_1: return k->matmul_q4_1;
+    case WPI_MXFP4: return k->matmul_mxfp4;
     default: return NULL;
     }
 }

@@ -24,7 +24,8 @@ enum {
     WPI_Q4_0 = 2,
     WPI_Q4_1 = 3,
     WPI_Q8_0 = 8,
-    WPI_BF16 = 30
+    WPI_BF16 = 30,
+    WPI_MXFP4 = 39
 };
 
 #define WPI_QK 32 /* weights per quantized block */
@@ -55,6 +56,7 @@ typedef struct wpi_kernels {
     wpi_matmul_fn matmul_q8_0;
     wpi_matmul_fn matmul_q4_0;
     wpi_matmul_fn matmul_q4_1;
+    wpi_matmul_fn matmul_mxfp4;
     float (*dot_f32)(const float *a, const float *b, size_t n);
     void (*axpy_f32)(float a, const float *x, float *y, size_t n); /* y += a*x */
 } wpi_kernels;
@@ -85,6 +87,10 @@ uint16_t wpi_f32_to_bf16(float f);
 void wpi_dequant_row(int dtype, const void *row, float *out, size_t cols);
 /* Quantizes one row (cols % 32 == 0) into the dtype layout; returns bytes written. */
 size_t wpi_quant_row(int dtype, const float *in, void *out, size_t cols);
+/* Whether `bytes` bytes of whole dtype blocks hold only valid blocks: every dtype's are
+ * but mxfp4's, whose scale byte 255 (NaN in E8M0) is refused. Returns 1 if valid; else 0
+ * with *bad_block set to the index of the first invalid block. */
+int wpi_blocks_valid(int dtype, const void *data, uint64_t bytes, uint64_t *bad_block);
 
 /* Elementwise helpers used by the blocks (reference speed is fine at these sizes). */
 /* out = x / sqrt(mean(x^2) + eps) * w; out may equal x; w NULL means all ones. */

@@ -144,6 +144,22 @@ static inline void widen_q4_0_top(const uint8_t *q, __m256 w[4])
     w[3] = _mm256_cvtepi32_ps(_mm256_and_si256(b1, hi_mask));
 }
 
+/* The 32 weights of an mxfp4 block (blocks.h) as four float vectors: each code's
+ * doubled value from a byte table (low nibbles = weights 0..15, high = 16..31), widened
+ * to float and times half the scale (exact). */
+static inline void widen_mxfp4(const uint8_t *blk, __m256 w[4])
+{
+    const __m128i lut = _mm_setr_epi8(WPI_MXFP4_X2), m4 = _mm_set1_epi8(15);
+    __m128i raw = _mm_loadu_si128((const __m128i *)(blk + 1));
+    __m128i lo = _mm_shuffle_epi8(lut, _mm_and_si128(raw, m4));
+    __m128i hi = _mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(raw, 4), m4));
+    __m256 dh = _mm256_set1_ps(wpi_e8m0_half(blk[0]));
+    w[0] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)), dh);
+    w[1] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))), dh);
+    w[2] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)), dh);
+    w[3] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))), dh);
+}
+
 /* sum over the block of w[k] * x[8k..8k+8), as a vector. */
 static inline __m256 block_dot(const __m256 w[4], const float *x)
 {
@@ -252,6 +268,14 @@ static inline __m256 block_q4_0(const uint8_t *blk, const float *x, __m256 acc)
     return _mm256_fmadd_ps(_mm256_set1_ps(load_f16(blk) * 0x1p-28f), block_dot(w, x), acc);
 }
 
+/* acc + one mxfp4 block's sum(w*x), the weights already scaled. */
+static inline __m256 block_mxfp4(const uint8_t *blk, const float *x, __m256 acc)
+{
+    __m256 w[4];
+    widen_mxfp4(blk, w);
+    return _mm256_add_ps(acc, block_dot(w, x));
+}
+
 /* The lane-wise sum of a 32-float block of x, as block_q4_1 needs it. */
 static inline __m256 block_xsum(const float *x)
 {
@@ -299,6 +323,7 @@ static float row_q4_1_sx(const uint8_t *row, const float *x, const __m256 *sx, s
 ROW_QUANT(row_q8_0, block_q8_0, 34)
 ROW_QUANT(row_q4_0, block_q4_0, 18)
 ROW_QUANT(row_q4_1, block_q4_1, 20)
+ROW_QUANT(row_mxfp4, block_mxfp4, WPI_MXFP4_BYTES)
 
 /* q4_1 rows against one x: with two rows or more, the block sums of x are formed once
  * for all of them. */
@@ -368,7 +393,16 @@ static inline void dequant_block_q4_1(const uint8_t *blk, float *out)
 
 WPI_DEQUANT_QUANT(dequant_q8_0, dequant_block_q8_0, 34)
 WPI_DEQUANT_QUANT(dequant_q4_0, dequant_block_q4_0, 18)
+static inline void dequant_block_mxfp4(const uint8_t *blk, float *out)
+{
+    __m256 w[4];
+    widen_mxfp4(blk, w);
+    for (int k = 0; k < 4; k++)
+        _mm256_store_ps(out + 8 * k, w[k]);
+}
+
 WPI_DEQUANT_QUANT(dequant_q4_1, dequant_block_q4_1, 20)
+WPI_DEQUANT_QUANT(dequant_mxfp4, dequant_block_mxfp4, WPI_MXFP4_BYTES)
 
 /*
  * The tile: sums of w_i[0..n) * x_t[0..n) for 2 rows x 4 tokens, one accumulator per
@@ -439,12 +473,13 @@ const wpi_blocks wpi_blocks_avx2 = {
     .row_dot = {
         [WPI_SLOT_F32] = row_f32, [WPI_SLOT_F16] = row_f16, [WPI_SLOT_BF16] = row_bf16,
         [WPI_SLOT_Q8_0] = row_q8_0, [WPI_SLOT_Q4_0] = row_q4_0, [WPI_SLOT_Q4_1] = row_q4_1,
+        [WPI_SLOT_MXFP4] = row_mxfp4,
     },
     .rows_dot = {[WPI_SLOT_Q4_1] = rows_q4_1},
     .dequant = {
         [WPI_SLOT_F16] = dequant_f16, [WPI_SLOT_BF16] = dequant_bf16,
         [WPI_SLOT_Q8_0] = dequant_q8_0, [WPI_SLOT_Q4_0] = dequant_q4_0,
-        [WPI_SLOT_Q4_1] = dequant_q4_1,
+        [WPI_SLOT_Q4_1] = dequant_q4_1, [WPI_SLOT_MXFP4] = dequant_mxfp4,
     },
     .apply = apply_tiles,
     .dot_f32 = dot_f32_avx2,

@@ -81,6 +81,19 @@ static inline void widen_q4(const uint8_t *q, int bias, __m512 *w0, __m512 *w1)
     *w1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi));
 }
 
+/* The 32 weights of an mxfp4 block (blocks.h): w0 = weights 0..15 (low nibbles), w1 =
+ * 16..31, each code's doubled value from a byte table, widened and times half the scale. */
+static inline void widen_mxfp4(const uint8_t *blk, __m512 *w0, __m512 *w1)
+{
+    const __m128i lut = _mm_setr_epi8(WPI_MXFP4_X2), m4 = _mm_set1_epi8(15);
+    __m128i raw = _mm_loadu_si128((const __m128i *)(blk + 1));
+    __m128i lo = _mm_shuffle_epi8(lut, _mm_and_si128(raw, m4));
+    __m128i hi = _mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(raw, 4), m4));
+    __m512 dh = _mm512_set1_ps(wpi_e8m0_half(blk[0]));
+    *w0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo)), dh);
+    *w1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi)), dh);
+}
+
 static inline __m512 block_dot(__m512 w0, __m512 w1, const float *x)
 {
     return _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + 16), _mm512_mul_ps(w0, _mm512_loadu_ps(x)));
@@ -169,6 +182,14 @@ static inline __m512 block_q4_1(const uint8_t *blk, const float *x, __m512 acc)
     return _mm512_fmadd_ps(_mm512_set1_ps(load_f16(blk)), block_dot(w0, w1, x), acc);
 }
 
+/* acc + one mxfp4 block's sum(w*x), the weights already scaled. */
+static inline __m512 block_mxfp4(const uint8_t *blk, const float *x, __m512 acc)
+{
+    __m512 w0, w1;
+    widen_mxfp4(blk, &w0, &w1);
+    return _mm512_add_ps(acc, block_dot(w0, w1, x));
+}
+
 /* blocks.h's even/odd row loop over this file's vectors. */
 #define ROW_QUANT(name, block_fn, bytes) \
     WPI_ROW_QUANT(name, block_fn, bytes, __m512, _mm512_setzero_ps(), _mm512_add_ps,    \
@@ -177,6 +198,7 @@ static inline __m512 block_q4_1(const uint8_t *blk, const float *x, __m512 acc)
 ROW_QUANT(row_q8_0, block_q8_0, 34)
 ROW_QUANT(row_q4_0, block_q4_0, 18)
 ROW_QUANT(row_q4_1, block_q4_1, 20)
+ROW_QUANT(row_mxfp4, block_mxfp4, WPI_MXFP4_BYTES)
 
 static float row_f16(const uint8_t *row, const float *x, size_t n)
 {
@@ -236,7 +258,16 @@ static inline void dequant_block_q4_1(const uint8_t *blk, float *out)
 
 WPI_DEQUANT_QUANT(dequant_q8_0, dequant_block_q8_0, 34)
 WPI_DEQUANT_QUANT(dequant_q4_0, dequant_block_q4_0, 18)
+static inline void dequant_block_mxfp4(const uint8_t *blk, float *out)
+{
+    __m512 w0, w1;
+    widen_mxfp4(blk, &w0, &w1);
+    _mm512_store_ps(out, w0);
+    _mm512_store_ps(out + 16, w1);
+}
+
 WPI_DEQUANT_QUANT(dequant_q4_1, dequant_block_q4_1, 20)
+WPI_DEQUANT_QUANT(dequant_mxfp4, dequant_block_mxfp4, WPI_MXFP4_BYTES)
 
 /*
  * The tile: sums of w_i[0..n) * x_t[0..n) for 2 rows x 4 tokens, one accumulator per
@@ -307,11 +338,12 @@ const wpi_blocks wpi_blocks_avx512 = {
     .row_dot = {
         [WPI_SLOT_F32] = row_f32, [WPI_SLOT_F16] = row_f16, [WPI_SLOT_BF16] = row_bf16,
         [WPI_SLOT_Q8_0] = row_q8_0, [WPI_SLOT_Q4_0] = row_q4_0, [WPI_SLOT_Q4_1] = row_q4_1,
+        [WPI_SLOT_MXFP4] = row_mxfp4,
     },
     .dequant = {
         [WPI_SLOT_F16] = dequant_f16, [WPI_SLOT_BF16] = dequant_bf16,
         [WPI_SLOT_Q8_0] = dequant_q8_0, [WPI_SLOT_Q4_0] = dequant_q4_0,
-        [WPI_SLOT_Q4_1] = dequant_q4_1,
+        [WPI_SLOT_Q4_1] = dequant_q4_1, [WPI_SLOT_MXFP4] = dequant_mxfp4,
     },
     .apply = apply_tiles,
     .dot_f32 = dot_f32_avx512,

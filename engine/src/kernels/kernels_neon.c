@@ -89,6 +89,21 @@ static inline void widen_q4(const uint8_t *q, int bias, float32x4_t w[8])
     widen16(hi, w + 4);
 }
 
+/* The 32 weights of an mxfp4 block (blocks.h) as eight float vectors: each code's doubled
+ * value from a byte table (low nibbles = weights 0..15, high = 16..31), widened and times
+ * half the scale (exact). */
+static inline void widen_mxfp4(const uint8_t *blk, float32x4_t w[8])
+{
+    static const int8_t lut_b[16] = {WPI_MXFP4_X2};
+    int8x16_t lut = vld1q_s8(lut_b);
+    uint8x16_t raw = vld1q_u8(blk + 1);
+    widen16(vqtbl1q_s8(lut, vandq_u8(raw, vdupq_n_u8(15))), w);
+    widen16(vqtbl1q_s8(lut, vshrq_n_u8(raw, 4)), w + 4);
+    float dh = wpi_e8m0_half(blk[0]);
+    for (int k = 0; k < 8; k++)
+        w[k] = vmulq_n_f32(w[k], dh);
+}
+
 /* sum over the block of w[k] * x[4k..4k+4), as a vector. */
 static inline float32x4_t block_dot(const float32x4_t w[8], const float *x)
 {
@@ -199,6 +214,14 @@ static inline float32x4_t block_q4_1(const uint8_t *blk, const float *x, float32
     return vfmaq_n_f32(acc, block_dot(w, x), load_f16(blk));
 }
 
+/* acc + one mxfp4 block's sum(w*x), the weights already scaled. */
+static inline float32x4_t block_mxfp4(const uint8_t *blk, const float *x, float32x4_t acc)
+{
+    float32x4_t w[8];
+    widen_mxfp4(blk, w);
+    return vaddq_f32(acc, block_dot(w, x));
+}
+
 /* blocks.h's even/odd row loop over this file's vectors. */
 #define ROW_QUANT(name, block_fn, bytes) \
     WPI_ROW_QUANT(name, block_fn, bytes, float32x4_t, vdupq_n_f32(0.0f), vaddq_f32, vaddvq_f32)
@@ -206,6 +229,7 @@ static inline float32x4_t block_q4_1(const uint8_t *blk, const float *x, float32
 ROW_QUANT(row_q8_0, block_q8_0, 34)
 ROW_QUANT(row_q4_0, block_q4_0, 18)
 ROW_QUANT(row_q4_1, block_q4_1, 20)
+ROW_QUANT(row_mxfp4, block_mxfp4, WPI_MXFP4_BYTES)
 
 /* ---- several tokens: dequantize a chunk once, apply it to every token ------------- */
 
@@ -252,7 +276,16 @@ static inline void dequant_block_q4_1(const uint8_t *blk, float *out)
 
 WPI_DEQUANT_QUANT(dequant_q8_0, dequant_block_q8_0, 34)
 WPI_DEQUANT_QUANT(dequant_q4_0, dequant_block_q4_0, 18)
+static inline void dequant_block_mxfp4(const uint8_t *blk, float *out)
+{
+    float32x4_t w[8];
+    widen_mxfp4(blk, w);
+    for (int k = 0; k < 8; k++)
+        vst1q_f32(out + 4 * k, w[k]);
+}
+
 WPI_DEQUANT_QUANT(dequant_q4_1, dequant_block_q4_1, 20)
+WPI_DEQUANT_QUANT(dequant_mxfp4, dequant_block_mxfp4, WPI_MXFP4_BYTES)
 
 /*
  * The tile: sums of w_i[0..n) * x_t[0..n) for 2 rows x 4 tokens, one accumulator per
@@ -296,11 +329,12 @@ const wpi_blocks wpi_blocks_neon = {
     .row_dot = {
         [WPI_SLOT_F32] = row_f32, [WPI_SLOT_F16] = row_f16, [WPI_SLOT_BF16] = row_bf16,
         [WPI_SLOT_Q8_0] = row_q8_0, [WPI_SLOT_Q4_0] = row_q4_0, [WPI_SLOT_Q4_1] = row_q4_1,
+        [WPI_SLOT_MXFP4] = row_mxfp4,
     },
     .dequant = {
         [WPI_SLOT_F16] = dequant_f16, [WPI_SLOT_BF16] = dequant_bf16,
         [WPI_SLOT_Q8_0] = dequant_q8_0, [WPI_SLOT_Q4_0] = dequant_q4_0,
-        [WPI_SLOT_Q4_1] = dequant_q4_1,
+        [WPI_SLOT_Q4_1] = dequant_q4_1, [WPI_SLOT_MXFP4] = dequant_mxfp4,
     },
     .apply = apply_tiles,
     .dot_f32 = dot_f32_neon,

@@ -3,10 +3,10 @@
  *
  * Plain scalar C, written for reading, not speed: the SIMD variants are tested against
  * it, and it is the kernel set of last resort on any CPU. Also owns the block formats
- * (docs/FORMAT.md section 1): row sizes, f16/bf16 conversion, and the q8_0/q4_0/q4_1
+ * (docs/FORMAT.md section 1): row sizes, f16/bf16 conversion, the q8_0/q4_0/q4_1/mxfp4
  * quantizers, which produce the same bytes as GGUF's reference quantizers (gguf-py's
  * numpy code and ggml's quantize_row_*_ref), so a row quantized here equals a row
- * the Python converter writes.
+ * the Python converter writes, and the one check of block contents (mxfp4's NaN scale).
  *
  * Multi-byte fields inside blocks are little-endian and read byte by byte, so this
  * file is correct on any host.
@@ -25,7 +25,7 @@ int wpi_dtype_valid(int dtype)
 {
     switch (dtype) {
     case WPI_F32: case WPI_F16: case WPI_BF16:
-    case WPI_Q8_0: case WPI_Q4_0: case WPI_Q4_1:
+    case WPI_Q8_0: case WPI_Q4_0: case WPI_Q4_1: case WPI_MXFP4:
         return 1;
     default:
         return 0;
@@ -41,6 +41,7 @@ const char *wpi_dtype_name(int dtype)
     case WPI_Q8_0: return "q8_0";
     case WPI_Q4_0: return "q4_0";
     case WPI_Q4_1: return "q4_1";
+    case WPI_MXFP4: return "mxfp4";
     default: return "unknown";
     }
 }
@@ -52,6 +53,7 @@ static size_t block_bytes(int dtype)
     case WPI_Q8_0: return 2 + 32;
     case WPI_Q4_0: return 2 + 16;
     case WPI_Q4_1: return 2 + 2 + 16;
+    case WPI_MXFP4: return WPI_MXFP4_BYTES;
     default: return 0;
     }
 }
@@ -63,7 +65,7 @@ size_t wpi_row_bytes(int dtype, size_t cols)
     switch (dtype) {
     case WPI_F32: return cols * 4;
     case WPI_F16: case WPI_BF16: return cols * 2;
-    case WPI_Q8_0: case WPI_Q4_0: case WPI_Q4_1:
+    case WPI_Q8_0: case WPI_Q4_0: case WPI_Q4_1: case WPI_MXFP4:
         return cols % WPI_QK ? 0 : cols / WPI_QK * block_bytes(dtype);
     default:
         return 0;
@@ -162,6 +164,9 @@ uint16_t wpi_f32_to_bf16(float f)
 
 /* ---- dequantization ----------------------------------------------------------- */
 
+/* Twice the value of each E2M1 code (blocks.h). */
+static const int8_t mxfp4_x2[16] = {WPI_MXFP4_X2};
+
 /* Weights [c, c + n) of a row into out. Quantized dtypes: c % 32 == 0 and n == 32. */
 static void dequant_span(int dtype, const uint8_t *row, size_t c, size_t n, float *out)
 {
@@ -200,6 +205,15 @@ static void dequant_span(int dtype, const uint8_t *row, size_t c, size_t n, floa
         for (size_t j = 0; j < 16; j++) {
             out[j] = d * (float)(b[4 + j] & 15) + m;
             out[j + 16] = d * (float)(b[4 + j] >> 4) + m;
+        }
+        return;
+    }
+    case WPI_MXFP4: {
+        const uint8_t *b = row + c / WPI_QK * WPI_MXFP4_BYTES;
+        float dh = wpi_e8m0_half(b[0]);
+        for (size_t j = 0; j < 16; j++) {
+            out[j] = (float)mxfp4_x2[b[1 + j] & 15] * dh;
+            out[j + 16] = (float)mxfp4_x2[b[1 + j] >> 4] * dh;
         }
         return;
     }
@@ -284,6 +298,42 @@ static void quant_q4_1(const float *x, uint8_t *b)
     }
 }
 
+/* mxfp4, as gguf-py's quantizer: e = floor(log2(amax)) - 2 + 127 (0 for an all-zero
+ * block; clamped to 0..254, where gguf-py wraps around), and each weight takes the code
+ * whose value times the scale is nearest, the first in code order on a tie (the smaller
+ * magnitude, and +0 rather than -0). */
+static void quant_mxfp4(const float *x, uint8_t *b)
+{
+    float amax = 0.0f;
+    for (int j = 0; j < 32; j++)
+        amax = fabsf(x[j]) > amax ? fabsf(x[j]) : amax;
+    int e = 0;
+    if (amax > 0.0f) {
+        int k;
+        frexpf(amax, &k); /* amax = m * 2^k, m in [0.5, 1): floor(log2(amax)) = k - 1 */
+        e = k - 1 - 2 + 127;
+        e = e < 0 ? 0 : e > 254 ? 254 : e;
+    }
+    float dh = wpi_e8m0_half((uint8_t)e);
+    uint8_t q[32];
+    for (int j = 0; j < 32; j++) {
+        int best = 0;
+        float best_err = INFINITY;
+        for (int i = 0; i < 16; i++) {
+            float v = (float)mxfp4_x2[i] * dh;
+            float err = fabsf(v - x[j]);
+            if (err < best_err) {
+                best_err = err;
+                best = i;
+            }
+        }
+        q[j] = (uint8_t)best;
+    }
+    b[0] = (uint8_t)e;
+    for (int j = 0; j < 16; j++)
+        b[1 + j] = (uint8_t)(q[j] | (q[j + 16] << 4));
+}
+
 size_t wpi_quant_row(int dtype, const float *in, void *out, size_t cols)
 {
     size_t bytes = wpi_row_bytes(dtype, cols);
@@ -314,10 +364,29 @@ size_t wpi_quant_row(int dtype, const float *in, void *out, size_t cols)
         for (size_t c = 0; c < cols; c += WPI_QK)
             quant_q4_1(in + c, o + c / WPI_QK * 20);
         break;
+    case WPI_MXFP4:
+        for (size_t c = 0; c < cols; c += WPI_QK)
+            quant_mxfp4(in + c, o + c / WPI_QK * WPI_MXFP4_BYTES);
+        break;
     default:
         return 0;
     }
     return bytes;
+}
+
+int wpi_blocks_valid(int dtype, const void *data, uint64_t bytes, uint64_t *bad_block)
+{
+    if (dtype != WPI_MXFP4)
+        return 1;
+    const uint8_t *p = data;
+    for (uint64_t b = 0; b < bytes / WPI_MXFP4_BYTES; b++) {
+        if (p[b * WPI_MXFP4_BYTES] == 255) {
+            if (bad_block)
+                *bad_block = b;
+            return 0;
+        }
+    }
+    return 1;
 }
 
 /* ---- matmul blocks (matmul.c's driver) --------------------------------------- */
@@ -373,6 +442,7 @@ REF_DTYPE(bf16, WPI_BF16)
 REF_DTYPE(q8_0, WPI_Q8_0)
 REF_DTYPE(q4_0, WPI_Q4_0)
 REF_DTYPE(q4_1, WPI_Q4_1)
+REF_DTYPE(mxfp4, WPI_MXFP4)
 
 static float dot_f32_ref(const float *a, const float *b, size_t n)
 {
@@ -395,11 +465,13 @@ const wpi_blocks wpi_blocks_ref = {
         [WPI_SLOT_F32] = row_dot_f32, [WPI_SLOT_F16] = row_dot_f16,
         [WPI_SLOT_BF16] = row_dot_bf16, [WPI_SLOT_Q8_0] = row_dot_q8_0,
         [WPI_SLOT_Q4_0] = row_dot_q4_0, [WPI_SLOT_Q4_1] = row_dot_q4_1,
+        [WPI_SLOT_MXFP4] = row_dot_mxfp4,
     },
     .dequant = {
         [WPI_SLOT_F32] = dequant_f32, [WPI_SLOT_F16] = dequant_f16,
         [WPI_SLOT_BF16] = dequant_bf16, [WPI_SLOT_Q8_0] = dequant_q8_0,
         [WPI_SLOT_Q4_0] = dequant_q4_0, [WPI_SLOT_Q4_1] = dequant_q4_1,
+        [WPI_SLOT_MXFP4] = dequant_mxfp4,
     },
     .apply = apply_tiles,
     .dot_f32 = dot_f32_ref,

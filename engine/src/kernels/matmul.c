@@ -90,6 +90,7 @@ static void matmul(const wpi_blocks *b, int slot, int dtype, const void *w, size
     MATMUL_ENTRY(isa, q8_0, WPI_SLOT_Q8_0, WPI_Q8_0)                                     \
     MATMUL_ENTRY(isa, q4_0, WPI_SLOT_Q4_0, WPI_Q4_0)                                     \
     MATMUL_ENTRY(isa, q4_1, WPI_SLOT_Q4_1, WPI_Q4_1)                                     \
+    MATMUL_ENTRY(isa, mxfp4, WPI_SLOT_MXFP4, WPI_MXFP4)                                  \
     static float dot_f32_##isa(const float *a, const float *b, size_t n)                 \
     {                                                                                    \
         return wpi_blocks_##isa.dot_f32(a, b, n);                                        \
@@ -106,6 +107,7 @@ static void matmul(const wpi_blocks *b, int slot, int dtype, const void *w, size
         .matmul_q8_0 = matmul_q8_0_##isa,                                                \
         .matmul_q4_0 = matmul_q4_0_##isa,                                                \
         .matmul_q4_1 = matmul_q4_1_##isa,                                                \
+        .matmul_mxfp4 = matmul_mxfp4_##isa,                                              \
         .dot_f32 = dot_f32_##isa,                                                        \
         .axpy_f32 = axpy_f32_##isa,                                                      \
     };

@@ -135,7 +135,7 @@ def error_body(message: str, type: str = "invalid_request_error", param: str | N
 class ChunkStream:
     """Chunk dicts of one streamed reply; `close()` (from any thread) stops generation.
 
-    Iterate it in one thread: the engine's lock belongs to the thread that started it.
+    Iterate it in one thread: the engine records a generation's result per thread.
     """
 
     def __init__(self, make: Callable[[Callable[[], bool]], Iterator[dict[str, Any]]]) -> None:

@@ -2,8 +2,8 @@
 
 Owns: SSE framing of `api.ChunkStream`s (`data: {json}` events, an engine failure mid-stream
 as an error event, `data: [DONE]` unless the stream was cancelled), a progress deadline,
-and `Pump`, which runs one `WarpAPI.handle` call on a thread of its own (the engine's lock
-belongs to the thread that started a generation, so one request never changes threads)
+and `Pump`, which runs one `WarpAPI.handle` call on a thread of its own (a generation's
+result is read in the thread that iterated it, so one request never changes threads)
 and hands its head and SSE frames to an asyncio event loop one at a time, at most one
 frame ahead of the reader.
 Refuses: nothing; request meaning lives in `api.py`. Called by: `transport.py` (the async

@@ -113,10 +113,14 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budget")
     p.add_argument("--threads", type=int)
     p.add_argument("--ctx", type=int)
+    p.add_argument("--max-sequences", type=int, metavar="N",
+                   help="requests generated at once, batched (default: 4, or what the "
+                        "budget holds)")
 
 
 def _engine_opts(a: argparse.Namespace) -> dict[str, Any]:
-    opts: dict[str, Any] = {"budget": a.budget, "threads": a.threads, "ctx": a.ctx}
+    opts: dict[str, Any] = {"budget": a.budget, "threads": a.threads, "ctx": a.ctx,
+                            "max_sequences": a.max_sequences}
     return {k: v for k, v in opts.items() if v is not None}
 
 

@@ -10,8 +10,9 @@ constructors `warp_transport` / `async_warp_transport` (an http client for the i
 openai major: httpx2 for openai 3.x, httpx for 2.x) and `warp_openai_client` /
 `warp_async_openai_client`.
 Refuses: nothing itself; request meaning lives in `api.py`.
-Async requests run on one worker thread each (`bridge.Pump`; the engine's lock is per
-thread) that stays at most one chunk ahead of the reader, so the event loop never blocks.
+Async requests run on one worker thread each (`bridge.Pump`; a generation's result is
+read in the thread that iterated it) that stays at most one chunk ahead of the reader, so
+the event loop never blocks; the engine's scheduler batches the concurrent requests.
 """
 
 from __future__ import annotations

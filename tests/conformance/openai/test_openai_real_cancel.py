@@ -29,9 +29,8 @@ def _prompt_tokens(engine, messages) -> int:
 
 
 def _idle(engine, timeout: float = 10.0) -> None:
-    """Waits until no request holds the engine (the lock a generation holds throughout)."""
-    assert engine._lock.acquire(timeout=timeout), "the engine stayed busy"
-    engine._lock.release()
+    """Waits until no request is running or waiting on the engine."""
+    assert engine.idle(timeout), "the engine stayed busy"
 
 
 class Counter:

@@ -66,21 +66,20 @@ def _hand_kv_bytes(hp: dict[str, Any], ctx: int) -> dict[str, int]:
  ) = converted_suite(CONFIGS, ROUTING_BIAS_STD, _hand_kv_bytes)
 
 
-@pytest.mark.oracle
-def test_gpt_oss_mxfp4_source(oracle_env, tmp_path):
-    """An MXFP4 checkpoint (the original *_blocks/*_scales layout) converts exactly: the
-    engine matches transformers holding the dequantized weights, and the dequantizer
-    agrees with transformers' own."""
+def _mxfp4_checkpoint(tmp_path: Any) -> tuple[Any, Any, dict[str, np.ndarray]]:
+    """(model holding the dequantized weights, its MXFP4 checkpoint directory, the shipped
+    ``*_blocks``/``*_scales`` arrays by tensor name), the dequantizer checked against
+    transformers' own."""
     import torch
     from safetensors.torch import load_file, save_file
     from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
-    from warp_providers import Engine
     from warp_providers.convert.arch.gpt_oss import mxfp4_to_f32
 
     model = _build(seed=1)
     hf_dir = save(model, tmp_path / "hf")
     sd = load_file(str(hf_dir / "model.safetensors"))
+    shipped: dict[str, np.ndarray] = {}
     with torch.no_grad():
         for i, layer in enumerate(model.model.layers):
             ex = layer.mlp.experts
@@ -97,7 +96,19 @@ def test_gpt_oss_mxfp4_source(oracle_env, tmp_path):
                 del sd[pre + name]
                 sd[pre + name + "_blocks"] = torch.from_numpy(np.ascontiguousarray(blocks))
                 sd[pre + name + "_scales"] = torch.from_numpy(np.ascontiguousarray(scales))
+                shipped[pre + name + "_blocks"], shipped[pre + name + "_scales"] = blocks, scales
     save_file(sd, str(hf_dir / "model.safetensors"), metadata={"format": "pt"})
+    return model, hf_dir, shipped
+
+
+@pytest.mark.oracle
+def test_gpt_oss_mxfp4_source(oracle_env, tmp_path):
+    """An MXFP4 checkpoint (the original *_blocks/*_scales layout) re-quantized on request
+    converts exactly: the engine on f32 experts matches transformers holding the
+    dequantized weights; q4_0 experts stay close."""
+    from warp_providers import Engine
+
+    model, hf_dir, _ = _mxfp4_checkpoint(tmp_path)
     out = convert_to(hf_dir, tmp_path / "m.warp", experts="f32", trunk="f32")
     ref_all = logits(model, PROMPT).numpy()
     ref_tokens, ref_steps = greedy_ref(model, PROMPT, 16)
@@ -106,3 +117,68 @@ def test_gpt_oss_mxfp4_source(oracle_env, tmp_path):
     q4 = convert_to(hf_dir, tmp_path / "q4.warp", experts="q4_0", trunk="q8_0")
     with Engine.open(q4, threads=2) as eng:
         assert mean_kl(ref_all, eng.eval(PROMPT, all_logits=True)) <= 3e-2
+
+
+def _record_tensors(container: Any, bank: dict[str, Any], e: int) -> dict[str, bytes]:
+    """The gate, up and down bytes of expert e's record in a bank of the manifest."""
+    raw = (container / bank["file"]).read_bytes()
+    rec = raw[e * bank["record_bytes"]:(e + 1) * bank["record_bytes"]]
+    return {t["name"]: rec[t["offset"]:t["offset"] + t["bytes"]] for t in bank["tensors"]}
+
+
+@pytest.mark.oracle
+def test_gpt_oss_mxfp4_experts_stored_as_shipped(oracle_env, tmp_path):
+    """By default MXFP4 experts are stored as shipped: every record's codes and scales,
+    decoded from the container's blocks, equal the checkpoint's (gate = even rows of
+    gate_up, up = odd), and the engine on them matches transformers holding the exactly
+    dequantized weights (max |dlogit| <= 1e-4, prompt and 16 decode steps)."""
+    from oracle_util import manifest
+
+    from warp_providers import Engine
+    from warp_providers.convert.quant import mxfp4_unpack
+
+    model, hf_dir, shipped = _mxfp4_checkpoint(tmp_path)
+    out = convert_to(hf_dir, tmp_path / "m.warp", trunk="f32")
+    m = manifest(out)
+    assert m["quantization"]["experts"] == "mxfp4"
+    for bank in m["experts"]:
+        pre = f"model.layers.{bank['layer']}.mlp.experts."
+        shapes = {t["name"]: t["shape"] for t in bank["tensors"]}
+        assert {t["dtype"] for t in bank["tensors"]} == {"mxfp4"}
+        for e in range(bank["n_experts"]):
+            rec = _record_tensors(out, bank, e)
+            for name, src, rows in (("gate", "gate_up_proj", slice(0, None, 2)),
+                                    ("up", "gate_up_proj", slice(1, None, 2)),
+                                    ("down", "down_proj", slice(None))):
+                r, c = shapes[name]
+                packed, scales = mxfp4_unpack(np.frombuffer(rec[name], np.uint8), r, c)
+                blocks = shipped[pre + src + "_blocks"][e][rows]
+                np.testing.assert_array_equal(packed, blocks.reshape(r, c // 2))
+                np.testing.assert_array_equal(scales, shipped[pre + src + "_scales"][e][rows])
+    ref_all = logits(model, PROMPT).numpy()
+    ref_tokens, ref_steps = greedy_ref(model, PROMPT, 16)
+    with Engine.open(out, threads=2) as eng:
+        assert_matches_reference(eng, PROMPT, ref_all, ref_tokens, ref_steps,
+                                 "gpt_oss mxfp4 as shipped")
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("experts", [None, "q4_0"])
+def test_gpt_oss_mxfp4_nan_scale_refused_by_name(oracle_env, tmp_path, experts):
+    """A scale byte 255 (NaN in E8M0) is refused at convert, naming the tensor, whether
+    the experts are kept as shipped or re-quantized."""
+    from safetensors.numpy import load_file, save_file
+
+    from warp_providers.convert import ConvertError
+
+    _, hf_dir, _ = _mxfp4_checkpoint(tmp_path)
+    st = hf_dir / "model.safetensors"
+    sd = load_file(str(st))
+    bad = "model.layers.1.mlp.experts.down_proj_scales"
+    sd[bad] = sd[bad].copy()
+    sd[bad][0, 3, 1] = 255
+    save_file(sd, str(st), metadata={"format": "pt"})
+    kw = {"experts": experts} if experts else {}
+    with pytest.raises(ConvertError, match=f"{bad}.*scale byte 255"):
+        convert_to(hf_dir, tmp_path / "bad.warp", trunk="f32", **kw)
+    assert not (tmp_path / "bad.warp").exists()

@@ -8,8 +8,10 @@ Config: ``intermediate_size`` (the experts' width), ``layer_types`` -> ``attn_ki
 as trunk tensors ``ffn_{gate,up,down}_exps.bias`` (``[n_experts, width]`` f32), and the
 fused ``gate_up_proj`` whose gate and up are *interleaved* (gate = even, up = odd), stored
 ``[E, hidden, 2*inter]`` as transformers holds it, or as the original MXFP4
-``*_blocks``/``*_scales`` ``[E, rows, cols/32, 16]`` (dequantized exactly: FP4 e2m1
-nibbles, low nibble first, times 2^(scale-127)).
+``*_blocks``/``*_scales`` ``[E, rows, cols/32, 16]`` (FP4 e2m1 nibbles, low nibble first,
+times 2^(scale-127)): stored as container ``mxfp4`` code for code by default
+(``quant.mxfp4_pack``), dequantized exactly when another experts dtype is requested; a
+scale byte 255 (NaN) is refused naming the tensor either way.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from ..base import (
 )
 from ..decoder import Prepared
 from ..plan import ExpertLayerSrc, Plan, SrcTensor, expert_shapes, rope_freqs
-from ..quant import ConvertError
+from ..quant import ConvertError, check_e8m0, mxfp4_pack
 
 MODEL_TYPE: Final[str] = "gpt_oss"
 
@@ -168,20 +170,31 @@ def _experts(s: TensorSource, hp: Mapping[str, Any], i: int) -> ExpertLayerSrc:
         dn_s = s.u8(ex + "down_proj_scales", (E, H, inter // 32))
         nbytes = (gu_b.nbytes + gu_s.nbytes + dn_b.nbytes + dn_s.nbytes) // E
 
+        gu_sn, dn_sn = s.stored(ex + "gate_up_proj_scales"), s.stored(ex + "down_proj_scales")
+
         def expert(e: int) -> tuple[SrcTensor, SrcTensor, SrcTensor]:
-            def part(par: int) -> Part:
+            def part(par: int) -> tuple[Part, Callable[[], np.ndarray]]:
                 def rows(r0: int, r1: int) -> np.ndarray:
                     sl = slice(2 * r0 + par, 2 * r1 + par, 2)
+                    check_e8m0(gu_s[e, sl], gu_sn)
                     return mxfp4_to_f32(gu_b[e, sl], gu_s[e, sl])
-                return rows
+
+                def raw() -> np.ndarray:
+                    return mxfp4_pack(gu_b[e, par::2], gu_s[e, par::2], gu_sn)
+                return rows, raw
 
             def drows(r0: int, r1: int) -> np.ndarray:
+                check_e8m0(dn_s[e, r0:r1], dn_sn)
                 return mxfp4_to_f32(dn_b[e, r0:r1], dn_s[e, r0:r1])
 
+            def draw() -> np.ndarray:
+                return mxfp4_pack(dn_b[e], dn_s[e], dn_sn)
+
             g, u, d = (n.format(e) for n in names)
-            return (SrcTensor(g, gshape, "experts", part(0), nbytes // 3),
-                    SrcTensor(u, gshape, "experts", part(1), nbytes // 3),
-                    SrcTensor(d, dshape, "experts", drows, nbytes // 3))
+            (grows, graw), (urows, uraw) = part(0), part(1)
+            return (SrcTensor(g, gshape, "experts", grows, nbytes // 3, graw, "mxfp4"),
+                    SrcTensor(u, gshape, "experts", urows, nbytes // 3, uraw, "mxfp4"),
+                    SrcTensor(d, dshape, "experts", drows, nbytes // 3, draw, "mxfp4"))
 
         return ExpertLayerSrc(i, E, shapes, expert, nbytes * E)
     gu_name, dn_name = ex + "gate_up_proj", ex + "down_proj"
