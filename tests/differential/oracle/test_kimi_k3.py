@@ -206,6 +206,47 @@ def test_q8_0_experts_are_exact_on_their_own_weights(oracle_env, ref, models, tm
         assert eng.generate(PROMPT, max_tokens=8, stop_ids=[]).token_ids == ids[len(PROMPT):]
 
 
+@pytest.mark.parametrize("name", ["kkkm_block2", "kkm_plain"])
+def test_mxfp4_experts_stored_as_shipped(oracle_env, models, name, tmp_path) -> None:
+    """By default the experts are stored as shipped: every record's codes and scales,
+    decoded from the container's blocks, equal the checkpoint's weight_packed and
+    weight_scale, and the engine on them matches the reference (which dequantizes MXFP4
+    exactly) within 1e-4, prompt and decode, as with f32 experts."""
+    import json
+
+    from oracle_util import manifest, record_tensors
+    from safetensors import safe_open
+
+    from warp_providers import Engine
+    from warp_providers.convert import convert
+    from warp_providers.convert.quant import mxfp4_unpack
+
+    src, _, ref_all, ref_tokens, ref_steps = models[name]
+    out = convert(src, tmp_path / "mx.warp", trunk="f32")
+    m = manifest(out)
+    assert m["quantization"]["experts"] == "mxfp4"
+    where = json.loads((src / "model.safetensors.index.json").read_text())["weight_map"]
+
+    def shipped(key: str) -> np.ndarray:
+        with safe_open(str(src / where[key]), framework="numpy") as f:
+            return f.get_tensor(key)
+
+    for bank in m["experts"]:
+        shapes = {t["name"]: t["shape"] for t in bank["tensors"]}
+        assert {t["dtype"] for t in bank["tensors"]} == {"mxfp4"}
+        pre = f"language_model.model.layers.{bank['layer']}.block_sparse_moe.experts."
+        for e in range(bank["n_experts"]):
+            rec = record_tensors(out, bank, e)
+            for part, w in (("gate", "w1"), ("up", "w3"), ("down", "w2")):
+                r, c = shapes[part]
+                packed, scales = mxfp4_unpack(np.frombuffer(rec[part], np.uint8), r, c)
+                np.testing.assert_array_equal(packed, shipped(f"{pre}{e}.{w}.weight_packed"))
+                np.testing.assert_array_equal(scales, shipped(f"{pre}{e}.{w}.weight_scale"))
+    with Engine.open(out, threads=2) as eng:
+        oracle_env.assert_matches_reference(eng, PROMPT, ref_all, ref_tokens, ref_steps,
+                                            f"{name} mxfp4 experts")
+
+
 @pytest.mark.parametrize("edit, key", [
     ({"expert_hidden_size": None}, "latent_moe_norm"),      # a latent norm, no latent
     ({"attn_res_block_size": 0}, "attn_res_block_size"),    # out of its bounds

@@ -11,6 +11,8 @@ import pytest
 
 from warp_providers.convert import ConvertError, convert, registry
 from warp_providers.convert.hf import load_hf
+from warp_providers.convert.quant import mxfp4_unpack
+from warp_providers.convert.writer import shipped_experts
 from warp_providers.synth.kimi_k3 import KimiK3Shape, make_kimi_k3_checkpoint, write_safetensors
 
 _DT = {"BF16": np.uint16, "F32": np.float32, "U8": np.uint8}
@@ -75,6 +77,22 @@ def test_mxfp4_experts_are_dequantized_exactly(ckpt: Path) -> None:
     assert np.array_equal(down.rows(0, want.shape[0]), want.astype(np.float32))
 
 
+def test_mxfp4_experts_offer_their_shipped_bytes(ckpt: Path) -> None:
+    """The experts offer the container's mxfp4 bytes (kept as shipped by default): their
+    codes and scales are the checkpoint's weight_packed and weight_scale."""
+    plan = load_hf(ckpt)
+    assert shipped_experts(plan) == "mxfp4"
+    layer = plan.experts[0]
+    t = _read(ckpt / f"model-layer-{layer.layer:03d}.safetensors")
+    for e in (0, 3):
+        stem = f"language_model.model.layers.{layer.layer}.block_sparse_moe.experts.{e}."
+        for src, w in zip(layer.expert(e), ("w1", "w3", "w2")):
+            assert src.raw is not None and src.raw_dtype == "mxfp4"
+            packed, scales = mxfp4_unpack(src.raw(), *src.matrix)
+            assert np.array_equal(packed, t[stem + w + ".weight_packed"][1])
+            assert np.array_equal(scales, t[stem + w + ".weight_scale"][1])
+
+
 @pytest.mark.parametrize("outer", ["kimi_k3", "kimi_linear", "kimi_k3_vl"])
 def test_detected_by_the_outer_architecture_whatever_the_model_type(
         tmp_path: Path, outer: str) -> None:
@@ -123,11 +141,12 @@ def test_bad_mxfp4_scale_shape_is_refused_naming_it(ckpt: Path) -> None:
         load_hf(ckpt)
 
 
-def test_nan_mxfp4_scale_is_refused_naming_it(ckpt: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("experts", ["f32", None])
+def test_nan_mxfp4_scale_is_refused_naming_it(ckpt: Path, tmp_path: Path, experts) -> None:
     name = "language_model.model.layers.3.block_sparse_moe.experts.0.w1.weight_scale"
     _edit(ckpt, "model-layer-003.safetensors", lambda t: t[name][1].__setitem__((0, 0), 255))
     with pytest.raises(ConvertError, match=name.replace(".", r"\.") + ".*NaN"):
-        convert(ckpt, tmp_path / "m.warp", experts="f32", trunk="f32")
+        convert(ckpt, tmp_path / "m.warp", experts=experts, trunk="f32")
 
 
 def test_padded_a_log_shorter_than_the_heads_is_refused(ckpt: Path) -> None:

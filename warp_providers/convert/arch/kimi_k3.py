@@ -19,7 +19,8 @@ per head padded to the head dim (its first ``kda_heads`` values). Container name
 kimi_linear's: ``blk.{i}.attn_res_{norm,proj}.weight``, ``blk.{i}.ffn_res_{norm,proj}``,
 ``output_res_{norm,proj}.weight`` (f32 [hidden]), ``blk.{i}.attn_gate.weight`` (MLA
 output gate), ``blk.{i}.kda_g.weight``, ``blk.{i}.ffn_lat_{down,up,norm}.weight``; experts
-``[moe_intermediate_size, expert_hidden_size]``.
+``[moe_intermediate_size, expert_hidden_size]``, stored as shipped (container ``mxfp4``,
+every code and scale kept) unless another experts dtype is named.
 
 Refuses, naming the tensor or key: a missing tensor (an AttnRes one included), an MXFP4
 scale of the wrong shape or holding 255 (NaN), an ``A_log`` shorter than the head count.
@@ -45,7 +46,7 @@ from ..base import (
 )
 from ..blocks import Trunk, dense_mlp, kda_layer, mla_layer, moe_router
 from ..plan import ExpertLayerSrc, Plan, SrcTensor, rope_freqs
-from ..quant import ConvertError
+from ..quant import ConvertError, mxfp4_pack
 from .kimi_linear import KimiLinear
 
 MODEL_TYPE: Final[str] = "kimi_k3"
@@ -97,9 +98,9 @@ def mxfp4_rows(packed: np.ndarray, scale: np.ndarray, name: str) -> Any:
 
 
 def mxfp4_expert(s: TensorSource, stem: str, cname: str, shape: tuple[int, int]) -> SrcTensor:
-    """Expert matrix ``stem`` (``...w1``) as container tensor ``cname``, dequantized to f32
-    rows for the requested experts dtype. The byte-for-byte ``mxfp4`` container dtype plugs
-    in here: ``raw`` = the packed bytes and scales, ``raw_dtype`` = ``"mxfp4"``."""
+    """Expert matrix ``stem`` (``...w1``) as container tensor ``cname``: its codes and scales
+    as the container's ``mxfp4`` (kept byte for byte, the default), or f32 rows dequantized
+    exactly for another requested experts dtype."""
     rows, cols = shape
     if cols % 32:
         raise ConvertError(f"tensor {stem + '.weight_packed'!r}: {cols} columns, not a multiple "
@@ -107,9 +108,9 @@ def mxfp4_expert(s: TensorSource, stem: str, cname: str, shape: tuple[int, int])
     packed = s.u8(stem + ".weight_packed", (rows, cols // 2))
     scale = s.u8(stem + ".weight_scale", (rows, cols // 32))
     nbytes = packed.nbytes + scale.nbytes
-    return SrcTensor(cname, shape, "experts",
-                     mxfp4_rows(packed, scale, s.stored(stem + ".weight_scale")),
-                     nbytes)
+    sname = s.stored(stem + ".weight_scale")
+    return SrcTensor(cname, shape, "experts", mxfp4_rows(packed, scale, sname), nbytes,
+                     raw=lambda: mxfp4_pack(packed, scale, sname), raw_dtype="mxfp4")
 
 
 class _Prefixed(dict):
