@@ -44,6 +44,10 @@ typedef struct wpi_layer {
     wpi_wmat kda_f_a, kda_f_b, kda_b, kda_g_a, kda_g_b;
     const float *kda_conv;                        /* [3D, kda_conv] depthwise, f32 */
     const float *kda_dt_bias, *kda_a_log, *kda_o_norm; /* [D], [kda_heads], [kda_head_dim] */
+    wpi_wmat kda_g;                               /* full-rank output gate [D, hidden] or none
+                                                   * (kda_full_gate; bound by its arch) */
+    wpi_wmat attn_gate;                           /* MLA output gate [n_heads*v_head_dim,
+                                                   * hidden] or none (bound by its arch) */
     /* hyper-connections (blocks/hyper.c) around attention and FFN, f32:
      * fn [(2+hc)*hc, hc*hidden], base [(2+hc)*hc], scale [3] */
     const float *hc_attn_fn, *hc_attn_base, *hc_attn_scale;

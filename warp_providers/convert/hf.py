@@ -36,9 +36,8 @@ def load_hf(src: Path, tensors: Any = None) -> Plan:
     if not cfg_path.is_file():
         raise ConvertError(f"{src}: no config.json (not an HF checkpoint directory)")
     cfg = load_json(cfg_path)
-    mt = cfg.get("model_type")
     try:
-        arch = registry.module(mt if isinstance(mt, str) else repr(mt))
+        arch = registry.module(registry.detect(cfg))
     except ConvertError as e:
         raise ConvertError(f"{cfg_path}: {e}") from None
     gen_path = src / "generation_config.json"

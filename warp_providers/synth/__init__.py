@@ -12,16 +12,19 @@ and exactness are.
 from warp_providers.synth.deepseek_v3 import DeepseekV3Shape, make_deepseek_v3_checkpoint
 from warp_providers.synth.deepseek_v4 import DeepseekV4Shape, make_deepseek_v4_checkpoint
 from warp_providers.synth.glm5_next import Glm5NextShape, make_glm5_next_checkpoint
+from warp_providers.synth.kimi_k3 import KimiK3Shape, make_kimi_k3_checkpoint
 from warp_providers.synth.qwen3_moe import MoeShape, make_moe_checkpoint, make_moe_container
 
 __all__ = [
     "DeepseekV3Shape",
     "DeepseekV4Shape",
     "Glm5NextShape",
+    "KimiK3Shape",
     "MoeShape",
     "make_deepseek_v3_checkpoint",
     "make_deepseek_v4_checkpoint",
     "make_glm5_next_checkpoint",
+    "make_kimi_k3_checkpoint",
     "make_moe_checkpoint",
     "make_moe_container",
 ]

@@ -161,7 +161,7 @@ static void group_gu_task(void *arg, uint32_t t)
             a = a < lim ? a : lim;
             b = b < -lim ? -lim : b > lim ? lim : b;
         }
-        g[r] = a / (1.0f + expf(-a)) * b;
+        g[r] = wpi_glu(c->m->hp, a, b);
     }
 }
 
