@@ -64,10 +64,11 @@ def load() -> str:
 
 
 class WarpArm:
-    name = "warp"
-
-    def __init__(self, container: Path, threads: int, budget: int | None) -> None:
-        self.eng = Engine.open(container, threads=threads, ctx=512, budget=budget)
+    def __init__(self, container: Path, threads: int, budget: int | None,
+                 exact: bool = True) -> None:
+        self.name = "warp" if exact else "warp int8"
+        self.eng = Engine.open(container, threads=threads, ctx=512, budget=budget,
+                               exact=exact)
         self.isa = self.eng.info().get("isa", "?")
 
     def prefill(self, prompt: list[int]) -> np.ndarray:
@@ -127,9 +128,11 @@ def stat(v: list[float]) -> dict[str, float]:
 
 
 def bench_model(name: str, gguf: Path, container: Path, threads: int, repeats: int,
-                budget: int | None) -> dict[str, Any]:
+                budget: int | None, int8: bool) -> dict[str, Any]:
     prompt = [(31 * i + 7) % 1000 + 100 for i in range(PROMPT_TOKENS)]
     arms = [WarpArm(container, threads, budget), LlamaArm(gguf, threads)]
+    if int8:  # a third arm: warp's 8-bit activation path (exact=False)
+        arms.append(WarpArm(container, threads, budget, exact=False))
     res: dict[str, dict[str, list[float]]] = {a.name: {"prefill": [], "decode": []} for a in arms}
     firsts = {}
     try:
@@ -157,6 +160,9 @@ def bench_model(name: str, gguf: Path, container: Path, threads: int, repeats: i
         "top1_agree": bool(int(np.argmax(w)) == int(np.argmax(ll))),
         "raw": res,
     }
+    if int8:
+        row["int8_prefill"] = stat(res["warp int8"]["prefill"])
+        row["int8_decode"] = stat(res["warp int8"]["decode"])
     row["decode_ratio"] = row["warp_decode"]["median"] / row["llama_decode"]["median"]
     row["prefill_ratio"] = row["warp_prefill"]["median"] / row["llama_prefill"]["median"]
     return row
@@ -188,6 +194,8 @@ def main() -> None:
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--work", type=Path, help="where converted containers are kept "
                     "(reused when present; default: a temporary directory)")
+    ap.add_argument("--int8", action="store_true",
+                    help="also time warp with 8-bit activations (exact=False) as a third arm")
     ap.add_argument("--json", type=Path, help="also write the rows here")
     ap.add_argument("--markdown", type=Path, help="also write the table here")
     args = ap.parse_args()
@@ -222,13 +230,17 @@ def main() -> None:
         size = sum(f.stat().st_size for f in container.iterdir() if f.is_file())
         budget = int(size * 1.25) + (1 << 30)  # every expert stays resident, as in llama.cpp
         for threads in map(int, args.threads.split(",")):
-            row = bench_model(name, gguf, container, threads, args.repeats, budget)
+            row = bench_model(name, gguf, container, threads, args.repeats, budget,
+                              args.int8)
             rows.append(row)
             print(f"{name:<24} t={threads} [{row['isa']}] decode warp "
                   f"{fmt(row['warp_decode'], 2)} llama.cpp {fmt(row['llama_decode'], 2)} tok/s "
                   f"({row['decode_ratio']:.2f}x) | prefill warp {fmt(row['warp_prefill'], 1)} "
                   f"llama.cpp {fmt(row['llama_prefill'], 1)} ({row['prefill_ratio']:.2f}x) | "
                   f"logit corr {row['logit_corr']:.4f}", flush=True)
+            if args.int8:
+                print(f"{'':<24}     warp int8 decode {fmt(row['int8_decode'], 2)} tok/s | "
+                      f"prefill {fmt(row['int8_prefill'], 1)}", flush=True)
     header.append(f"load average at end: {load()}")
     md = "\n".join(f"- {h}" for h in header) + "\n\n" + table(rows) + "\n"
     print()

@@ -10,6 +10,8 @@
  *   ./bench_kernels [seconds_per_case] [--cpu] [--dtype NAME]...
  *
  * --dtype keeps only the named dtypes (repeatable), e.g. --dtype q4_0 --dtype mxfp4.
+ * --x8 times the 8-bit-activation path instead (quantized dtypes only; each call
+ * quantizes the n_tok activations first, as wpi_matmul does, and that time counts).
  *
  * Each figure is the fastest of 20 timed slices, so a shared or busy machine
  * understates the speed less than a mean would. --cpu times with this thread's CPU
@@ -61,17 +63,32 @@ static void print_machine(void)
     );
 }
 
+static wpi_matmul_x8_fn x8_fn; /* --x8: the call timed is quantize + this */
+static wpi_xq x8_buf[16 * 2048 / 32];
+
+static void call(wpi_matmul_fn fn, const void *w, size_t rows, size_t cols, const float *x,
+                 size_t n_tok, float *y)
+{
+    if (!x8_fn) {
+        fn(w, cols, 0, rows, x, cols, n_tok, y, rows);
+        return;
+    }
+    for (size_t t = 0; t < n_tok; t++)
+        wpi_quant_x8(x + t * cols, cols, x8_buf + t * (cols / 32));
+    x8_fn(w, cols, 0, rows, x8_buf, cols / 32, n_tok, y, rows);
+}
+
 /* Seconds per call: the best of 20 slices, each repeating the call for budget/20 s. */
 static double time_call(wpi_matmul_fn fn, const void *w, size_t rows, size_t cols,
                         const float *x, size_t n_tok, float *y, double budget)
 {
     double best = 1e30;
-    fn(w, cols, 0, rows, x, cols, n_tok, y, rows); /* warm the caches */
+    call(fn, w, rows, cols, x, n_tok, y); /* warm the caches */
     for (int run = 0; run < 20; run++) {
         int reps = 0;
         double t0 = now(), t;
         do {
-            fn(w, cols, 0, rows, x, cols, n_tok, y, rows);
+            call(fn, w, rows, cols, x, n_tok, y);
             reps++;
             t = now() - t0;
         } while (t < budget / 20);
@@ -85,10 +102,12 @@ int main(int argc, char **argv)
 {
     double budget = 0.5;
     const char *only[8];
-    int n_only = 0;
+    int n_only = 0, x8 = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--cpu") == 0)
             clock_id = CLOCK_THREAD_CPUTIME_ID;
+        else if (strcmp(argv[i], "--x8") == 0)
+            x8 = 1;
         else if (strcmp(argv[i], "--dtype") == 0 && i + 1 < argc && n_only < 8)
             only[n_only++] = argv[++i];
         else
@@ -112,7 +131,7 @@ int main(int argc, char **argv)
            clock_id == CLOCK_MONOTONIC ? "wall" : "thread CPU time");
     printf("%-12s %-5s %5s", "shape", "dtype", "n_tok");
     for (int i = 0; i < n_sets; i++)
-        printf(" %18s", sets[i]->name);
+        printf(" %18s", x8 ? sets[i]->x8_name : sets[i]->name);
     printf("\n");
 
     for (size_t si = 0; si < 2; si++) {
@@ -126,7 +145,7 @@ int main(int argc, char **argv)
             int dt = dtypes[di], wanted = n_only == 0;
             for (int k = 0; k < n_only; k++)
                 wanted |= strcmp(only[k], wpi_dtype_name(dt)) == 0;
-            if (!wanted)
+            if (!wanted || (x8 && !wpi_kernels_matmul_x8(sets[0], dt)))
                 continue;
             size_t rb = wpi_row_bytes(dt, cols);
             unsigned char *w = malloc(rows * rb);
@@ -141,6 +160,7 @@ int main(int argc, char **argv)
                 printf("%-12s %-5s %5zu", shape, wpi_dtype_name(dt), ntoks[ti]);
                 double base = 0.0;
                 for (int i = 0; i < n_sets; i++) {
+                    x8_fn = x8 ? wpi_kernels_matmul_x8(sets[i], dt) : NULL;
                     double s = time_call(wpi_kernels_matmul(sets[i], dt), w, rows, cols, x,
                                          ntoks[ti], y, budget);
                     double gbs = (double)(rows * rb) / s / 1e9;

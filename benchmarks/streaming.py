@@ -271,13 +271,22 @@ def run_child(args: argparse.Namespace, engine: str, *, python: str, budget: int
     if budget is not None:
         cmd += ["--budget", str(budget)]
     cmd += extra or []
+    res = run_json_child(cmd, cgroup)
+    res.setdefault("engine", engine)
+    return res
+
+
+def run_json_child(cmd: list[str], cgroup: MemCgroup | None) -> dict:
+    """Runs a child whose last stdout line is its JSON result, after dropping the page
+    cache, inside `cgroup` when given; {"error": ...} when it fails. Adds caches_dropped
+    and the cgroup's limit and peak."""
     dropped = drop_caches()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")]))
     p = subprocess.run(cmd, capture_output=True, text=True, env=env,
                        preexec_fn=cgroup.enter if cgroup else None)
     if p.returncode != 0:
-        res = {"engine": engine, "error": f"exit {p.returncode}: {p.stderr[-2000:]}"}
+        res = {"error": f"exit {p.returncode}: {p.stderr[-2000:]}"}
     else:
         res = json.loads(p.stdout.strip().splitlines()[-1])
     res["caches_dropped"] = dropped

@@ -25,11 +25,15 @@ cdef extern from "wp.h" nogil:
         int32_t verify
         int32_t lookahead
         int32_t isa
+        int32_t exact
         const char *hotlist_path
         uint64_t usable_ram_bytes
         const char *cgroup_root
         const char *proc_root
         uint32_t max_sequences
+        const char *route_trace_path
+        uint64_t route_trace_offset
+        uint64_t route_trace_stride
 
     void wp_cfg_init(wp_cfg *cfg)
 

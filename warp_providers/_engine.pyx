@@ -17,7 +17,7 @@ DEF ERR_CAP = 1024
 
 _CFG_INT_FIELDS = (
     "ctx_tokens", "n_threads", "reader_threads", "prefill_chunk", "cache_policy",
-    "direct_io", "verify", "lookahead", "isa", "max_sequences",
+    "direct_io", "verify", "lookahead", "isa", "max_sequences", "exact",
 )
 
 
@@ -53,7 +53,7 @@ cdef class _Cfg:
     """Owns a wp_cfg and the bytes its string fields point to."""
 
     cdef wp_cfg cfg
-    cdef bytes _hotlist, _cgroup, _proc
+    cdef bytes _hotlist, _cgroup, _proc, _trace
 
     def __cinit__(self, dict options):
         wp_cfg_init(&self.cfg)
@@ -67,6 +67,13 @@ cdef class _Cfg:
             elif key == "hotlist_path":
                 self._hotlist = str(value).encode()
                 self.cfg.hotlist_path = self._hotlist
+            elif key == "route_trace_path":
+                self._trace = str(value).encode()
+                self.cfg.route_trace_path = self._trace
+            elif key == "route_trace_offset":
+                self.cfg.route_trace_offset = <uint64_t>value
+            elif key == "route_trace_stride":
+                self.cfg.route_trace_stride = <uint64_t>value
             elif key == "cgroup_root":
                 self._cgroup = str(value).encode()
                 self.cfg.cgroup_root = self._cgroup
@@ -93,6 +100,8 @@ cdef class _Cfg:
                 self.cfg.isa = <int32_t>value
             elif key == "max_sequences":
                 self.cfg.max_sequences = <uint32_t>value
+            elif key == "exact":
+                self.cfg.exact = <int32_t>value
             else:
                 raise TypeError(f"unknown engine option {key!r}")
 

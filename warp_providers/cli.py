@@ -62,6 +62,9 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache-policy", choices=["lfru", "lru"], help="expert cache eviction")
     p.add_argument("--no-lookahead", action="store_true", help="disable expert prefetch")
     p.add_argument("--verify", action="store_true", help="check expert record checksums")
+    p.add_argument("--exact", action=argparse.BooleanOptionalAction, default=None,
+                   help="float32 activations in every matmul (--no-exact: 8-bit "
+                        "activations against quantized weights; default: the engine's)")
 
 
 def _open(a: argparse.Namespace) -> Engine:
@@ -72,6 +75,8 @@ def _open(a: argparse.Namespace) -> Engine:
         opts["lookahead"] = False
     if a.verify:
         opts["verify"] = True
+    if a.exact is not None:
+        opts["exact"] = a.exact
     return Engine.open(a.model, budget=a.budget, threads=a.threads, ctx=a.ctx, **opts)
 
 

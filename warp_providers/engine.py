@@ -106,6 +106,9 @@ def _options(
             if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 256:
                 raise ValueError(f"max_sequences must be an int in [1, 256], got {value!r}")
             opts[key] = value
+        elif key == "exact":
+            if value is not None:
+                opts[key] = int(bool(value))
         elif key in ("reader_threads", "prefill_chunk"):
             if not isinstance(value, int) or value < 0:
                 raise ValueError(f"{key} must be a non-negative int")
@@ -317,15 +320,23 @@ class Engine:
             ctx: context length in tokens (None = min(model maximum, 4096)).
             **options: cache_policy ("lfru"/"lru"), direct_io, verify, lookahead,
                 reader_threads, prefill_chunk (also the prompt tokens a request evaluates
-                per step while others decode), isa ("auto"/"scalar"/"avx2"/"avx512"/
-                "neon"), hotlist (True: warm the cache from the hotlist `save_hotlist()`
-                wrote in the container; no file yet is a first run, not an error),
+                per step while others decode), isa ("auto"/"scalar"/"avx2"/"avx512"/"neon"),
+                exact (True: float32 activations in every matmul; False: 8-bit
+                activations against quantized weights; None: the engine's default),
+                hotlist (True: warm the cache from the hotlist `save_hotlist()` wrote
+                in the container; no file yet is a first run, not an error),
                 hotlist_path (a hotlist file elsewhere), usable_ram, cgroup_root,
                 proc_root, max_sequences (requests generated at once, each with its own
                 KV / recurrent state inside the budget; default `DEFAULT_SEQUENCES`, fewer
                 when the budget cannot hold them; an explicit value the budget cannot
                 hold raises MemoryBudgetError; a build of the engine without sequences
-                runs 1).
+                runs 1); benchmarks only: route_trace (a routing trace, JSONL or WPRT,
+                whose experts replace the router's: `warp_providers.route_trace`),
+                route_trace_offset (the trace token of sequence 0's first token),
+                route_trace_stride (trace tokens between sequence k's start and k+1's;
+                default the trace's length / max_sequences, so concurrent requests
+                replay different parts), route_trace_experts (the trace's expert count;
+                default from its ids).
 
         Raises:
             ModelNotFoundError, ModelFormatError, UnsupportedModelError,
@@ -334,8 +345,25 @@ class Engine:
         from warp_providers import _engine
 
         where = _container(path)
+        trace = options.pop("route_trace", None)
+        offset = options.pop("route_trace_offset", 0)
+        stride = options.pop("route_trace_stride", 0)
+        n_experts = options.pop("route_trace_experts", None)
         opts = _options(where, budget, threads, ctx, options)
-        ctx_ = _open_context(_engine, where, opts)
+        if trace is None:
+            ctx_ = _open_context(_engine, where, opts)
+        else:
+            for name, value in (("route_trace_offset", offset), ("route_trace_stride", stride)):
+                if not isinstance(value, int) or value < 0:
+                    raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+            from warp_providers.route_trace import binary_trace
+
+            with binary_trace(trace, n_experts) as bin_path:  # read whole at open
+                opts.update(
+                    route_trace_path=bin_path, route_trace_offset=offset,
+                    route_trace_stride=stride,
+                )
+                ctx_ = _open_context(_engine, where, opts)
         try:  # after the engine: token ids are checked against the model's vocabulary
             tokenizer = Tokenizer.from_dir(where, vocab_size=ctx_.info()["vocab_size"])
             return cls(ctx_, where, tokenizer, prefill_chunk=opts.get("prefill_chunk"))

@@ -68,11 +68,21 @@ typedef struct wp_cfg {
     int32_t verify;             /* 1 = check each record's payload CRC32C on read (default 0) */
     int32_t lookahead;          /* 1 = prefetch layer L+1's likely experts (default 1) */
     int32_t isa;                /* wp_isa; default WP_ISA_AUTO */
+    int32_t exact;              /* 1 = float32 activations in every matmul; 0 = 8-bit
+                                 * activations against quantized weights (default 1) */
     const char *hotlist_path;   /* usage counts to warm the cache at open; NULL = none */
     uint64_t usable_ram_bytes;  /* 0 = detect (physical RAM and cgroup limits) */
     const char *cgroup_root;    /* where cgroup files are read; NULL = "/sys/fs/cgroup" */
     const char *proc_root;      /* where /proc/self/cgroup is read; NULL = "/proc" */
     uint32_t max_sequences;     /* states allocated at open, at most 4096; 0 = 1 (wp_seq) */
+    /* Benchmarks only: replay the experts of a recorded routing trace instead of the
+     * router's choice (file format in docs/ENGINE.md); NULL = the model's own router.
+     * The trace's top_k and expert count must be the model's (else WP_E_ARG). Sequence k
+     * starts at trace token (route_trace_offset + k * stride) mod the trace's length and
+     * advances by the tokens it evaluates; stride 0 = trace length / max_sequences. */
+    const char *route_trace_path;
+    uint64_t route_trace_offset; /* trace token read by sequence 0's first token */
+    uint64_t route_trace_stride; /* trace tokens between consecutive sequences' starts */
 } wp_cfg;
 
 /* Fills every field with its default. Never fails. */

@@ -4,7 +4,7 @@
  * architectures use which block: docs/ENGINE.md ("Inside"); this header names none.
  *   attention.c     GQA with RoPE, q/k norm, clip, biases (the plain decoders)
  *   attention_sw.c  attention with sinks over a sliding window
- *   ffn.c           SwiGLU, dense layers, the clamped variant
+ *   ffn.c           SwiGLU, dense layers, the clamped variant, SiTU-GLU
  *   moe.c           routing, the expert driver, the plain MoE decoder layer
  *   route_noaux.c   grouped, biased expert selection
  *   mla.c           multi-head latent attention and its state
@@ -21,6 +21,10 @@
  * connections, the indexers' shape, KDA, sliding window and attn_kinds, clamped SwiGLU):
  * the default hparams hook of wpi_arch, and the first call of every other. */
 wp_status wpi_hparams_shared(const struct wpi_json *h, wpi_hparams *hp, char *err, size_t cap);
+/* An optional boolean key of the hparams object: absent or null is false; anything but
+ * true/false is WP_E_FORMAT naming the key. */
+wp_status wpi_hparam_bool(const struct wpi_json *h, const char *key, int32_t *out, char *err,
+                          size_t cap);
 
 /* blocks/: one block of a layer over a chunk of n tokens at positions pos..pos+n. Each
  * reads x, writes the residual sum back into x. */
@@ -71,6 +75,9 @@ void wpi_attention_sw_block(wpi_model *mdl, uint32_t layer, uint32_t n, uint32_t
 void wpi_swiglu(wpi_model *mdl, const wpi_wmat *gate, const wpi_wmat *up,
                 const wpi_wmat *down, const float *x, size_t ldx, uint32_t m,
                 float *out, size_t ldo);
+/* The GLU activation of gate g and up u: silu(g) * u, or SiTU-GLU with hp's situ_beta
+ * (and situ_linear_beta); hp may be NULL (silu) (ffn.c). */
+float wpi_glu(const wpi_hparams *hp, float g, float u);
 /* The clamp of wpi_swiglu's gate (at most) and up (both signs), 0 for none (ffn.c). */
 float wpi_swiglu_clamp(const wpi_hparams *hp);
 /* Rope cos/sin of the chunk's positions into mdl->rope_cos/sin (attention.c). */
@@ -93,7 +100,8 @@ uint64_t wpi_kda_scratch_floats(const wpi_hparams *hp, uint32_t chunk);
 /* Its refusal to truncate a state ("a recurrent (KDA) state") when hp has KDA layers,
  * else NULL: an arch's no_truncate hook. */
 const char *wpi_kda_no_truncate(const wpi_hparams *hp);
-/* Checks a KDA layer's tensors (q/k/v/o, gates, conv, dt_bias, a_log, o_norm) and shapes. */
+/* Checks a KDA layer's tensors (q/k/v/o, gates, conv, dt_bias, a_log, o_norm) and shapes;
+ * with kda_full_gate, kda_g [D, hidden] (L->kda_g, which the arch binds) for g_a and g_b. */
 wp_status wpi_kda_check_layer(const wpi_container *c, uint32_t l, char *err, size_t cap);
 /* The MLA hooks: mla_qa, mla_q, mla_o in the scratch (carved for every architecture,
  * empty without q_lora_rank / kv_lora_rank); the state (a latent row [kv_lora_rank +
@@ -127,6 +135,9 @@ typedef struct wpi_mla_pools {
 #define WPI_MLA_MAX_POOLS 1024
 void wpi_mla_attend(wpi_model *mdl, uint32_t layer, uint32_t n, uint32_t pos,
                     const wpi_mla_pools *pools);
+/* (With the layer's attn_gate, wpi_mla_attend gates the heads' output by sigmoid of
+ * attn_gate times the normed input, computed into mdl->q: n_heads * v_head_dim must not
+ * exceed n_heads * head_dim, which the arch checks.) */
 /* Rotates rope_dim dims of n_heads heads, head_dim apart, in GPT-J pairs (2i, 2i+1). */
 void wpi_rope_apply_interleaved(float *v, uint32_t n_heads, uint32_t head_dim,
                                 uint32_t rope_dim, const float *cos, const float *sin);

@@ -72,13 +72,14 @@ wp_status wpi_check_expert_bank(const wpi_container *c, uint32_t l, char *err, s
     if (b < 0 || (uint32_t)b >= c->n_banks)
         return wpi_fail(err, cap, WP_E_FORMAT, "layer %u is MoE but has no expert bank", l);
     const wpi_bank *bk = &c->banks[b];
+    const uint32_t eh = hp->expert_hidden_size ? hp->expert_hidden_size : hp->hidden_size;
     if (bk->n_experts != hp->n_experts || bk->inter != hp->moe_intermediate_size ||
-        bk->hidden != hp->hidden_size)
+        bk->hidden != eh)
         return wpi_fail(err, cap, WP_E_FORMAT,
                         "manifest.json: expert bank of layer %u is %u x [%u, %u], hparams "
                         "give %u x [%u, %u]", l,
                         bk->n_experts, bk->inter, bk->hidden, hp->n_experts,
-                        hp->moe_intermediate_size, hp->hidden_size);
+                        hp->moe_intermediate_size, eh);
     if (!wpi_dtype_valid(bk->dtype) || wpi_row_bytes(bk->dtype, bk->hidden) == 0 ||
         wpi_row_bytes(bk->dtype, bk->inter) == 0)
         return wpi_fail(err, cap, WP_E_UNSUPPORTED,

@@ -325,6 +325,10 @@ static const wpi_hp_bound hp_bounds[] = {
     OPTF(kda_lower_bound, -1e6, 0, 0),
     OPTF(swiglu_alpha, 0, 1e6, 0),
     OPTF(swiglu_limit, 0, FLT_MAX, 0),
+    /* the experts' width (a latent MoE's) and SiTU-GLU (ffn.c) */
+    OPT(expert_hidden_size, 1, MAX_HIDDEN),
+    OPTF(situ_beta, 0, 1e6, 0),
+    OPTF(situ_linear_beta, 0, 1e6, 0),
 };
 #undef OPTF
 #undef REQF
@@ -766,8 +770,9 @@ static wp_status parse_bank(ectx *e, const wpi_json *b, size_t idx, wpi_containe
     static const char *const names[3] = {"gate", "up", "down"};
     uint64_t *offs[3] = {&bk->gate_offset, &bk->up_offset, &bk->down_offset};
     uint64_t next = WPI_RECORD_HEADER_BYTES;
+    const uint64_t eh = hp->expert_hidden_size ? hp->expert_hidden_size : hp->hidden_size;
     bk->inter = hp->moe_intermediate_size;
-    bk->hidden = hp->hidden_size;
+    bk->hidden = (uint32_t)eh;
     for (int k = 0; k < 3; k++) {
         const wpi_json *t = &list->items[k], *nm;
         char tw[160];
@@ -796,8 +801,8 @@ static wp_status parse_bank(ectx *e, const wpi_json *b, size_t idx, wpi_containe
             return wpi_fail(e->err, e->cap, WP_E_FORMAT,
                             MANIFEST ": %s: dtype %s differs from gate's %s", tw,
                             wpi_dtype_name(dtype), wpi_dtype_name(bk->dtype));
-        uint64_t r = k == 2 ? hp->hidden_size : hp->moe_intermediate_size;
-        uint64_t cl = k == 2 ? hp->moe_intermediate_size : hp->hidden_size;
+        uint64_t r = k == 2 ? eh : hp->moe_intermediate_size;
+        uint64_t cl = k == 2 ? hp->moe_intermediate_size : eh;
         if (nd != 2 || s[0] != r || s[1] != cl)
             return wpi_fail(e->err, e->cap, WP_E_FORMAT,
                             MANIFEST ": %s: shape does not match hparams (expected [%llu, %llu])",

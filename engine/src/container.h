@@ -64,6 +64,13 @@ typedef struct wpi_hparams {
     int32_t kda_safe_gate;                  /* bool: g = kda_lower_bound * sigmoid(...) */
     float kda_lower_bound;
     float lora_norm_eps;                    /* 0: 1e-6 */
+    /* zero when absent (blocks/hparams.c): the width routed experts run at (a latent MoE
+     * projects hidden_size down to it; the banks' expert shape), the SiTU-GLU of ffn.c
+     * (situ_beta > 0 replaces silu(g) by b1 tanh(g / b1) sigmoid(g), situ_linear_beta > 0
+     * bounds up to b2 tanh(u / b2)) and the full-rank KDA output gate (kda.c). */
+    uint32_t expert_hidden_size;            /* 0: hidden_size */
+    float situ_beta, situ_linear_beta;
+    int32_t kda_full_gate;                  /* bool: kda_g [D, hidden], no g_a / g_b */
     /* An architecture's own keys, parsed by its hparams hook into its private struct
      * here (arch.h: WPI_OWN_HPARAMS); zero before the hook runs. */
     _Alignas(16) unsigned char arch[WPI_HP_ARCH_BYTES];

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "ctx.h"
+#include "route_trace.h"
 
 #define STR2(x) #x
 #define STR(x) STR2(x)
@@ -26,6 +27,7 @@ void wp_cfg_init(wp_cfg *cfg)
     cfg->verify = 0;
     cfg->lookahead = 1;
     cfg->isa = WP_ISA_AUTO;
+    cfg->exact = 1;
 }
 
 const char *wp_strerror(wp_status status)
@@ -85,8 +87,30 @@ void wp_close(wp_ctx *ctx)
     free(ctx->batch_buf);
     if (ctx->scratch) wpi_free(&ctx->mem, ctx->scratch, ctx->scratch_bytes);
     if (ctx->kv) wpi_free(&ctx->mem, ctx->kv, ctx->kv_bytes);
+    wpi_route_trace_free(ctx->trace, &ctx->mem);
+    free(ctx->trace_rows);
     if (ctx->c) wpi_container_close(ctx->c, &ctx->mem);
     free(ctx);
+}
+
+/* Routing replay: sequence k starts at trace token offset + k * stride (stride 0 = the
+ * trace's length spread over the sequences); a batched step's rows take their cursors
+ * from trace_rows (forward.c). */
+static wp_status open_trace(wp_ctx *ctx, const wp_cfg *cfg, uint32_t chunk)
+{
+    wp_status st = wpi_route_trace_load(cfg->route_trace_path, ctx->c, &ctx->mem, &ctx->trace,
+                                        ctx->err, sizeof ctx->err);
+    if (st != WP_OK) return st;
+    const uint64_t len = ctx->trace->n_tokens;
+    const uint64_t stride = cfg->route_trace_stride ? cfg->route_trace_stride : len / ctx->n_seqs;
+    if (!(ctx->trace_rows = calloc(chunk, sizeof *ctx->trace_rows)))
+        return wpi_ctx_fail(ctx, WP_E_OOM, "trace cursors of %u rows", chunk);
+    for (uint32_t i = 0; i < ctx->n_seqs; i++) {
+        wpi_model *m = &ctx->seqs[i].mdl;
+        m->trace = ctx->trace;
+        m->trace_cursor = (cfg->route_trace_offset % len + i * (stride % len)) % len;
+    }
+    return WP_OK;
 }
 
 static wp_status open_ctx(wp_ctx *ctx, const char *path, const wp_cfg *cfg)
@@ -149,11 +173,14 @@ static wp_status open_ctx(wp_ctx *ctx, const char *path, const wp_cfg *cfg)
         m->pool = ctx->pool;
         m->experts = ctx->experts;
         m->lookahead = cfg->lookahead != 0;
+        m->exact = cfg->exact != 0;
         m->err = ctx->err;
         m->err_cap = sizeof ctx->err;
     }
+    if (cfg->route_trace_path && (st = open_trace(ctx, cfg, chunk)) != WP_OK) return st;
     ctx->seqs[0].open = 1;
     ctx->batch = ctx->seqs[0].mdl;
+    ctx->batch.trace_rows = ctx->trace_rows;
     return WP_OK;
 }
 

@@ -37,6 +37,8 @@ struct wp_ctx {
     uint64_t tokens;             /* stats since the last reset */
     double eval_seconds;
     uint64_t other_bytes_base;   /* c->bytes_read at the last stats reset */
+    wpi_route_trace *trace;      /* cfg.route_trace_path, or NULL */
+    uint64_t *trace_rows;        /* [chunk]: a batched step's rows' trace cursors */
     char err[WPI_ERR_CAP];
 };
 

@@ -56,6 +56,18 @@ uint64_t wpi_kv_bytes(const wpi_hparams *hp, uint32_t ctx)
     return sum;
 }
 
+/* Blocks of the 8-bit copy of a matmul input: a chunk of the widest of the trunk's
+ * inputs (a wider one, as some architectures' low-rank projections, runs float32). */
+static uint64_t xq_blocks(const wpi_hparams *hp, uint32_t chunk)
+{
+    uint32_t w = umax(hp->hidden_size,
+                      umax(hp->n_heads * umax(hp->head_dim, hp->v_head_dim),
+                           umax(hp->intermediate_size,
+                                umax(hp->moe_intermediate_size,
+                                     hp->shared_expert_intermediate_size))));
+    return (uint64_t)chunk * (w / WPI_QK);
+}
+
 /* Walks the scratch layout: the shared buffers, then the architecture's (its scratch
  * hook); with base == NULL only measures (m may then be NULL). Returns total bytes. */
 static uint64_t layout(const wpi_arch *arch, const wpi_hparams *hp, uint32_t chunk,
@@ -73,6 +85,7 @@ static uint64_t layout(const wpi_arch *arch, const wpi_hparams *hp, uint32_t chu
     CARVE(layers, wpi_layer, hp->n_layers);
     CARVE(x, float, C * H);
     CARVE(xn, float, C * H);
+    CARVE(xq, wpi_xq, xq_blocks(hp, chunk));
     CARVE(q, float, C * QD);
     CARVE(att, float, C * AD);
     CARVE(rope_cos, float, C * (hp->rope_dim / 2));
@@ -179,6 +192,7 @@ wp_status wpi_model_init(wpi_model *m, const wpi_arch *arch, const wpi_container
     layout(arch, hp, chunk, m, scratch);
     if (layers) m->layers = layers;
     memset(m->layers, 0, (size_t)hp->n_layers * sizeof(wpi_layer));
+    m->xq_blocks = xq_blocks(hp, chunk);
     size_t half = (size_t)hp->n_layers * ctx * hp->n_kv_heads * hp->head_dim;
     m->kcache = kv;
     m->vcache = (float *)kv + half;
@@ -258,12 +272,26 @@ wp_status wpi_model_init(wpi_model *m, const wpi_arch *arch, const wpi_container
 typedef struct mm_ctx {
     const wpi_mm *jobs;
     wpi_matmul_fn fn[MAX_JOBS];
+    wpi_matmul_x8_fn fn8[MAX_JOBS]; /* the 8-bit path where non-NULL */
+    const wpi_xq *xq;
+    size_t ldq;
     uint32_t first[MAX_JOBS + 1]; /* first task of each job */
     uint32_t blk;
     const float *x;
     size_t ldx;
     uint32_t n_tok;
 } mm_ctx;
+
+static void mm_run(const mm_ctx *c, uint32_t j, size_t r0, size_t r1)
+{
+    const wpi_wmat *w = c->jobs[j].w;
+    if (c->fn8[j])
+        c->fn8[j](w->data, w->cols, r0, r1, c->xq, c->ldq, c->n_tok, c->jobs[j].y,
+                  c->jobs[j].ldy);
+    else
+        c->fn[j](w->data, w->cols, r0, r1, c->x, c->ldx, c->n_tok, c->jobs[j].y,
+                 c->jobs[j].ldy);
+}
 
 static void mm_task(void *arg, uint32_t t)
 {
@@ -273,7 +301,31 @@ static void mm_task(void *arg, uint32_t t)
     const wpi_wmat *w = c->jobs[j].w;
     size_t r0 = (size_t)(t - c->first[j]) * c->blk;
     size_t r1 = r0 + c->blk < w->rows ? r0 + c->blk : w->rows;
-    c->fn[j](w->data, w->cols, r0, r1, c->x, c->ldx, c->n_tok, c->jobs[j].y, c->jobs[j].ldy);
+    mm_run(c, j, r0, r1);
+}
+
+/* Quantizes x once for the jobs whose weights have an 8-bit path (none if the model is
+ * exact, or the input is wider than the scratch copy); sets c->fn8. */
+static void mm_quantize(wpi_model *m, mm_ctx *c, uint32_t n_jobs)
+{
+    size_t nb = 0;
+    for (uint32_t j = 0; j < n_jobs; j++) {
+        const wpi_wmat *w = c->jobs[j].w;
+        c->fn8[j] = m->exact || w->cols % WPI_QK ? NULL : wpi_kernels_matmul_x8(m->k, w->dtype);
+        if (c->fn8[j] && w->cols / WPI_QK > nb)
+            nb = w->cols / WPI_QK;
+    }
+    if (nb == 0)
+        return;
+    if ((uint64_t)nb * c->n_tok > m->xq_blocks) {
+        for (uint32_t j = 0; j < n_jobs; j++)
+            c->fn8[j] = NULL;
+        return;
+    }
+    for (uint32_t t = 0; t < c->n_tok; t++)
+        wpi_quant_x8(c->x + t * c->ldx, nb * WPI_QK, m->xq + t * nb);
+    c->xq = m->xq;
+    c->ldq = nb;
 }
 
 void wpi_matmul(wpi_model *m, const wpi_mm *jobs, uint32_t n_jobs,
@@ -291,10 +343,10 @@ void wpi_matmul(wpi_model *m, const wpi_mm *jobs, uint32_t n_jobs,
         rows += jobs[j].w->rows;
         work += (uint64_t)jobs[j].w->rows * jobs[j].w->cols * n_tok;
     }
+    mm_quantize(m, &c, n_jobs);
     if (nt <= 1 || work < WPI_PAR_MIN_WORK) {
         for (uint32_t j = 0; j < n_jobs; j++)
-            c.fn[j](jobs[j].w->data, jobs[j].w->cols, 0, jobs[j].w->rows, x, ldx, n_tok,
-                    jobs[j].y, jobs[j].ldy);
+            mm_run(&c, j, 0, jobs[j].w->rows);
         return;
     }
     /* About four tasks per thread so that the dynamic claim balances uneven progress. */
@@ -322,11 +374,11 @@ wp_status wpi_model_forward(wpi_model *m, const wpi_arch *arch, const int32_t *t
                         (const char *)m->tok_embd.data + (size_t)tokens[t] * row_bytes,
                         m->x + t * H, H);
     wpi_rope_prepare(m, n, pos);
-    for (uint32_t l = 0; l < hp->n_layers; l++) {
-        wp_status st = arch->layer_forward(m, l, n, pos);
-        if (st != WP_OK) return st;
-    }
-    if (!logits) return WP_OK;
+    wp_status st = WP_OK;
+    for (uint32_t l = 0; l < hp->n_layers && st == WP_OK; l++)
+        st = arch->layer_forward(m, l, n, pos);
+    m->trace_cursor += n; /* routing replay: this sequence's next trace token */
+    if (st != WP_OK || !logits) return st;
     uint32_t t0 = all_logits ? 0 : n - 1;
     for (uint32_t t = t0; t < n; t++)
         wpi_rmsnorm(m->xn + t * H, m->x + t * H, m->out_norm, H, hp->rms_norm_eps);
@@ -375,6 +427,9 @@ wp_status wpi_model_forward_batch(wpi_model *b, const wpi_arch *arch, wpi_model 
                             (const char *)b->tok_embd.data + (size_t)tok[i][t] * row_bytes,
                             m->x + t * H, H);
         wpi_rope_prepare(m, n[i], pos[i]);
+        if (b->trace_rows) /* routing replay: each row at its own sequence's cursor */
+            for (uint32_t t = 0; t < n[i]; t++)
+                b->trace_rows[rows + t] = m->trace_cursor + t;
         rows += n[i];
     }
     b->tokens = NULL;
@@ -390,6 +445,7 @@ wp_status wpi_model_forward_batch(wpi_model *b, const wpi_arch *arch, wpi_model 
         ms[i]->x = b->x;
         ms[i]->rope_cos = b->rope_cos;
         ms[i]->rope_sin = b->rope_sin;
+        ms[i]->trace_cursor += n[i];
     }
     if (st == WP_OK && logits) batch_logits(b, n, n_seqs, logits, want);
     return st;

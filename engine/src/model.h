@@ -13,6 +13,7 @@
 /* ---- forward (core.c, forward.c, pool.c, blocks/, arch/) --------------------- */
 
 typedef struct wpi_arch wpi_arch;
+typedef struct wpi_route_trace wpi_route_trace;
 
 /* A weight matrix [rows, cols] in dtype layout (a trunk tensor or an expert matrix). */
 typedef struct wpi_wmat {
@@ -43,6 +44,10 @@ typedef struct wpi_layer {
     wpi_wmat kda_f_a, kda_f_b, kda_b, kda_g_a, kda_g_b;
     const float *kda_conv;                        /* [3D, kda_conv] depthwise, f32 */
     const float *kda_dt_bias, *kda_a_log, *kda_o_norm; /* [D], [kda_heads], [kda_head_dim] */
+    wpi_wmat kda_g;                               /* full-rank output gate [D, hidden] or none
+                                                   * (kda_full_gate; bound by its arch) */
+    wpi_wmat attn_gate;                           /* MLA output gate [n_heads*v_head_dim,
+                                                   * hidden] or none (bound by its arch) */
     /* hyper-connections (blocks/hyper.c) around attention and FFN, f32:
      * fn [(2+hc)*hc, hc*hidden], base [(2+hc)*hc], scale [3] */
     const float *hc_attn_fn, *hc_attn_base, *hc_attn_scale;
@@ -61,6 +66,7 @@ typedef struct wpi_model {
     int lookahead;               /* decode-time prefetch of the next layer's experts */
     uint32_t la_rows;            /* a batched decode step's rows (one per sequence), which
                                     the lookahead predicts for as for one token; else 0 */
+    int exact;                   /* float32 activations only (no 8-bit path) */
     const wpi_wmat *lm_head;     /* output.weight or token_embd.weight */
     wpi_wmat tok_embd, output;
     const float *out_norm;       /* [hidden] */
@@ -70,6 +76,8 @@ typedef struct wpi_model {
     /* scratch, per chunk of C tokens */
     float *x;                    /* [C, hidden] residual stream */
     float *xn;                   /* [C, hidden] normed input of a block */
+    wpi_xq *xq;                  /* [xq_blocks] a matmul's input as 8-bit blocks */
+    uint64_t xq_blocks;          /* C * (widest matmul input / 32) */
     float *q;                    /* [C, n_heads*head_dim] */
     float *att;                  /* [C, n_heads*head_dim] attention output */
     float *rope_cos, *rope_sin;  /* [C, rope_dim/2] at the chunk's positions */
@@ -100,6 +108,12 @@ typedef struct wpi_model {
     void *arch;
     char *err;                   /* detail of the last error */
     size_t err_cap;
+    /* benchmark routing replay (route_trace.h), NULL = the router decides */
+    const struct wpi_route_trace *trace;
+    uint64_t trace_cursor;       /* trace token of the chunk's first token; advances per
+                                    token this sequence evaluates */
+    uint64_t *trace_rows;        /* a batch's model: each row's trace token (its
+                                    sequence's cursor + its row in it); else NULL */
 } wpi_model;
 
 /* forward.c: one allocation carved into buffers, each rounded up to 64 bytes; with base

@@ -205,6 +205,13 @@ def manifest(path: Path) -> dict[str, Any]:
     return json.loads((Path(path) / "manifest.json").read_text())
 
 
+def record_tensors(container: Path, bank: dict[str, Any], e: int) -> dict[str, bytes]:
+    """The gate, up and down bytes of expert e's record in a bank of the manifest."""
+    raw = (Path(container) / bank["file"]).read_bytes()
+    rec = raw[e * bank["record_bytes"]:(e + 1) * bank["record_bytes"]]
+    return {t["name"]: rec[t["offset"]:t["offset"] + t["bytes"]] for t in bank["tensors"]}
+
+
 # --------------------------------------------------------------------------- comparisons
 
 

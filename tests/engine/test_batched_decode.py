@@ -1,11 +1,11 @@
 """Many sequences on one context and wp_eval_batch, through the binding.
 
 Batched equals alone (greedy tokens, logits within 1e-4 on F32 containers) on a tiny MoE,
-a tiny dense llama, a tiny kimi_linear (KDA + MLA layers), a tiny deepseek_v4 and a tiny
-glm5_next (these two batched
-one sequence after another); sequences are isolated from
-each other's reset, truncate, copy and load; a bad input anywhere in a batch changes no
-sequence; the sequences are a bounded, typed resource; the plan's floor grows by one
+a tiny dense llama, a tiny kimi_linear (KDA + MLA layers), a tiny kimi_k3 (its Attention
+Residuals' block sums kept per row across the mixer and FFN halves of a batched step), a
+tiny deepseek_v4 and a tiny glm5_next (these two batched one sequence after another);
+sequences are isolated from each other's reset, truncate, copy and load; a bad input
+anywhere in a batch changes no sequence; the sequences are a bounded, typed resource; the plan's floor grows by one
 sequence's bytes per sequence; and one batched step reads the union of the sequences'
 experts, not the sum.
 """
@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from support import has_module, requires
-from tiny import tiny_deepseek_v4, tiny_glm5_next, tiny_moe
+from tiny import tiny_deepseek_v4, tiny_glm5_next, tiny_kimi_k3, tiny_moe
 from warp_providers import ContextOverflowError, MemoryBudgetError, StateMismatchError, _engine
 from warp_providers import plan_memory as engine_plan
 
@@ -79,7 +79,8 @@ def moe(tmp_path_factory) -> Path:
     return tiny_moe(tmp_path_factory.mktemp("bmoe"), experts="f32", trunk="f32")
 
 
-@pytest.fixture(scope="module", params=["qwen3_moe", "llama", "kimi_linear", "deepseek_v4", "glm5_next"])
+@pytest.fixture(scope="module", params=["qwen3_moe", "llama", "kimi_linear", "kimi_k3",
+                                                   "deepseek_v4", "glm5_next"])
 def any_model(request, tmp_path_factory) -> Path:
     """deepseek_v4 and glm5_next have no mixer / ffn split (hyper-connections): their batch
     runs sequence after sequence, each on its own state and layer table, sharing the
@@ -90,6 +91,8 @@ def any_model(request, tmp_path_factory) -> Path:
         return tiny_deepseek_v4(tmp_path_factory.mktemp("bv4"), experts="f32")
     if request.param == "glm5_next":
         return tiny_glm5_next(tmp_path_factory.mktemp("bglm5"), experts="f32")
+    if request.param == "kimi_k3":
+        return tiny_kimi_k3(tmp_path_factory.mktemp("bk3"), experts="f32")
     requires(has_module("torch") and has_module("transformers"),
              "torch and transformers (the tiny dense and kimi_linear models)")
     make = _llama if request.param == "llama" else _kimi_linear

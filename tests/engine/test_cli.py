@@ -134,6 +134,19 @@ def test_chat_repl(model, tmp_path):
     assert json.loads(save.read_text())[0]["content"] == "hi"
 
 
+def test_exact_option(smol):
+    """--exact is the default (float32 activations); --no-exact takes the 8-bit path on
+    SmolLM2's quantized weights, so its logits differ."""
+    def top(*opts: str) -> list[float]:
+        p = warp("eval", str(smol), "--ids", "1,504,3458,314", "--json", *opts)
+        assert p.returncode == 0, p.stderr
+        return [t["logit"] for t in json.loads(p.stdout)["top"]]
+
+    exact = top("--exact")
+    assert top() == exact
+    assert top("--no-exact") != exact
+
+
 def test_bench_json(model):
     r = json.loads(warp("bench", str(model), "--prompt-tokens", "8", "--gen-tokens", "4",
                         "--json").stdout)

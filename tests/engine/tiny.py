@@ -51,3 +51,15 @@ def tiny_glm5_next(root: Path, *, experts: str, trunk: str = "f32") -> Path:
         hc_mult=4)
     src = make_glm5_next_checkpoint(root / "hf", shape, seed=1)
     return convert(src, root / "glm5.warp", experts=experts, trunk=trunk)
+
+
+def tiny_kimi_k3(root: Path, *, experts: str, trunk: str = "f32") -> Path:
+    """A converted five-layer Kimi K3: KDA and MLA layers, a dense first layer, latent MoE,
+    Attention Residuals over three blocks of two layers."""
+    from warp_providers.convert import convert
+    from warp_providers.synth import KimiK3Shape, make_kimi_k3_checkpoint
+
+    shape = KimiK3Shape(num_hidden_layers=5, layer_pattern="KKM", num_experts=8,
+                        num_experts_per_token=2, attn_res_block_size=2)
+    src = make_kimi_k3_checkpoint(root / "hf", shape, seed=3)
+    return convert(src, root / "k3.warp", experts=experts, trunk=trunk)

@@ -65,6 +65,7 @@ def convert(
     output: str | None = None,
     resume: bool = False,
     progress: Callable[[int, int, str], None] | None = None,
+    tensors: Any = None,
 ) -> Path:
     """Convert an HF checkpoint directory or a ``.gguf`` file into a warp container.
 
@@ -92,6 +93,9 @@ def convert(
             an error. Conversion is deterministic, so a restart gives the same bytes.
         progress: called as ``progress(done_bytes, total_bytes, label)`` after each
             tensor or expert, in source bytes.
+        tensors: the checkpoint's tensors in place of its safetensors shards (an HF
+            directory holding the config and tokenizer only): generated ones, drawn as
+            they are encoded (``warp_providers.synth.make_moe_container``).
 
     Returns:
         The path of the container directory.
@@ -133,7 +137,7 @@ def convert(
     else:
         from .hf import load_hf
 
-        plan = load_hf(src_p)
+        plan = load_hf(src_p, tensors)
     q = Quantization(
         experts=experts or shipped_experts(plan), trunk=trunk, embedding=embedding or edge,
         output=output or edge,

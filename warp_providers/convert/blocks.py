@@ -36,7 +36,7 @@ class Trunk:
     def _find(self, pre: str, names: tuple[str, ...]) -> str:
         name = self.s.first(pre, names)
         if name is None:
-            raise ConvertError(f"{self.s.dir}: tensor {pre + names[0]!r} is missing")
+            raise ConvertError(f"{self.s.dir}: tensor {self.s.stored(pre + names[0])!r} is missing")
         return name
 
     def need(
@@ -50,17 +50,27 @@ class Trunk:
         v = self.s.f32(self._find(pre, names), shape)
         self.tensors.append(computed(cname, lambda v=v: v.reshape(-1), (int(np.prod(shape)),)))
 
-    def vector(self, pre: str, names: tuple[str, ...], cname: str, size: int) -> None:
-        """Append an f32 vector of ``size`` values, whatever shape stores them."""
+    def vector(self, pre: str, names: tuple[str, ...], cname: str, size: int,
+               padded: bool = False) -> None:
+        """Append an f32 vector of ``size`` values, whatever shape stores them (``padded``:
+        the first ``size`` of at least that many)."""
         name = self._find(pre, names)
         v = self.s.f32(name, tuple(self.s.st.entries[self.s.stored(name)].shape))
-        if v.size != size:
-            raise ConvertError(f"tensor {name!r}: {v.size} values, config implies {size}")
-        self.tensors.append(computed(cname, lambda v=v: v.reshape(-1), (size,)))
+        if v.size != size and not (padded and v.size > size):
+            more = "at least " if padded else ""
+            raise ConvertError(f"tensor {self.s.stored(name)!r}: {v.size} values, config implies "
+                               f"{more}{size}")
+        self.tensors.append(computed(cname, lambda v=v: v.reshape(-1)[:size], (size,)))
 
 
 def kda_layer(t: Trunk, hp: Mapping[str, Any], a: str, blk: str) -> None:
-    """Append a KDA layer's tensors under ``a`` (its ``self_attn.`` prefix), either spelling."""
+    """Append a KDA layer's tensors under ``a`` (its ``self_attn.`` prefix), either spelling.
+
+    With ``hp["kda_full_gate"]`` the output gate is one full-rank ``g_proj`` [D, hidden]
+    (``kda_g.weight``) instead of ``g_a_proj``/``g_b_proj``; with ``hp["kda_a_log_padded"]``
+    (not a manifest key: popped by the caller) ``A_log`` may hold more values than heads,
+    of which the first ``kda_heads`` are taken.
+    """
     kh, d, k = hp["kda_heads"], hp["kda_head_dim"], hp["kda_conv"]
     D, H = kh * d, hp["hidden_size"]
     for p in ("q", "k", "v"):
@@ -69,11 +79,13 @@ def kda_layer(t: Trunk, hp: Mapping[str, Any], a: str, blk: str) -> None:
     for p, shape in (("f_a", (d, H)), ("f_b", (D, d))):
         t.need(a, (f"{p}_proj.weight", f"forget_gate.{p}_proj.weight"), blk + f"kda_{p}.weight",
                "trunk", shape)
-    for p, shape in (("b", (kh, H)), ("g_a", (d, H)), ("g_b", (D, d))):
+    gates = (("g", (D, H)),) if hp.get("kda_full_gate") else (("g_a", (d, H)), ("g_b", (D, d)))
+    for p, shape in (("b", (kh, H)), *gates):
         t.need(a, (f"{p}_proj.weight",), blk + f"kda_{p}.weight", "trunk", shape)
     t.need(a, ("o_norm.weight",), blk + "kda_o_norm.weight", "f32", (d,))
     t.vector(a, ("dt_bias", "forget_gate.dt_bias"), blk + "kda_dt_bias", D)
-    t.vector(a, ("A_log", "forget_gate.A_log"), blk + "kda_a_log", kh)
+    t.vector(a, ("A_log", "forget_gate.A_log"), blk + "kda_a_log", kh,
+             padded=bool(hp.get("kda_a_log_padded")))
     if t.s.has(a + "conv1d.weight"):
         t.flat(a, ("conv1d.weight",), blk + "kda_conv.weight", (3 * D, 1, k))
     else:

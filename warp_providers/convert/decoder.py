@@ -382,8 +382,12 @@ class Decoder:
             ok |= {"ffn_gate.bias", "ffn_up.bias", "ffn_down.bias"}
         return ok
 
-    def load(self, src: Path, cfg: dict[str, Any], gen: Mapping[str, Any]) -> Plan:
+    def load(self, src: Path, cfg: dict[str, Any], gen: Mapping[str, Any],
+             st: Any = None) -> Plan:
         """Read a checkpoint of this family into a :class:`Plan` (no tensor data yet).
+
+        ``st``: the tensors in place of src's safetensors shards (``SafetensorsDir``'s
+        reading side: ``dir``, ``entries``, ``raw``), e.g. generated ones.
 
         Raises:
             ConvertError: naming the file, key or tensor at fault.
@@ -393,7 +397,7 @@ class Decoder:
         hp = self.hparams(cfg, gen)
         rope_type, rope_params = hp.pop("_rope")
         mtp = self.mtp_layers(cfg)
-        s = TensorSource(SafetensorsDir(src), cfg)
+        s = TensorSource(st if st is not None else SafetensorsDir(src), cfg)
         n_layers = hp["n_layers"]
         layers: dict[int, dict[str, str]] = {i: {} for i in range(n_layers)}
         experts: dict[int, dict[int, dict[str, str]]] = {}

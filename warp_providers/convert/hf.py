@@ -12,6 +12,7 @@ Refuses, with a ``ConvertError`` naming the file: a directory without config.jso
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from . import registry
 from .base import load_json
@@ -21,8 +22,11 @@ from .quant import ConvertError
 __all__ = ["load_hf"]
 
 
-def load_hf(src: Path) -> Plan:
+def load_hf(src: Path, tensors: Any = None) -> Plan:
     """Read an HF checkpoint directory into a :class:`Plan` (no tensor data is read yet).
+
+    ``tensors``: the tensors in place of the directory's shards (generated ones,
+    ``warp_providers.synth``); the architecture must be one of the shared decoders.
 
     Raises:
         ConvertError: naming the file, key or tensor at fault.
@@ -32,12 +36,17 @@ def load_hf(src: Path) -> Plan:
     if not cfg_path.is_file():
         raise ConvertError(f"{src}: no config.json (not an HF checkpoint directory)")
     cfg = load_json(cfg_path)
-    mt = cfg.get("model_type")
     try:
-        arch = registry.module(mt if isinstance(mt, str) else repr(mt))
+        arch = registry.module(registry.detect(cfg))
     except ConvertError as e:
         raise ConvertError(f"{cfg_path}: {e}") from None
     gen_path = src / "generation_config.json"
     gen = load_json(gen_path) if gen_path.is_file() else {}
-    plan: Plan = arch.load(src, cfg, gen)
+    if tensors is None:
+        plan: Plan = arch.load(src, cfg, gen)
+        return plan
+    decoder = getattr(arch, "ARCH", None)
+    if decoder is None:
+        raise ConvertError(f"{cfg_path}: {mt!r} reads only tensors stored in safetensors")
+    plan = decoder.load(src, cfg, gen, st=tensors)
     return plan

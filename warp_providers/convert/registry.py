@@ -2,7 +2,8 @@
 
 Owns ``ARCHES`` (checkpoint ``model_type`` -> its module under ``arch/``, imported on
 first use), ``ALIASES`` (other ``model_type`` spellings whose keys and weights are one of
-those types'; the container gets the canonical name), :func:`available`,
+those types'; the container gets the canonical name), ``ARCHITECTURES`` (outer
+``architectures`` names that decide the type, :func:`detect`), :func:`available`,
 :func:`canonical` and :func:`module`. Adding an architecture is one file in ``arch/`` and
 one line here.
 
@@ -18,7 +19,7 @@ from typing import Final
 
 from .quant import ConvertError
 
-__all__ = ["ALIASES", "ARCHES", "available", "canonical", "module"]
+__all__ = ["ALIASES", "ARCHES", "ARCHITECTURES", "available", "canonical", "detect", "module"]
 
 ARCHES: Final[dict[str, str]] = {
     "llama": "warp_providers.convert.arch.llama",
@@ -32,6 +33,7 @@ ARCHES: Final[dict[str, str]] = {
     "kimi_linear": "warp_providers.convert.arch.kimi_linear",
     "deepseek_v4": "warp_providers.convert.arch.deepseek_v4",
     "glm5_next": "warp_providers.convert.arch.glm5_next",
+    "kimi_k3": "warp_providers.convert.arch.kimi_k3",
 }
 """``model_type`` -> module exposing ``MODEL_TYPE`` and ``load(src, cfg, gen) -> Plan``."""
 
@@ -40,6 +42,23 @@ ALIASES: Final[dict[str, str]] = {
     "glm5_next_text": "glm5_next",  # the text config of glm5_next on its own
 }
 """Other ``model_type`` spellings -> the canonical one."""
+
+ARCHITECTURES: Final[dict[str, str]] = {
+    # the outer model_type of the release is not public; its inner one reads kimi_linear
+    "KimiK3ForConditionalGeneration": "kimi_k3",
+}
+"""Outer ``architectures`` names that decide the ``model_type`` whatever the config's says."""
+
+
+def detect(cfg: dict) -> str:
+    """The ``model_type`` a ``config.json`` is read as: by :data:`ARCHITECTURES`, else its own
+    ``model_type`` (repr'd when not a string, so the refusal names it)."""
+    archs = cfg.get("architectures")
+    for a in archs if isinstance(archs, list) else []:
+        if isinstance(a, str) and a in ARCHITECTURES:
+            return ARCHITECTURES[a]
+    mt = cfg.get("model_type")
+    return mt if isinstance(mt, str) else repr(mt)
 
 
 def available() -> list[str]:

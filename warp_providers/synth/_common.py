@@ -39,28 +39,95 @@ def tokenizer_files(tokenizer: str | Path | None) -> tuple[str, dict[str, Any], 
     return tok_json, tok_cfg, Tokenizer.from_str(tok_json).get_vocab_size()
 
 
+class LazyNormal:
+    """A [rows, cols] matrix of N(0, scale^2) entries drawn only when rows are sliced.
+
+    What a generated container streams into the converter instead of a float16 shard:
+    never held whole, so memory stays bounded by the slice being encoded. Rows r0..r1
+    come from the seed (seed, tensor number, r0), so the same slicing gives the same bytes.
+    """
+
+    def __init__(self, shape: tuple[int, ...], scale: float, key: tuple[int, int]) -> None:
+        self.shape = tuple(int(d) for d in shape)
+        self.scale = scale
+        self.key = key
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def reshape(self, *shape: int) -> LazyNormal:
+        """The 2-D view ``[-1, cols]`` (the only view the converter takes)."""
+        cols = self.shape[-1]
+        rows = int(np.prod(self.shape)) // cols
+        if tuple(shape) not in ((-1, cols), (rows, cols)):
+            raise ValueError(f"a generated tensor offers only its [-1, {cols}] view")
+        return LazyNormal((rows, cols), self.scale, self.key)
+
+    def __getitem__(self, rows: slice) -> np.ndarray:
+        r0, r1, _ = rows.indices(self.shape[0])
+        rng = np.random.default_rng((*self.key, r0))
+        return rng.standard_normal((max(r1 - r0, 0), *self.shape[1:]), dtype=np.float32) * \
+            np.float32(self.scale)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        a = self[0:self.shape[0]]
+        return a if dtype is None else a.astype(dtype)
+
+
+class GeneratedTensors:
+    """Generated tensors by name, read by the converter in place of a checkpoint's shards
+    (the reading side of ``SafetensorsDir``: ``dir``, ``entries``, ``raw``)."""
+
+    def __init__(self, out: Path, tensors: dict[str, np.ndarray | LazyNormal]) -> None:
+        from warp_providers.convert.base import StEntry
+
+        self.dir = out
+        self._tensors = tensors
+        self.entries = {
+            n: StEntry(out / "generated", "F16", tuple(a.shape), 0, 2 * int(np.prod(a.shape)))
+            for n, a in tensors.items()
+        }
+
+    def raw(self, name: str) -> np.ndarray | LazyNormal:
+        return self._tensors[name]
+
+
 class Writer:
-    """Writes config, tokenizer and float16 safetensors shards from one seeded RNG."""
+    """Writes config, tokenizer and float16 safetensors shards from one seeded RNG.
+
+    ``virtual``: no shard is written; the tensors are kept by name in ``tensors``, the
+    matrices as `LazyNormal` (drawn when read), for `GeneratedTensors`.
+    """
 
     def __init__(self, out: Path, cfg: dict[str, Any], tok_json: str,
-                 tok_cfg: dict[str, Any], seed: int) -> None:
+                 tok_cfg: dict[str, Any], seed: int, *, virtual: bool = False) -> None:
         out.mkdir(parents=True, exist_ok=True)
         (out / "config.json").write_text(json.dumps(cfg, indent=2))
         (out / "tokenizer.json").write_text(tok_json)
         (out / "tokenizer_config.json").write_text(json.dumps(tok_cfg))
         self.out = out
+        self.seed = seed
         self.rng = np.random.default_rng(seed)
         self.weight_map: dict[str, str] = {}
+        self.tensors: dict[str, np.ndarray | LazyNormal] | None = {} if virtual else None
+        self._drawn = 0
 
-    def w(self, *dims: int, scale: float, dtype: type = np.float16) -> np.ndarray:
+    def w(self, *dims: int, scale: float, dtype: type = np.float16) -> Any:
         """Return a matrix of N(0, scale^2) entries (float16 unless `dtype` says)."""
+        if self.tensors is not None:
+            self._drawn += 1
+            return LazyNormal(dims, scale, (self.seed, self._drawn))
         return (self.rng.standard_normal(dims, dtype=np.float32) * scale).astype(dtype)
 
-    def shard(self, name: str, tensors: dict[str, np.ndarray]) -> None:
+    def shard(self, name: str, tensors: dict[str, Any]) -> None:
+        self.weight_map.update({k: name for k in tensors})
+        if self.tensors is not None:
+            self.tensors.update(tensors)
+            return
         from safetensors.numpy import save_file
 
         save_file(tensors, str(self.out / name))
-        self.weight_map.update({k: name for k in tensors})
 
     def finish(self) -> Path:
         (self.out / "model.safetensors.index.json").write_text(

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
-from warp_providers.synth._common import Writer, tokenizer_files
+from warp_providers.synth._common import GeneratedTensors, Writer, tokenizer_files
 
 
 @dataclass(frozen=True)
@@ -46,8 +48,42 @@ def make_moe_checkpoint(out: str | Path, shape: MoeShape | None = None, seed: in
         The directory, ready for `warp convert`.
 
     """
-    shape = shape or MoeShape()
-    out = Path(out)
+    return _write(Path(out), shape or MoeShape(), seed, tokenizer, virtual=False).finish()
+
+
+def make_moe_container(out: str | Path, shape: MoeShape | None = None, seed: int = 0, *,
+                       experts: str = "q4_0", trunk: str = "q8_0",
+                       progress: Callable[[int, int, str], None] | None = None) -> Path:
+    """Write a random Qwen3-MoE straight as a container, with no checkpoint on disk.
+
+    Each tensor is drawn as the converter encodes it (`LazyNormal`), expert by expert, so
+    memory stays bounded by one expert and a container of tens of GB takes its own size
+    on disk only. Same shape and seed give the same bytes (not those of
+    `make_moe_checkpoint` + `convert`, which draw in another order).
+
+    Args:
+        out: the container directory to create (it must not exist).
+        shape: sizes (default ~1.6 G parameters).
+        seed: the RNG seed.
+        experts: dtype of the routed experts ("q4_0", "q8_0", ...).
+        trunk: dtype of the attention matrices.
+        progress: ``progress(done_bytes, total_bytes, label)``, as `convert` calls it.
+
+    Returns:
+        The container directory.
+    """
+    from warp_providers.convert import convert
+
+    with tempfile.TemporaryDirectory(prefix="wp-synth-") as tmp:
+        wr = _write(Path(tmp) / "hf", shape or MoeShape(), seed, None, virtual=True)
+        src = wr.finish()
+        assert wr.tensors is not None
+        return convert(src, out, experts=experts, trunk=trunk, progress=progress,
+                       tensors=GeneratedTensors(src, wr.tensors))
+
+
+def _write(out: Path, shape: MoeShape, seed: int,
+           tokenizer: str | Path | None, *, virtual: bool) -> Writer:
     tok_json, tok_cfg, vocab = tokenizer_files(tokenizer)
     vocab_padded = (vocab + 31) // 32 * 32
     cfg = {
@@ -58,7 +94,7 @@ def make_moe_checkpoint(out: str | Path, shape: MoeShape | None = None, seed: in
         "tie_word_embeddings": False, "decoder_sparse_step": 1, "mlp_only_layers": [],
         "bos_token_id": None, "eos_token_id": vocab - 1, "torch_dtype": "float16",
     }
-    wr = Writer(out, cfg, tok_json, tok_cfg, seed)
+    wr = Writer(out, cfg, tok_json, tok_cfg, seed, virtual=virtual)
     h, d = shape.hidden_size, shape.head_dim
     std = 1.0 / np.sqrt(h)
     w, shard = wr.w, wr.shard
@@ -88,4 +124,4 @@ def make_moe_checkpoint(out: str | Path, shape: MoeShape | None = None, seed: in
             t[q + "down_proj.weight"] = w(h, shape.moe_intermediate_size,
                                           scale=1.0 / np.sqrt(shape.moe_intermediate_size))
         shard(f"model-layer-{i:03d}.safetensors", t)
-    return wr.finish()
+    return wr

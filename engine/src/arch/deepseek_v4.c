@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "arch.h"
+#include "route_trace.h"
 #include "json.h"
 
 enum { CMP_NONE = 0, CMP_CSA = 1, CMP_HCA = 2 }; /* per layer */
@@ -607,6 +608,7 @@ static wp_status v4_moe(wpi_model *m, uint32_t l, const float *x, uint32_t n, fl
             for (size_t e = 0; e < E; e++) ch[e] = sc[e] + (L->exp_bias ? L->exp_bias[e] : 0.0f);
             wpi_topk(ch, (uint32_t)E, (uint32_t)K, ids, w);
         }
+        if (m->trace) wpi_route_trace_ids(m, l, t, ids); /* routing replay */
         float s = 0;
         for (size_t j = 0; j < K; j++) s += (w[j] = sc[ids[j]]);
         s += 1e-20f;

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "arch.h"
+#include "route_trace.h"
 
 /* Its tensors beyond the shared ones, per layer (m->arch, carved by scratch). */
 typedef struct oss_layer {
@@ -49,11 +50,19 @@ static void route(wpi_model *m, uint32_t l, const float *xs, uint32_t n, float *
                 out[(size_t)t * hp->n_experts + e] += A->router_b[e];
 }
 
-/* Top-k of the logits, then softmax over the k selected values. */
-static void select_topk(const wpi_hparams *hp, const float *logits, int32_t *ids, float *w)
+/* Top-k of the logits (the replayed trace's experts when m has one, route_trace.h), then
+ * softmax over the k selected values. */
+static void select_topk(const wpi_model *m, uint32_t l, uint32_t t, const float *logits,
+                        int32_t *ids, float *w)
 {
+    const wpi_hparams *hp = m->hp;
     wpi_topk(logits, hp->n_experts, hp->top_k, ids, w);
-    const float mx = w[0];
+    if (m->trace) {
+        wpi_route_trace_ids(m, l, t, ids);
+        for (uint32_t j = 0; j < hp->top_k; j++) w[j] = logits[ids[j]];
+    }
+    float mx = w[0];
+    for (uint32_t j = 1; j < hp->top_k; j++) mx = w[j] > mx ? w[j] : mx;
     float s = 0;
     for (uint32_t j = 0; j < hp->top_k; j++) {
         w[j] = expf(w[j] - mx);
@@ -126,7 +135,7 @@ static wp_status moe_block(wpi_model *m, uint32_t l, uint32_t n)
         wpi_rmsnorm(m->xn + t * H, m->x + t * H, L->ffn_norm, H, hp->rms_norm_eps);
     route(m, l, m->xn, n, m->probs);
     for (uint32_t t = 0; t < n; t++)
-        select_topk(hp, m->probs + t * E, m->topk_id + t * K, m->topk_w + t * K);
+        select_topk(m, l, t, m->probs + t * E, m->topk_id + t * K, m->topk_w + t * K);
 
     const uint32_t nd = wpi_moe_distinct_experts(m, n);
     wp_status st = wpi_moe_for_each_expert(m, l, m->xn, nd, routed_expert,

@@ -2,7 +2,9 @@
  * ffn.c -- the SwiGLU feed-forward, down(silu(gate x) * up x), for dense layers, routed
  * experts and shared experts alike; a dense layer with biases (llama mlp_bias) computes
  * down(silu(gate x + bg) * (up x + bu)) + bd. With swiglu_limit and no swiglu_alpha (glm5_next)
- * gate is clamped to at most the limit and up to [-limit, limit] first.
+ * gate is clamped to at most the limit and up to [-limit, limit] first. With situ_beta b1
+ * (kimi_k3) the activation is SiTU-GLU: b1 tanh(g / b1) sigmoid(g) * u, u bounded to
+ * b2 tanh(u / b2) when situ_linear_beta b2 is set (wpi_glu, also moe.c's decode groups).
  *
  * gate and up run in one parallel section over blocks of their rows, each task also
  * applying silu(g) * u to its rows, so a SwiGLU costs two dispatches: gate/up and down.
@@ -12,6 +14,14 @@
 #include "blocks.h"
 
 #define ROW_BLOCK 16
+
+float wpi_glu(const wpi_hparams *hp, float g, float u)
+{
+    if (!hp || !(hp->situ_beta > 0)) return g / (1.0f + expf(-g)) * u;
+    const float b1 = hp->situ_beta, b2 = hp->situ_linear_beta;
+    const float a = b1 * tanhf(g / b1) / (1.0f + expf(-g));
+    return a * (b2 > 0 ? b2 * tanhf(u / b2) : u);
+}
 
 typedef struct gu_ctx {
     const wpi_model *m;
@@ -42,7 +52,7 @@ static void gu_task(void *arg, uint32_t task)
                 a = a < lim ? a : lim;
                 b = b < -lim ? -lim : b > lim ? lim : b;
             }
-            g[t * I + r] = a / (1.0f + expf(-a)) * b;
+            g[t * I + r] = wpi_glu(c->m->hp, a, b);
         }
 }
 

@@ -9,8 +9,10 @@
  *   indexers              index_heads, index_head_dim, index_topk (deepseek_v4's CSA and
  *                         glm5_next's DSA indexer)
  *   kda.c                 kda_heads, kda_head_dim, kda_conv, kda_lower_bound
+ *   kda.c                 kda_full_gate
  *   attention_sw.c, ffn.c sliding_window and attn_kinds ("full", "sliding", "kda");
- *                         swiglu_alpha, swiglu_limit
+ *                         swiglu_alpha, swiglu_limit; situ_beta, situ_linear_beta
+ *   moe.c, checks.c       expert_hidden_size (the experts' width, a latent MoE's)
  *
  * Every key is optional; absent means off (0, false, "softmax", 1.0). Present keys are
  * checked against the one bounds table (container.c); the architecture's check function
@@ -22,6 +24,19 @@
 #include "json.h"
 
 #define W "manifest.json: hparams"
+
+wp_status wpi_hparam_bool(const struct wpi_json *h, const char *key, int32_t *out, char *err,
+                          size_t cap)
+{
+    *out = 0;
+    const wpi_json *v = wpi_json_get(h, key);
+    if (!v || v->type == WPI_JSON_NULL) return WP_OK;
+    int b;
+    if (!wpi_json_bool(v, &b))
+        return wpi_fail(err, cap, WP_E_FORMAT, W ".%s: expected true or false", key);
+    *out = b;
+    return WP_OK;
+}
 
 static wp_status mla_keys(const wpi_json *h, wpi_hparams *hp, char *err, size_t cap)
 {
@@ -118,12 +133,21 @@ static wp_status layer_keys(const wpi_json *h, wpi_hparams *hp, char *err, size_
     wp_status st;
     memset(hp->layer_attn, WPI_ATTN_FULL, sizeof hp->layer_attn);
     if ((st = wpi_hparam_u32(h, "sliding_window", hp, err, cap)) != WP_OK ||
+        (st = wpi_hparam_u32(h, "expert_hidden_size", hp, err, cap)) != WP_OK ||
+        (st = wpi_hparam_f32(h, "situ_beta", hp, NULL, err, cap)) != WP_OK ||
+        (st = wpi_hparam_f32(h, "situ_linear_beta", hp, NULL, err, cap)) != WP_OK ||
         (st = wpi_hparam_f32(h, "swiglu_alpha", hp, NULL, err, cap)) != WP_OK ||
         (st = wpi_hparam_f32(h, "swiglu_limit", hp, NULL, err, cap)) != WP_OK ||
         (st = wpi_hparam_u32(h, "kda_heads", hp, err, cap)) != WP_OK ||
         (st = wpi_hparam_u32(h, "kda_head_dim", hp, err, cap)) != WP_OK ||
-        (st = wpi_hparam_u32(h, "kda_conv", hp, err, cap)) != WP_OK)
+        (st = wpi_hparam_u32(h, "kda_conv", hp, err, cap)) != WP_OK ||
+        (st = wpi_hparam_bool(h, "kda_full_gate", &hp->kda_full_gate, err, cap)) != WP_OK)
         return st;
+    if (hp->expert_hidden_size > hp->hidden_size)
+        return wpi_fail(err, cap, WP_E_FORMAT, W ".expert_hidden_size: %u is above hidden_size %u",
+                        hp->expert_hidden_size, hp->hidden_size);
+    if (hp->situ_linear_beta > 0 && !(hp->situ_beta > 0))
+        return wpi_fail(err, cap, WP_E_FORMAT, W ".situ_linear_beta: needs situ_beta");
     static const char *const kinds[] = {[WPI_ATTN_FULL] = "full",
                                         [WPI_ATTN_SLIDING] = "sliding",
                                         [WPI_ATTN_KDA] = "kda"};

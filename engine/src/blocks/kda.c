@@ -13,6 +13,7 @@
  *   per head: S = S * exp(g)[:, None]; delta = (v - S^T k) * beta;
  *             S += k delta^T; o = S^T q                  S: [d (k), d (v)]
  *   out   = Wo (rmsnorm_h(o_h; o_norm, rms_norm_eps) * sigmoid(g_b g_a x))
+ *           or, with kda_full_gate (kimi_k3), sigmoid(g x) of one full-rank kda_g [D, H]
  * State per layer, constant in context (the memory plan's "recurrent state"):
  *   S [heads][d][d] then the conv window [kda_conv - 1][3D] (oldest first), f32.
  * At position 0 the state starts from zero. Heads are independent tasks, so the thread
@@ -131,14 +132,16 @@ void wpi_kda_block(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
     if (pos == 0) memset(S, 0, wpi_kda_state_floats(hp) * sizeof(float));
     for (uint32_t t = 0; t < n; t++)
         wpi_rmsnorm(m->xn + t * H, m->x + t * H, L->attn_norm, H, hp->rms_norm_eps);
-    wpi_mm in[7] = {{&L->wq, mixed, 3 * D},      {&L->wk, mixed + D, 3 * D},
+    const int full = L->kda_g.data != NULL;
+    wpi_mm in[6] = {{&L->wq, mixed, 3 * D},      {&L->wk, mixed + D, 3 * D},
                     {&L->wv, mixed + 2 * D, 3 * D}, {&L->kda_f_a, fa, d},
-                    {&L->kda_b, beta, nh},         {&L->kda_g_a, ga, d}};
+                    {&L->kda_b, beta, nh},
+                    full ? (wpi_mm){&L->kda_g, gate, D} : (wpi_mm){&L->kda_g_a, ga, d}};
     wpi_matmul(m, in, 3, m->xn, H, n);
     wpi_matmul(m, in + 3, 3, m->xn, H, n);
     wpi_mm up[2] = {{&L->kda_f_b, g, D}, {&L->kda_g_b, gate, D}};
     wpi_matmul(m, up, 1, fa, d, n);
-    wpi_matmul(m, up + 1, 1, ga, d, n);
+    if (!full) wpi_matmul(m, up + 1, 1, ga, d, n);
 
     /* short convolution + silu, token by token through the window */
     const size_t C3 = 3 * D;
@@ -197,8 +200,12 @@ wp_status wpi_kda_check_layer(const wpi_container *c, uint32_t l, char *err, siz
     TRY(wpi_need_matrix(c, NAME("kda_f_a.weight"), d, H, err, cap));
     TRY(wpi_need_matrix(c, NAME("kda_f_b.weight"), D, d, err, cap));
     TRY(wpi_need_matrix(c, NAME("kda_b.weight"), hp->kda_heads, H, err, cap));
-    TRY(wpi_need_matrix(c, NAME("kda_g_a.weight"), d, H, err, cap));
-    TRY(wpi_need_matrix(c, NAME("kda_g_b.weight"), D, d, err, cap));
+    if (hp->kda_full_gate) {
+        TRY(wpi_need_matrix(c, NAME("kda_g.weight"), D, H, err, cap));
+    } else {
+        TRY(wpi_need_matrix(c, NAME("kda_g_a.weight"), d, H, err, cap));
+        TRY(wpi_need_matrix(c, NAME("kda_g_b.weight"), D, d, err, cap));
+    }
     TRY(wpi_need_vector(c, NAME("kda_conv.weight"), 3 * D * hp->kda_conv, err, cap));
     TRY(wpi_need_vector(c, NAME("kda_dt_bias"), D, err, cap));
     TRY(wpi_need_vector(c, NAME("kda_a_log"), hp->kda_heads, err, cap));

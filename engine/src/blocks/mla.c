@@ -14,7 +14,9 @@
  * RoPE: HF rotate_half pairing, or GPT-J pairs (2i, 2i+1) when rope_interleave; k is
  * rotated before it enters the cache, and cos/sin carry rope_attn_factor as in
  * attention.c. Sparse (glm5_next's DSA layers): a token attends only to the key pools its
- * indexer selected and its own incomplete pool (arch/glm5_next.c). Each (token, head) attention task
+ * indexer selected and its own incomplete pool (arch/glm5_next.c). An output gate (kimi_k3's
+ * attn_gate, bound by its arch) multiplies the heads' output by sigmoid(gate x_normed)
+ * before the output projection. Each (token, head) attention task
  * streams keys in fixed blocks with a running maximum, so thread count never changes
  * a result.
  */
@@ -236,6 +238,11 @@ void wpi_mla_attend(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos,
     run(m, hp->n_heads, (uint64_t)n * NH * hp->qk_nope_head_dim * R, absorb_task, &a);
     run(m, n * hp->n_heads, (uint64_t)n * NH * (pos + n) * (W + R), attn_task, &a);
     run(m, hp->n_heads, (uint64_t)n * NH * hp->v_head_dim * R, up_task, &a);
+    if (L->attn_gate.data) { /* out *= sigmoid(gate xn), xn still the normed input; q is free */
+        wpi_mm g = {&L->attn_gate, m->q, od};
+        wpi_matmul(m, &g, 1, m->xn, H, n);
+        for (size_t i = 0; i < (size_t)n * od; i++) m->att[i] *= 1.0f / (1.0f + expf(-m->q[i]));
+    }
 
     wpi_mm o = {&L->wo, m->xn, H};
     wpi_matmul(m, &o, 1, m->att, od, n);

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "blocks.h"
+#include "route_trace.h"
 
 void wpi_topk(const float *p, uint32_t n, uint32_t k, int32_t *ids, float *w)
 {
@@ -61,20 +62,43 @@ static void select_topk(const wpi_hparams *hp, const float *probs, int32_t *ids,
     }
 }
 
+/* Routing replay: the trace's experts, weighted by the router's scores for them (then
+ * normalized and scaled as the router's own choice would be). */
+static void traced_topk(wpi_model *m, uint32_t l, uint32_t n, int noaux)
+{
+    const wpi_hparams *hp = m->hp;
+    const size_t K = hp->top_k, E = hp->n_experts;
+    for (uint32_t t = 0; t < n; t++) {
+        int32_t *ids = m->topk_id + t * K;
+        float *w = m->topk_w + t * K, s = 0;
+        wpi_route_trace_ids(m, l, t, ids);
+        for (size_t j = 0; j < K; j++) s += (w[j] = m->probs[t * E + (size_t)ids[j]]);
+        for (size_t j = 0; j < K; j++) {
+            if (hp->norm_topk_prob) w[j] /= s + 1e-20f;
+            if (noaux) w[j] *= hp->routed_scaling_factor;
+        }
+    }
+}
+
 /* Each of the n decode rows' likely experts of layer l + 1 (the cache skips the ones
- * already resident or on their way). */
+ * already resident or on their way); a replayed trace names them exactly. */
 static void lookahead(wpi_model *m, uint32_t l, uint32_t n)
 {
     const wpi_hparams *hp = m->hp;
     const wpi_layer *N = &m->layers[l + 1];
     const size_t H = hp->hidden_size;
     for (uint32_t t = 0; t < n; t++) {
-        wpi_rmsnorm(m->xg, m->x + t * H, N->ffn_norm, H, hp->rms_norm_eps);
-        route(m, N->router, m->xg, H, 1, m->la_probs);
-        if (wpi_route_noaux_used(hp, N))
-            wpi_route_noaux(hp, m->la_probs, N->exp_bias, m->route_tmp, m->la_ids, m->la_w);
-        else
-            wpi_topk(m->la_probs, hp->n_experts, hp->top_k, m->la_ids, m->la_w);
+        if (m->trace) {
+            wpi_route_trace_ids(m, l + 1, t, m->la_ids);
+        } else {
+            wpi_rmsnorm(m->xg, m->x + t * H, N->ffn_norm, H, hp->rms_norm_eps);
+            route(m, N->router, m->xg, H, 1, m->la_probs);
+            if (wpi_route_noaux_used(hp, N))
+                wpi_route_noaux(hp, m->la_probs, N->exp_bias, m->route_tmp, m->la_ids,
+                                m->la_w);
+            else
+                wpi_topk(m->la_probs, hp->n_experts, hp->top_k, m->la_ids, m->la_w);
+        }
         wpi_experts_prefetch(m->experts, l + 1, m->la_ids, hp->top_k);
     }
 }
@@ -137,7 +161,7 @@ static void group_gu_task(void *arg, uint32_t t)
             a = a < lim ? a : lim;
             b = b < -lim ? -lim : b > lim ? lim : b;
         }
-        g[r] = a / (1.0f + expf(-a)) * b;
+        g[r] = wpi_glu(c->m->hp, a, b);
     }
 }
 
@@ -258,6 +282,7 @@ wp_status wpi_moe_block(wpi_model *m, uint32_t l, uint32_t n)
                             m->topk_id + t * K, m->topk_w + t * K);
         else
             select_topk(hp, m->probs + t * E, m->topk_id + t * K, m->topk_w + t * K);
+    if (m->trace) traced_topk(m, l, n, wpi_route_noaux_used(hp, L));
 
     const uint32_t nd = wpi_moe_distinct_experts(m, n);
 

@@ -15,6 +15,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kernels/kernels.h"
+
 /* Dense slot of each dtype in the per-dtype arrays of a table. */
 enum {
     WPI_SLOT_F32, WPI_SLOT_F16, WPI_SLOT_BF16, WPI_SLOT_Q8_0, WPI_SLOT_Q4_0, WPI_SLOT_Q4_1,
@@ -134,6 +136,28 @@ typedef struct wpi_blocks {
             }                                                                            \
         }                                                                                \
     }
+
+/* 8-bit activations: one quantized row (nb blocks) dotted with nb activation blocks.
+ * Tables are indexed by slot - WPI_SLOT_Q8_0 (q8_0, q4_0, q4_1, mxfp4). */
+typedef float (*wpi_row_dot_x8_fn)(const uint8_t *row, const wpi_xq *xq, size_t nb);
+#define WPI_X8_SLOTS 4
+
+/* Optional: one row dotted with 4 tokens' blocks (xt[k], repeated for a ragged group),
+ * the weights decoded once; out[k] must equal row_dot's result for xt[k] bit for bit. */
+typedef void (*wpi_row_dot4_x8_fn)(const uint8_t *row, const wpi_xq *const xt[4], size_t nb,
+                                   float out[4]);
+
+typedef struct wpi_blocks_x8 {
+    const char *name;
+    wpi_row_dot_x8_fn row_dot[WPI_X8_SLOTS];
+    wpi_row_dot4_x8_fn row_dot4[WPI_X8_SLOTS]; /* several tokens (prefill) */
+} wpi_blocks_x8;
+
+extern const wpi_blocks_x8 wpi_x8_ref;
+extern const wpi_blocks_x8 wpi_x8_avx2;
+extern const wpi_blocks_x8 wpi_x8_avxvnni;
+extern const wpi_blocks_x8 wpi_x8_avx512bw;
+extern const wpi_blocks_x8 wpi_x8_avx512vnni;
 
 /* The block tables; the AVX ones exist only in x86-64 builds, the NEON one only in
  * AArch64 builds. */

@@ -40,6 +40,34 @@ static int cpu_has_f16c(void)
     unsigned a, b, c, d;
     return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
 }
+
+/* VNNI byte dot products for the 8-bit-activation kernels: AVX-VNNI (CPUID leaf 7
+ * subleaf 1, EAX bit 4) for the AVX2 set, AVX512-VNNI for the AVX-512 set. Read once,
+ * as the ISA mask. */
+static int cpu_has_avxvnni(void)
+{
+    unsigned a, b, c, d;
+    return __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 4));
+}
+
+static uint32_t vnni_detect(void)
+{
+    __builtin_cpu_init();
+    return 0x80000000u | (cpu_has_avxvnni() ? 1u : 0u) |
+           (__builtin_cpu_supports("avx512vnni") ? 2u : 0u);
+}
+
+/* Bit 0: AVX-VNNI, bit 1: AVX512-VNNI. */
+static uint32_t vnni(void)
+{
+    static _Atomic uint32_t cached; /* 0 = not yet read; bit 31 set once read */
+    uint32_t m = atomic_load_explicit(&cached, memory_order_relaxed);
+    if (m == 0) {
+        m = vnni_detect();
+        atomic_store_explicit(&cached, m, memory_order_relaxed);
+    }
+    return m;
+}
 #endif
 
 /* Bit mask of (1 << wp_isa) for the sets this CPU can run. */
@@ -81,9 +109,9 @@ static const wpi_kernels *table(int isa)
         return &wpi_kernels_ref;
 #if WPI_HAVE_X86
     case WP_ISA_AVX2:
-        return &wpi_kernels_avx2;
+        return vnni() & 1u ? &wpi_kernels_avxvnni : &wpi_kernels_avx2;
     case WP_ISA_AVX512:
-        return &wpi_kernels_avx512;
+        return vnni() & 2u ? &wpi_kernels_avx512vnni : &wpi_kernels_avx512;
 #endif
 #if WPI_HAVE_NEON
     case WP_ISA_NEON:
@@ -120,6 +148,19 @@ wpi_matmul_fn wpi_kernels_matmul(const wpi_kernels *k, int dtype)
     case WPI_Q4_0: return k->matmul_q4_0;
     case WPI_Q4_1: return k->matmul_q4_1;
     case WPI_MXFP4: return k->matmul_mxfp4;
+    default: return NULL;
+    }
+}
+
+wpi_matmul_x8_fn wpi_kernels_matmul_x8(const wpi_kernels *k, int dtype)
+{
+    if (!k)
+        return NULL;
+    switch (dtype) {
+    case WPI_Q8_0: return k->matmul_x8_q8_0;
+    case WPI_Q4_0: return k->matmul_x8_q4_0;
+    case WPI_Q4_1: return k->matmul_x8_q4_1;
+    case WPI_MXFP4: return k->matmul_x8_mxfp4;
     default: return NULL;
     }
 }

@@ -48,6 +48,28 @@ typedef void (*wpi_matmul_fn)(const void *w, size_t cols, size_t r0, size_t r1,
                               const float *x, size_t ldx, size_t n_tok,
                               float *y, size_t ldy);
 
+/*
+ * 8-bit activations (the default path; wp_cfg.exact selects the float32 one above): a
+ * token's activations are quantized once per call in blocks of 32, as q8_0 weights are
+ * (d = amax / 127, q = round(x / d), half away from zero), and quantized weight rows
+ * are dotted with them in integer arithmetic, one float multiply per block. s is
+ * d * sum(q), the term q4_1's offset m needs. A block holding a NaN or infinity gets
+ * d = NaN, so the outputs it touches are NaN, as on the float32 path.
+ */
+typedef struct wpi_xq {
+    float d;
+    float s;
+    int8_t q[32];
+} wpi_xq;
+
+/* Quantizes cols (a multiple of 32) activations into cols / 32 blocks. */
+void wpi_quant_x8(const float *x, size_t cols, wpi_xq *out);
+
+/* As wpi_matmul_fn, with token t's blocks at xq + t * ldq. */
+typedef void (*wpi_matmul_x8_fn)(const void *w, size_t cols, size_t r0, size_t r1,
+                                 const wpi_xq *xq, size_t ldq, size_t n_tok,
+                                 float *y, size_t ldy);
+
 typedef struct wpi_kernels {
     const char *name;            /* "scalar", "avx2", "avx512", "neon" */
     wpi_matmul_fn matmul_f32;
@@ -57,6 +79,12 @@ typedef struct wpi_kernels {
     wpi_matmul_fn matmul_q4_0;
     wpi_matmul_fn matmul_q4_1;
     wpi_matmul_fn matmul_mxfp4;
+    wpi_matmul_x8_fn matmul_x8_q8_0; /* 8-bit activations against quantized weights */
+    wpi_matmul_x8_fn matmul_x8_q4_0;
+    wpi_matmul_x8_fn matmul_x8_q4_1;
+    wpi_matmul_x8_fn matmul_x8_mxfp4;
+    const char *x8_name;         /* the integer dot product: "scalar", "avx2", "avxvnni",
+                                  * "avx512bw", "avx512vnni", "neon" */
     float (*dot_f32)(const float *a, const float *b, size_t n);
     void (*axpy_f32)(float a, const float *x, float *y, size_t n); /* y += a*x */
 } wpi_kernels;
@@ -69,6 +97,10 @@ extern const wpi_kernels wpi_kernels_ref;
 extern const wpi_kernels wpi_kernels_avx2;
 extern const wpi_kernels wpi_kernels_avx512;
 extern const wpi_kernels wpi_kernels_neon;
+/* The AVX sets with VNNI dot products (vpdpbusd) for 8-bit activations; wpi_kernels_get
+ * returns them for WP_ISA_AVX2 / WP_ISA_AVX512 where the CPU has AVX-VNNI / AVX512-VNNI. */
+extern const wpi_kernels wpi_kernels_avxvnni;
+extern const wpi_kernels wpi_kernels_avx512vnni;
 
 /* Kernel set for an ISA (wp_isa values); NULL if this CPU cannot run it.
  * WP_ISA_AUTO (0) returns the best supported set. */
@@ -76,6 +108,9 @@ const wpi_kernels *wpi_kernels_get(int isa);
 
 /* The matmul of a dtype in a kernel set; NULL for an unknown dtype. */
 wpi_matmul_fn wpi_kernels_matmul(const wpi_kernels *k, int dtype);
+
+/* The 8-bit-activation matmul of a dtype; NULL where there is none (float dtypes). */
+wpi_matmul_x8_fn wpi_kernels_matmul_x8(const wpi_kernels *k, int dtype);
 
 /* Reference-only helpers (kernels_ref.c). */
 float wpi_f16_to_f32(uint16_t h);

@@ -2,8 +2,10 @@
  * matmul.c -- the one matmul driver, and the kernel sets of kernels.h built on it.
  *
  * ISA-neutral: every loop of Y = X * W^T lives here, and the arithmetic comes from a
- * block-kernel table (blocks.h) that an ISA file fills. Two paths, both with float32
- * activations (weights are never requantized, nor are activations):
+ * block-kernel table (blocks.h) that an ISA file fills. Weights are never requantized.
+ * With 8-bit activations (quantized once per call by the caller, wpi_quant_x8) each
+ * row is read once and dotted with every token's blocks by the x8 table's row kernel.
+ * Two paths with float32 activations:
  *   n_tok == 1 (decode): each row of [r0, r1) is dotted with x straight from the stored
  *     weights by the table's row kernel of the dtype.
  *   n_tok >= 2 (prefill): a tile of up to WPI_TILE_ROWS rows is dequantized `chunk`
@@ -73,8 +75,60 @@ static void matmul(const wpi_blocks *b, int slot, int dtype, const void *w, size
         matmul_tiled(b, slot, w, rb, cols, r0, r1, x, ldx, n_tok, y, ldy);
 }
 
-/* The kernels.h set wpi_kernels_<isa>, named label, over the block table
- * wpi_blocks_<isa>: one matmul entry per dtype, and dot and axpy passed through. */
+/* 8-bit activations: each row, read once, is dotted with every token's blocks. */
+static void matmul_x8(const wpi_blocks_x8 *b, int slot, int dtype, const void *w,
+                      size_t cols, size_t r0, size_t r1, const wpi_xq *xq, size_t ldq,
+                      size_t n_tok, float *y, size_t ldy)
+{
+    size_t rb = wpi_row_bytes(dtype, cols);
+    if (rb == 0 && cols != 0)
+        return;
+    wpi_row_dot_x8_fn dot = b->row_dot[slot - WPI_SLOT_Q8_0];
+    wpi_row_dot4_x8_fn dot4 = b->row_dot4[slot - WPI_SLOT_Q8_0];
+    size_t nb = cols / WPI_QK;
+    for (size_t r = r0; r < r1; r++) {
+        const uint8_t *row = (const uint8_t *)w + r * rb;
+        size_t t = 0;
+        for (; dot4 && t + 2 <= n_tok; t += 4) {
+            size_t nt = n_tok - t < 4 ? n_tok - t : 4;
+            const wpi_xq *xt[4];
+            float s[4];
+            for (size_t k = 0; k < 4; k++)
+                xt[k] = xq + (t + (k < nt ? k : 0)) * ldq;
+            dot4(row, xt, nb, s);
+            for (size_t k = 0; k < nt; k++)
+                y[(t + k) * ldy + r] = s[k];
+        }
+        for (; t < n_tok; t++)
+            y[t * ldy + r] = dot(row, xq + t * ldq, nb);
+    }
+}
+
+#define MATMUL_X8_ENTRY(x8, sfx, slot, dtype)                                            \
+    static void matmul_x8_##sfx##_##x8(const void *w, size_t cols, size_t r0, size_t r1, \
+                                       const wpi_xq *xq, size_t ldq, size_t n_tok,        \
+                                       float *y, size_t ldy)                              \
+    {                                                                                    \
+        matmul_x8(&wpi_x8_##x8, slot, dtype, w, cols, r0, r1, xq, ldq, n_tok, y, ldy);   \
+    }
+
+#define X8_SET(x8)                                                                       \
+    MATMUL_X8_ENTRY(x8, q8_0, WPI_SLOT_Q8_0, WPI_Q8_0)                                   \
+    MATMUL_X8_ENTRY(x8, q4_0, WPI_SLOT_Q4_0, WPI_Q4_0)                                   \
+    MATMUL_X8_ENTRY(x8, q4_1, WPI_SLOT_Q4_1, WPI_Q4_1)                                   \
+    MATMUL_X8_ENTRY(x8, mxfp4, WPI_SLOT_MXFP4, WPI_MXFP4)
+
+X8_SET(ref)
+#if defined(__x86_64__)
+X8_SET(avx2)
+X8_SET(avxvnni)
+X8_SET(avx512bw)
+X8_SET(avx512vnni)
+#endif
+
+/* The kernels.h set wpi_kernels_<set>, named label, over the block table
+ * wpi_blocks_<isa> (whose entries KERNEL_SET_F32 makes: one matmul per dtype, and dot
+ * and axpy passed through) and the 8-bit table wpi_x8_<x8>. */
 #define MATMUL_ENTRY(isa, sfx, slot, dtype)                                              \
     static void matmul_##sfx##_##isa(const void *w, size_t cols, size_t r0, size_t r1,  \
                                      const float *x, size_t ldx, size_t n_tok, float *y, \
@@ -83,7 +137,26 @@ static void matmul(const wpi_blocks *b, int slot, int dtype, const void *w, size
         matmul(&wpi_blocks_##isa, slot, dtype, w, cols, r0, r1, x, ldx, n_tok, y, ldy);  \
     }
 
-#define KERNEL_SET(isa, label)                                                           \
+#define KERNEL_SET(set, isa, x8, label)                                                  \
+    const wpi_kernels wpi_kernels_##set = {                                              \
+        .name = label,                                                                   \
+        .matmul_f32 = matmul_f32_##isa,                                                  \
+        .matmul_f16 = matmul_f16_##isa,                                                  \
+        .matmul_bf16 = matmul_bf16_##isa,                                                \
+        .matmul_q8_0 = matmul_q8_0_##isa,                                                \
+        .matmul_q4_0 = matmul_q4_0_##isa,                                                \
+        .matmul_q4_1 = matmul_q4_1_##isa,                                                \
+        .matmul_mxfp4 = matmul_mxfp4_##isa,                                              \
+        .matmul_x8_q8_0 = matmul_x8_q8_0_##x8,                                           \
+        .matmul_x8_q4_0 = matmul_x8_q4_0_##x8,                                           \
+        .matmul_x8_q4_1 = matmul_x8_q4_1_##x8,                                           \
+        .matmul_x8_mxfp4 = matmul_x8_mxfp4_##x8,                                         \
+        .x8_name = wpi_x8_##x8##_name,                                                   \
+        .dot_f32 = dot_f32_##isa,                                                        \
+        .axpy_f32 = axpy_f32_##isa,                                                      \
+    };
+
+#define KERNEL_SET_F32(isa)                                                              \
     MATMUL_ENTRY(isa, f32, WPI_SLOT_F32, WPI_F32)                                        \
     MATMUL_ENTRY(isa, f16, WPI_SLOT_F16, WPI_F16)                                        \
     MATMUL_ENTRY(isa, bf16, WPI_SLOT_BF16, WPI_BF16)                                     \
@@ -98,25 +171,26 @@ static void matmul(const wpi_blocks *b, int slot, int dtype, const void *w, size
     static void axpy_f32_##isa(float a, const float *x, float *y, size_t n)              \
     {                                                                                    \
         wpi_blocks_##isa.axpy_f32(a, x, y, n);                                           \
-    }                                                                                    \
-    const wpi_kernels wpi_kernels_##isa = {                                              \
-        .name = label,                                                                   \
-        .matmul_f32 = matmul_f32_##isa,                                                  \
-        .matmul_f16 = matmul_f16_##isa,                                                  \
-        .matmul_bf16 = matmul_bf16_##isa,                                                \
-        .matmul_q8_0 = matmul_q8_0_##isa,                                                \
-        .matmul_q4_0 = matmul_q4_0_##isa,                                                \
-        .matmul_q4_1 = matmul_q4_1_##isa,                                                \
-        .matmul_mxfp4 = matmul_mxfp4_##isa,                                              \
-        .dot_f32 = dot_f32_##isa,                                                        \
-        .axpy_f32 = axpy_f32_##isa,                                                      \
-    };
+    }
 
-KERNEL_SET(ref, "scalar")
+#define wpi_x8_ref_name "scalar"
+#define wpi_x8_avx2_name "avx2"
+#define wpi_x8_avxvnni_name "avxvnni"
+#define wpi_x8_avx512bw_name "avx512bw"
+#define wpi_x8_avx512vnni_name "avx512vnni"
+
+KERNEL_SET_F32(ref)
+KERNEL_SET(ref, ref, ref, "scalar")
 #if defined(__x86_64__)
-KERNEL_SET(avx2, "avx2")
-KERNEL_SET(avx512, "avx512")
+KERNEL_SET_F32(avx2)
+KERNEL_SET_F32(avx512)
+KERNEL_SET(avx2, avx2, avx2, "avx2")
+KERNEL_SET(avx512, avx512, avx512bw, "avx512")
+/* The AVX sets again with VNNI integer dot products (dispatch.c picks them). */
+KERNEL_SET(avxvnni, avx2, avxvnni, "avx2")
+KERNEL_SET(avx512vnni, avx512, avx512vnni, "avx512")
 #endif
 #if defined(__aarch64__)
-KERNEL_SET(neon, "neon")
+KERNEL_SET_F32(neon)
+KERNEL_SET(neon, neon, ref, "neon")
 #endif

@@ -119,20 +119,13 @@ def test_gpt_oss_mxfp4_source(oracle_env, tmp_path):
         assert mean_kl(ref_all, eng.eval(PROMPT, all_logits=True)) <= 3e-2
 
 
-def _record_tensors(container: Any, bank: dict[str, Any], e: int) -> dict[str, bytes]:
-    """The gate, up and down bytes of expert e's record in a bank of the manifest."""
-    raw = (container / bank["file"]).read_bytes()
-    rec = raw[e * bank["record_bytes"]:(e + 1) * bank["record_bytes"]]
-    return {t["name"]: rec[t["offset"]:t["offset"] + t["bytes"]] for t in bank["tensors"]}
-
-
 @pytest.mark.oracle
 def test_gpt_oss_mxfp4_experts_stored_as_shipped(oracle_env, tmp_path):
     """By default MXFP4 experts are stored as shipped: every record's codes and scales,
     decoded from the container's blocks, equal the checkpoint's (gate = even rows of
     gate_up, up = odd), and the engine on them matches transformers holding the exactly
     dequantized weights (max |dlogit| <= 1e-4, prompt and 16 decode steps)."""
-    from oracle_util import manifest
+    from oracle_util import manifest, record_tensors
 
     from warp_providers import Engine
     from warp_providers.convert.quant import mxfp4_unpack
@@ -146,7 +139,7 @@ def test_gpt_oss_mxfp4_experts_stored_as_shipped(oracle_env, tmp_path):
         shapes = {t["name"]: t["shape"] for t in bank["tensors"]}
         assert {t["dtype"] for t in bank["tensors"]} == {"mxfp4"}
         for e in range(bank["n_experts"]):
-            rec = _record_tensors(out, bank, e)
+            rec = record_tensors(out, bank, e)
             for name, src, rows in (("gate", "gate_up_proj", slice(0, None, 2)),
                                     ("up", "gate_up_proj", slice(1, None, 2)),
                                     ("down", "down_proj", slice(None))):

@@ -59,6 +59,11 @@ class KimiLinear(Mla, Noaux):
 
     def hparams(self, cfg: Mapping[str, Any], gen: Mapping[str, Any]) -> dict[str, Any]:
         """Return the MLA/routing keys, then ``attn_kinds`` and the KDA dims."""
+        from .kimi_k3 import k3_keys  # kimi_k3 builds on this module
+
+        if self.model_type == MODEL_TYPE and (k3 := k3_keys(cfg)):
+            raise ConvertError(f"config.json: Kimi K3 keys {', '.join(k3)} in a kimi_linear "
+                               "config (a K3 checkpoint names KimiK3ForConditionalGeneration)")
         c2 = {k: v for k, v in cfg.items() if v is not None}
         for key, alias in KEY_ALIASES.items():
             if key not in c2 and alias in c2:

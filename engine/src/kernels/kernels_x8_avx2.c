@@ -1,0 +1,28 @@
+/*
+ * kernels_x8_avx2.c -- AVX2 8-bit-activation row dots (x8_avx2_body.h), the byte
+ * products summed by maddubs (pairs into int16, which cannot saturate: |w| <= 128 and
+ * |x| <= 127) then madd with ones (pairs into int32). dispatch.c calls it only on CPUs
+ * with AVX2, FMA and F16C; compiles to nothing off x86-64.
+ */
+#include "kernels/blocks.h"
+
+#if defined(__x86_64__)
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#else
+#pragma GCC target("avx2,fma,f16c")
+#endif
+
+#define X8_DPBUSD(acc, u, s)                                                             \
+    _mm256_add_epi32((acc), _mm256_madd_epi16(_mm256_maddubs_epi16((u), (s)),           \
+                                              _mm256_set1_epi16(1)))
+#define X8_TABLE wpi_x8_avx2
+#define X8_NAME "avx2"
+#include "kernels/x8_avx2_body.h"
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#endif
+
+#endif

@@ -1,0 +1,61 @@
+/*
+ * x8_avx2_body.h -- the 256-bit 8-bit-activation row dots, included by kernels_x8_avx2.c
+ * (X8_DPBUSD from maddubs + madd) and kernels_x8_avxvnni.c (vpdpbusd) under their own
+ * target pragmas, which define X8_DPBUSD(acc, u, s) (acc plus, per int32 lane, the sum
+ * of four unsigned-by-signed byte products) and X8_TABLE (the table's name).
+ *
+ * One block per vector: its 32 weights as bytes, signed products through the sign trick
+ * (|w| times x with w's sign), 8 int32 lane sums converted to float and multiplied by
+ * the block's two scales into one of two float accumulators (even and odd blocks);
+ * q4_1's m * s terms go into a third sum.
+ * Private to engine/src/kernels/.
+ */
+#include "kernels/x8_blocks.h"
+
+static inline float x8_hsum(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* Signed w times signed x, 8 lanes of int32 sums. */
+static inline __m256i x8_dot_ss(__m256i w, __m256i x)
+{
+    return X8_DPBUSD(_mm256_setzero_si256(), _mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+}
+
+static inline __m256 x8_scaled(__m256i s, float d, __m256 acc)
+{
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d), acc);
+}
+
+/* One block's lane sums: W(p) is block p's weights as 32 bytes, DOT the product. */
+#define X8_BLOCK(W, DOT, p, x) DOT(W(p), _mm256_loadu_si256((const __m256i *)(x)->q))
+
+/* The loop over blocks, even and odd blocks into two accumulators; D(p, b) is block b's
+ * weight scale times x's, EXTRA(p, b) a per-block float added to a third sum. */
+#define X8_ROW(name, bytes, W, D, EXTRA, DOT)                                            \
+    static float name(const uint8_t *row, const wpi_xq *xq, size_t nb)                   \
+    {                                                                                    \
+        __m256 e = _mm256_setzero_ps(), o = e;                                           \
+        float extra = 0.0f;                                                              \
+        size_t b = 0;                                                                    \
+        for (; b + 2 <= nb; b += 2) {                                                    \
+            const uint8_t *p0 = row + b * (bytes), *p1 = p0 + (bytes);                   \
+            e = x8_scaled(X8_BLOCK(W, DOT, p0, xq + b), D(p0, b), e);                    \
+            o = x8_scaled(X8_BLOCK(W, DOT, p1, xq + b + 1), D(p1, b + 1), o);            \
+            extra += EXTRA(p0, b) + EXTRA(p1, b + 1);                                    \
+        }                                                                                \
+        if (b < nb) {                                                                    \
+            const uint8_t *p0 = row + b * (bytes);                                       \
+            e = x8_scaled(X8_BLOCK(W, DOT, p0, xq + b), D(p0, b), e);                    \
+            extra += EXTRA(p0, b);                                                       \
+        }                                                                                \
+        return x8_hsum(_mm256_add_ps(e, o)) + extra;                                     \
+    }
+
+#define X8_DOT_US(w, x) X8_DPBUSD(_mm256_setzero_si256(), (w), (x))
+
+X8_ROWS
