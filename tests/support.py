@@ -48,3 +48,18 @@ def write_wordlevel_tokenizer(d: Path, n: int) -> None:
         "decoder": None, "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "t0"},
     }
     (d / "tokenizer.json").write_text(json.dumps(spec))
+
+
+def tiny_glm5_next_shape():
+    """A five-layer GLM-5.3-Flash shape with every layer kind: KDA, MLA with its own DSA
+    indexer and with the previous layer's selection, a dense first layer, grouped routing
+    and four hyper-connection streams."""
+    from warp_providers.synth import Glm5NextShape
+
+    return Glm5NextShape(
+        hidden_size=64, num_hidden_layers=5, layer_pattern="LFSLF", first_k_dense_replace=1,
+        intermediate_size=96, n_routed_experts=8, num_experts_per_tok=2, n_group=2,
+        topk_group=1, moe_intermediate_size=32, num_attention_heads=4, q_lora_rank=32,
+        kv_lora_rank=32, qk_nope_head_dim=16, v_head_dim=16, linear_num_heads=2,
+        linear_head_dim=16, index_n_heads=4, index_head_dim=16, index_topk=8, index_kpool=4,
+        hc_mult=4)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from oracle_util import convert_to
-from support import has_module, requires
+from support import has_module, requires, tiny_glm5_next_shape
 
 PROMPT = [(13 * i + 7) % 200 + 3 for i in range(32)]
 
@@ -27,15 +27,9 @@ def test_generated_glm5_next_matches_transformers(tmp_path):
     import transformers as tf
 
     from warp_providers import Engine
-    from warp_providers.synth import Glm5NextShape, make_glm5_next_checkpoint
+    from warp_providers.synth import make_glm5_next_checkpoint
 
-    shape = Glm5NextShape(
-        hidden_size=64, num_hidden_layers=5, layer_pattern="LFSLF", first_k_dense_replace=1,
-        intermediate_size=96, n_routed_experts=8, num_experts_per_tok=2, n_group=2,
-        topk_group=1, moe_intermediate_size=32, num_attention_heads=4, q_lora_rank=32,
-        kv_lora_rank=32, qk_nope_head_dim=16, v_head_dim=16, linear_num_heads=2,
-        linear_head_dim=16, index_n_heads=4, index_head_dim=16, index_topk=8, index_kpool=4,
-        hc_mult=4)
+    shape = tiny_glm5_next_shape()
     hf_dir = make_glm5_next_checkpoint(tmp_path / "hf", shape, seed=1)
     model, info = tf.AutoModelForImageTextToText.from_pretrained(
         hf_dir, dtype=torch.float32, output_loading_info=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from support import tiny_glm5_next_shape
 from warp_providers.synth import MoeShape
 
 TINY = MoeShape(hidden_size=64, num_hidden_layers=3, num_experts=16, num_experts_per_tok=4,
@@ -40,15 +41,9 @@ def tiny_glm5_next(root: Path, *, experts: str, trunk: str = "f32") -> Path:
     """A converted five-layer GLM-5.3-Flash: KDA, MLA with its own DSA indexer and with the
     previous layer's selection, a dense first layer, hyper-connections."""
     from warp_providers.convert import convert
-    from warp_providers.synth import Glm5NextShape, make_glm5_next_checkpoint
+    from warp_providers.synth import make_glm5_next_checkpoint
 
-    shape = Glm5NextShape(
-        hidden_size=64, num_hidden_layers=5, layer_pattern="LFSLF", first_k_dense_replace=1,
-        intermediate_size=96, n_routed_experts=8, num_experts_per_tok=2, n_group=2,
-        topk_group=1, moe_intermediate_size=32, num_attention_heads=4, q_lora_rank=32,
-        kv_lora_rank=32, qk_nope_head_dim=16, v_head_dim=16, linear_num_heads=2,
-        linear_head_dim=16, index_n_heads=4, index_head_dim=16, index_topk=8, index_kpool=4,
-        hc_mult=4)
+    shape = tiny_glm5_next_shape()
     src = make_glm5_next_checkpoint(root / "hf", shape, seed=1)
     return convert(src, root / "glm5.warp", experts=experts, trunk=trunk)
 
