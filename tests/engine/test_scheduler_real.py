@@ -127,7 +127,7 @@ def test_a_shared_prefix_is_prefilled_once_beside_another_request(moe):
 
 
 RSS_CHILD = r"""
-import json, resource, sys, threading
+import json, sys, threading
 from warp_providers import Engine
 from warp_providers.tokenizer import Tokenizer
 path, budget = sys.argv[1], int(sys.argv[2])
@@ -147,7 +147,9 @@ with Engine.open(path, budget=budget, ctx=1024, max_sequences=8) as eng:
     [t.join() for t in ts]
     widest = eng.batching()["widest"]
     peak_engine = eng.stats()["peak_bytes"]
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+# VmHWM, this process's own high-water mark: ru_maxrss would carry the forking parent's
+with open("/proc/self/status") as f:
+    peak = next(int(l.split()[1]) * 1024 for l in f if l.startswith("VmHWM:"))
 print(json.dumps({"base": base, "peak": peak, "widest": widest, "engine": peak_engine,
                   "tokenizer": tokenizer}))
 """

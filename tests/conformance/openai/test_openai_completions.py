@@ -215,6 +215,7 @@ def test_logit_bias_bans_and_forces_tokens(connect, moe_path):
 @pytest.mark.slow
 def test_cached_tokens_report_the_reused_prefix(connect, moe_path):
     target = connect(moe_path)
+    target.engine.reset()  # the shared engine's sequences forget earlier tests' prompts
     client = target.client
     client.completions.create(model="m", prompt="Something else entirely", max_tokens=1)
     first = client.chat.completions.create(model="m", messages=USER, max_tokens=2)
