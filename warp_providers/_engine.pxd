@@ -34,6 +34,7 @@ cdef extern from "wp.h" nogil:
         const char *route_trace_path
         uint64_t route_trace_offset
         uint64_t route_trace_stride
+        int32_t vision
 
     void wp_cfg_init(wp_cfg *cfg)
 
@@ -56,6 +57,9 @@ cdef extern from "wp.h" nogil:
         uint64_t state_bytes[8]
         uint32_t sequences
         uint64_t sequence_bytes
+        uint64_t vision_weight_bytes
+        uint64_t vision_reserve_bytes
+        uint64_t vision_bytes
 
     enum:
         WP_STATE_KINDS
@@ -101,6 +105,14 @@ cdef extern from "wp.h" nogil:
     wp_status wp_seq_save(wp_seq *seq, const char *path)
     wp_status wp_seq_load(wp_seq *seq, const char *path)
     wp_status wp_seq_copy(wp_seq *dst, const wp_seq *src)
+    wp_status wp_encode_image(wp_ctx *ctx, const float *pixels, uint32_t n_patches,
+                              uint32_t patch_dim, const uint32_t *grid_thw, float *out,
+                              size_t out_cap, uint32_t *n_rows)
+    int32_t wp_placeholder_token(const wp_ctx *ctx)
+    wp_status wp_push_embeds(wp_ctx *ctx, const float *rows, uint32_t n, uint32_t width)
+    wp_status wp_seq_push_embeds(wp_seq *seq, const float *rows, uint32_t n, uint32_t width)
+    uint32_t wp_pending_embeds(const wp_ctx *ctx)
+    uint32_t wp_seq_pending_embeds(const wp_seq *seq)
     wp_status wp_eval_batch(wp_ctx *ctx, wp_seq *const *seqs, const int32_t *const *tokens,
                             const uint32_t *n_tokens, uint32_t n_seqs, float *logits,
                             size_t logits_cap)

@@ -17,7 +17,7 @@ DEF ERR_CAP = 1024
 
 _CFG_INT_FIELDS = (
     "ctx_tokens", "n_threads", "reader_threads", "prefill_chunk", "cache_policy",
-    "direct_io", "verify", "lookahead", "isa", "max_sequences", "exact",
+    "direct_io", "verify", "lookahead", "isa", "max_sequences", "exact", "vision",
 )
 
 
@@ -102,6 +102,8 @@ cdef class _Cfg:
                 self.cfg.max_sequences = <uint32_t>value
             elif key == "exact":
                 self.cfg.exact = <int32_t>value
+            elif key == "vision":
+                self.cfg.vision = <int32_t>(1 if value else 0)
             else:
                 raise TypeError(f"unknown engine option {key!r}")
 
@@ -122,6 +124,10 @@ cdef dict _plan_dict(const wp_plan *p):
         "cache_bytes": p.cache_bytes, "ctx_tokens": p.ctx_tokens,
         "cache_slots": p.cache_slots, "budget_multiple": p.budget_multiple,
         "sequences": p.sequences, "sequence_bytes": p.sequence_bytes,
+        # the image tower: weights, work for one image at its patch limit, and what the
+        # floor counts (both when opened with the vision option, else 0)
+        "vision_weight_bytes": p.vision_weight_bytes,
+        "vision_reserve_bytes": p.vision_reserve_bytes, "vision_bytes": p.vision_bytes,
         # kv_bytes by kind of state; only the kinds this model has
         "state_bytes": {name: p.state_bytes[k] for k, name in enumerate(STATE_KINDS)
                         if p.state_bytes[k]},
@@ -161,6 +167,8 @@ cdef class Context:
     cdef wp_ctx *ctx
     cdef readonly uint32_t vocab_size
     cdef readonly uint32_t max_sequences
+    cdef readonly uint32_t hidden_size
+    cdef readonly str path
 
     def __cinit__(self, str path, dict options):
         cdef _Cfg c = _Cfg(options)
@@ -178,6 +186,8 @@ cdef class Context:
         _check(wp_get_info(self.ctx, &info), self.ctx)
         self.vocab_size = info.vocab_size
         self.max_sequences = info.plan.sequences
+        self.hidden_size = info.hidden_size
+        self.path = path
 
     def __dealloc__(self):
         if self.ctx != NULL:
@@ -232,6 +242,73 @@ cdef class Context:
     def load_state(self, str path):
         self._live()
         _path_call(wp_state_load, self.ctx, NULL, NULL, path)
+
+    def vision_info(self):
+        """The container's image tower facts (manifest "vision", with tower_bytes and
+        reserve_bytes from the plan), or None when it has no tower."""
+        self._live()
+        import json
+        import os
+        with open(os.path.join(self.path, "manifest.json"), encoding="utf-8") as f:
+            v = json.load(f).get("vision")
+        if v is None:
+            return None
+        cdef wp_info info
+        _check(wp_get_info(self.ctx, &info), self.ctx)
+        out = {k: val for k, val in v.items() if k != "hparams"}
+        out["tower_bytes"] = info.plan.vision_weight_bytes
+        out["reserve_bytes"] = info.plan.vision_reserve_bytes
+        return out
+
+    @property
+    def placeholder_token_id(self):
+        """The image placeholder token id, or None."""
+        self._live()
+        cdef int32_t t = wp_placeholder_token(self.ctx)
+        return None if t < 0 else t
+
+    def encode_image(self, const float[:, ::1] pixel_values, grid_thw):
+        """Runs the image tower on one image's pixel_values [n_patches, patch_dim] of grid
+        (t, h, w); returns float32 rows [n_tokens, hidden_size]."""
+        self._live()
+        import numpy as np
+        cdef uint32_t g[3]
+        t, h, w = (int(x) for x in grid_thw)
+        if min(t, h, w) <= 0:
+            raise ValueError(f"grid_thw {tuple(grid_thw)} must be positive")
+        g[0] = <uint32_t>t
+        g[1] = <uint32_t>h
+        g[2] = <uint32_t>w
+        m = 1
+        info = self.vision_info()
+        if info is not None:
+            m = int(info.get("merge_size", 1))
+        rows = max(1, t * h * w // (m * m))
+        out = np.zeros((rows, self.hidden_size), dtype=np.float32)
+        cdef float[:, ::1] o = out
+        cdef uint32_t n = <uint32_t>pixel_values.shape[0]
+        cdef uint32_t dim = <uint32_t>pixel_values.shape[1]
+        cdef const float *px = &pixel_values[0, 0] if n > 0 and dim > 0 else NULL
+        cdef uint32_t got = 0
+        cdef wp_status st
+        with nogil:
+            st = wp_encode_image(self.ctx, px, n, dim, g, &o[0, 0], <size_t>o.shape[0] * o.shape[1], &got)
+        _check(st, self.ctx)
+        return out[:got]
+
+    def push_embeds(self, const float[:, ::1] rows):
+        """Queues rows [n, hidden_size] for sequence 0's next placeholder tokens."""
+        self._live()
+        cdef uint32_t n = <uint32_t>rows.shape[0]
+        cdef uint32_t w = <uint32_t>rows.shape[1]
+        cdef const float *p = &rows[0, 0] if n > 0 and w > 0 else NULL
+        _check(wp_push_embeds(self.ctx, p, n, w), self.ctx)
+
+    @property
+    def pending_embeds(self):
+        """Rows queued on sequence 0 and not yet taken."""
+        self._live()
+        return wp_pending_embeds(self.ctx)
 
     def seq_open(self):
         """Takes a free sequence (BudgetError when all max_sequences are in use)."""
@@ -361,6 +438,20 @@ cdef class Sequence:
     def position(self):
         self._live()
         return wp_seq_position(self.seq)
+
+    def push_embeds(self, const float[:, ::1] rows):
+        """Queues rows [n, hidden_size] for this sequence's next placeholder tokens."""
+        self._live()
+        cdef uint32_t n = <uint32_t>rows.shape[0]
+        cdef uint32_t w = <uint32_t>rows.shape[1]
+        cdef const float *p = &rows[0, 0] if n > 0 and w > 0 else NULL
+        _check(wp_seq_push_embeds(self.seq, p, n, w), self.owner.ctx)
+
+    @property
+    def pending_embeds(self):
+        """Rows queued and not yet taken."""
+        self._live()
+        return wp_seq_pending_embeds(self.seq)
 
     def reset(self):
         self._live()

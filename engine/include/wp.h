@@ -83,6 +83,7 @@ typedef struct wp_cfg {
     const char *route_trace_path;
     uint64_t route_trace_offset; /* trace token read by sequence 0's first token */
     uint64_t route_trace_stride; /* trace tokens between consecutive sequences' starts */
+    int32_t vision;             /* 1 = load the image tower (wp_encode_image; default 0) */
 } wp_cfg;
 
 /* Fills every field with its default. Never fails. */
@@ -122,6 +123,9 @@ typedef struct wp_plan {
     uint32_t sequences;          /* resolved max_sequences (>= 1) */
     uint64_t sequence_bytes;     /* one sequence: its state (kv_bytes) + its own scratch; the
                                     scratch (scratch_bytes) is shared by all sequences */
+    uint64_t vision_weight_bytes;  /* the image tower's weights (0: no tower) */
+    uint64_t vision_reserve_bytes; /* its work buffer for one image at the patch limit */
+    uint64_t vision_bytes;       /* weights + reserve when cfg.vision, else 0 (in the floor) */
 } wp_plan;
 
 /* Plans memory without loading weights. err (may be NULL) receives a detail message.
@@ -220,6 +224,30 @@ wp_status wp_seq_copy(wp_seq *dst, const wp_seq *src);
 wp_status wp_eval_batch(wp_ctx *ctx, wp_seq *const *seqs, const int32_t *const *tokens,
                         const uint32_t *n_tokens, uint32_t n_seqs, float *logits,
                         size_t logits_cap);
+
+/* ---- images ------------------------------------------------------------------------
+ * A container with an image tower (its manifest's "vision" object) opened with
+ * cfg.vision = 1 encodes images: pixels are the model's image processor's pixel_values of
+ * one image, [n_patches, patch_dim] floats (n_patches = t * h * w of grid_thw), and the
+ * rows out [n_rows, hidden_size] are what the text model reads at the image's placeholder
+ * tokens. *n_rows (may be NULL) receives the row count. WP_E_UNSUPPORTED: no tower in the
+ * container or not opened with vision; WP_E_ARG: a grid the tower refuses, more patches
+ * than its limit, patch_dim or a buffer of the wrong size; WP_E_OOM. */
+wp_status wp_encode_image(wp_ctx *ctx, const float *pixels, uint32_t n_patches,
+                          uint32_t patch_dim, const uint32_t grid_thw[3], float *out,
+                          size_t out_cap, uint32_t *n_rows);
+/* The placeholder token id of images (-1: the container has none). */
+int32_t wp_placeholder_token(const wp_ctx *ctx);
+/* Queues n rows of hidden_size floats on a sequence (wp_push_embeds: sequence 0). The next
+ * placeholder tokens that sequence evaluates (wp_eval, wp_eval_batch, chunk by chunk) take
+ * them in order, one row per placeholder, instead of their embedding. Evaluating more
+ * placeholder tokens than are queued is WP_E_ARG with nothing evaluated; reset, truncate,
+ * load and close of the sequence drop its queue. WP_E_UNSUPPORTED: no placeholder id. */
+wp_status wp_push_embeds(wp_ctx *ctx, const float *rows, uint32_t n, uint32_t width);
+wp_status wp_seq_push_embeds(wp_seq *seq, const float *rows, uint32_t n, uint32_t width);
+/* Rows queued and not yet taken. */
+uint32_t wp_pending_embeds(const wp_ctx *ctx);
+uint32_t wp_seq_pending_embeds(const wp_seq *seq);
 
 typedef struct wp_stats {
     uint64_t tokens;             /* tokens evaluated */

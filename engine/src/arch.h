@@ -46,7 +46,27 @@ struct wpi_arch {
      * (hyper-connections mix several streams) it evaluates the sequences one by one. */
     void (*mixer)(wpi_model *mdl, uint32_t layer, uint32_t n, uint32_t pos);
     wp_status (*ffn)(wpi_model *mdl, uint32_t layer, uint32_t n);
+    /* Its image tower, or NULL (a container with a vision object is then refused when
+     * opened with the vision option). */
+    const struct wpi_vision *vision;
 };
+
+/* An image tower (docs/ENGINE.md "Images"): the container's "v.*" tensors and its
+ * vision hparams (c->vhp). */
+typedef struct wpi_vision {
+    /* Checks c->vhp's relations and every tower tensor (name and shape). */
+    wp_status (*check)(const wpi_container *c, char *err, size_t cap);
+    /* Bytes of the work buffer encode needs for an image of n patches. */
+    uint64_t (*work_bytes)(const wpi_vision_hp *v, uint32_t n_patches);
+    /* Rows one image of grid t x h x w patches becomes; 0 when the grid is refused (why in
+     * err). */
+    uint32_t (*out_rows)(const wpi_vision_hp *v, const uint32_t thw[3], char *err, size_t cap);
+    /* The image's rows [out_rows, out_hidden_size] into out from pixels [t*h*w,
+     * channels * temporal_patch_size * patch_size^2] (the image processor's layout), with
+     * m's kernels and pool; work holds work_bytes(t*h*w). */
+    void (*encode)(wpi_model *m, const wpi_container *c, const float *pixels,
+                   const uint32_t thw[3], float *out, void *work);
+} wpi_vision;
 
 /* An architecture's own hparams and model state, beside the central structs: in its
  * file, WPI_OWN_HPARAMS(type) defines own_hp(hp), its hparams struct in hp->arch (its

@@ -11,6 +11,7 @@
  *   kda.c           Kimi Delta Attention (linear attention with a recurrent state)
  *   hyper.c         hyper-connections (mHC streams, Sinkhorn mixing, final head)
  *   hparams.c       the optional hparams keys of these blocks
+ *   vision.c        the shared pieces of the ViT image towers
  */
 #ifndef WPI_BLOCKS_H
 #define WPI_BLOCKS_H
@@ -191,5 +192,30 @@ void wpi_hc_head(const wpi_kernels *k, wpi_pool *pool, const wpi_hc_dims *d,
                  const float *fn, const float *base, const float *scale,
                  const float *x, uint32_t n, float *y, size_t ldy, float *scratch);
 
+
+/* vision.c: the ViT pieces of the image towers (docs/ENGINE.md "Images"). */
+void wpi_layernorm(float *out, const float *x, const float *w, const float *b, size_t n,
+                   float eps);
+/* GELU of kind act (WPI_ACT_GELU exact, WPI_ACT_GELU_TANH the tanh approximation). */
+float wpi_gelu(float x, int act);
+/* y[t] = W x[t] + bias (bias may be NULL) for n rows. */
+void wpi_vit_linear(wpi_model *m, const wpi_wmat *w, const float *bias, const float *x,
+                    size_t ldx, uint32_t n, float *y, size_t ldy);
+/* The 2D rotary table of n patches at (row[t], col[t]): [n, head_dim/2] cos and sin; pair j
+ * of a head turns by pos * theta^(-2 floor(j/2) / (head_dim/2)), pos the column for even j
+ * when col_first (else the row). */
+void wpi_vit_rope_table(const uint32_t *row, const uint32_t *col, uint32_t n, uint32_t head_dim,
+                        float theta, int col_first, float *cos_out, float *sin_out);
+/* The buffers of one image of n patches: x, xn, att [n, D]; qkv [n, 3D]; ff [n, F];
+ * cos, sin [n, head_dim/2]. */
+typedef struct wpi_vit_buf {
+    float *x, *xn, *qkv, *att, *ff, *cos, *sin;
+} wpi_vit_buf;
+/* Checks encoder layer l's tensors (top of vision.c) against c->vhp. */
+wp_status wpi_vit_check_layer(const wpi_container *c, uint32_t l, char *err, size_t cap);
+/* Encoder layer l over b->x (n patches): x += attn(ln1 x) (2D rotary from b->cos/sin,
+ * every patch sees every other); x += mlp(ln2 x). */
+void wpi_vit_layer(wpi_model *m, const wpi_container *c, uint32_t l, const wpi_vit_buf *b,
+                   uint32_t n);
 
 #endif /* WPI_BLOCKS_H */

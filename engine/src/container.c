@@ -678,7 +678,10 @@ static wp_status parse_trunk(ectx *e, const wpi_json *root, wpi_container *c)
             return wpi_fail(e->err, e->cap, WP_E_FORMAT,
                             MANIFEST ": %s: offset+bytes exceeds %s size %llu", where, file,
                             (unsigned long long)size);
-        c->trunk_bytes += x->bytes; /* <= n * size: cannot overflow */
+        if (wpi_is_vision_tensor(x->name))
+            c->vision_bytes += x->bytes;
+        else
+            c->trunk_bytes += x->bytes; /* <= n * size: cannot overflow */
     }
     qsort(c->tensors, c->n_tensors, sizeof(*c->tensors), cmp_tensor_name);
     for (uint32_t i = 1; i < c->n_tensors; i++)
@@ -875,6 +878,86 @@ static wp_status parse_banks(ectx *e, const wpi_json *root, wpi_container *c)
 
 /* ---- public -------------------------------------------------------------------------- */
 
+/* ---- the vision tower ------------------------------------------------------------- */
+
+#define VHP_U32(key, lo, hi) {#key, offsetof(wpi_vision_hp, key), lo, hi, WPI_HPB_REQUIRED}
+#define VHP_F32(key, lo, hi)                                                           \
+    {#key, offsetof(wpi_vision_hp, key), lo, hi, WPI_HPB_REQUIRED | WPI_HPB_FLOAT | WPI_HPB_LO_OPEN}
+/* The one table of the tower's hparams keys (manifest vision.hparams), all required. */
+static const wpi_hp_bound vhp_bounds[] = {
+    VHP_U32(hidden_size, 1, 1u << 16),
+    VHP_U32(n_layers, 1, 256),
+    VHP_U32(n_heads, 1, 1024),
+    VHP_U32(intermediate_size, 1, 1u << 18),
+    VHP_U32(patch_size, 1, 64),
+    VHP_U32(merge_size, 1, 8),
+    VHP_U32(temporal_patch_size, 1, 8),
+    VHP_U32(channels, 1, 4),
+    VHP_U32(pos_grid_h, 1, 1024),
+    VHP_U32(pos_grid_w, 1, 1024),
+    VHP_U32(max_patches, 1, 1u << 20),
+    VHP_U32(out_hidden_size, 1, 1u << 17),
+    VHP_F32(rope_theta, 0, 1e12),
+    VHP_F32(norm_eps, 0, 1),
+    VHP_F32(proj_norm_eps, 0, 1),
+};
+
+static wp_status vision_act(ectx *e, const wpi_json *h, const char *key, int32_t *out)
+{
+    const wpi_json *v;
+    wp_status st = need(e, h, "vision.hparams", key, WPI_JSON_STRING, &v);
+    if (st != WP_OK)
+        return st;
+    if (!strcmp(v->str, "gelu"))
+        *out = WPI_ACT_GELU;
+    else if (!strcmp(v->str, "gelu_tanh"))
+        *out = WPI_ACT_GELU_TANH;
+    else
+        return wpi_fail(e->err, e->cap, WP_E_FORMAT,
+                        MANIFEST ": vision.hparams.%s: '%.32s' is not gelu or gelu_tanh", key,
+                        v->str);
+    return WP_OK;
+}
+
+static wp_status parse_vision(ectx *e, const wpi_json *root, wpi_container *c)
+{
+    c->placeholder_id = -1;
+    const wpi_json *v = wpi_json_get(root, "vision"), *h;
+    if (!v || v->type == WPI_JSON_NULL) {
+        if (c->vision_bytes)
+            return wpi_fail(e->err, e->cap, WP_E_FORMAT,
+                            MANIFEST ": vision tensors (v.*) without a vision object");
+        return WP_OK;
+    }
+    if (v->type != WPI_JSON_OBJECT)
+        return wpi_fail(e->err, e->cap, WP_E_FORMAT, MANIFEST ": vision: expected object, got %s",
+                        wpi_json_type_name(v));
+    wp_status st;
+    if ((st = need(e, v, "vision", "hparams", WPI_JSON_OBJECT, &h)) != WP_OK ||
+        (st = wpi_hparams_bounds(h, vhp_bounds, sizeof vhp_bounds / sizeof vhp_bounds[0],
+                                 &c->vhp, e->err, e->cap)) != WP_OK ||
+        (st = vision_act(e, h, "act", &c->vhp.act)) != WP_OK ||
+        (st = vision_act(e, h, "proj_act", &c->vhp.proj_act)) != WP_OK)
+        return st;
+    for (size_t i = 0; i < sizeof vhp_bounds / sizeof vhp_bounds[0]; i++)
+        if (!wpi_json_get(h, vhp_bounds[i].key))
+            return wpi_fail(e->err, e->cap, WP_E_FORMAT,
+                            MANIFEST ": vision.hparams.%s: required key is missing",
+                            vhp_bounds[i].key);
+    if (c->vhp.out_hidden_size != c->hp.hidden_size)
+        return wpi_fail(e->err, e->cap, WP_E_FORMAT,
+                        MANIFEST ": vision.hparams.out_hidden_size %u is not hidden_size %u",
+                        c->vhp.out_hidden_size, c->hp.hidden_size);
+    int64_t id;
+    if ((st = need(e, v, "vision", "placeholder_token_id", WPI_JSON_NUMBER, &h)) != WP_OK ||
+        (st = int_value(e, h, "vision", "placeholder_token_id", 0,
+                        (int64_t)c->hp.vocab_size - 1, &id)) != WP_OK)
+        return st;
+    c->placeholder_id = (int32_t)id;
+    c->has_vision = 1;
+    return WP_OK;
+}
+
 wp_status wpi_container_open(const char *dir, wpi_container **out, char *err, size_t cap)
 {
     ectx e = {err, cap};
@@ -943,7 +1026,8 @@ wp_status wpi_container_open(const char *dir, wpi_container **out, char *err, si
         (st = parse_hparams(&e, v, &c->hp)) != WP_OK ||
         (st = parse_trunk(&e, root, c)) != WP_OK ||
         (st = check_core(&e, c)) != WP_OK ||
-        (st = parse_banks(&e, root, c)) != WP_OK)
+        (st = parse_banks(&e, root, c)) != WP_OK ||
+        (st = parse_vision(&e, root, c)) != WP_OK)
         goto out;
 out:
     wpi_json_free(root);
@@ -972,7 +1056,12 @@ static void unload(wpi_container *c, wpi_mem *m)
     }
 }
 
-wp_status wpi_container_load_trunk(wpi_container *c, wpi_mem *m, char *err, size_t cap)
+int wpi_is_vision_tensor(const char *name)
+{
+    return name && name[0] == 'v' && name[1] == '.';
+}
+
+static wp_status load_tensors(wpi_container *c, wpi_mem *m, int vision, char *err, size_t cap)
 {
     if (!c)
         return wpi_fail(err, cap, WP_E_ARG, "container: NULL argument");
@@ -993,7 +1082,7 @@ wp_status wpi_container_load_trunk(wpi_container *c, wpi_mem *m, char *err, size
     wp_status st = WP_OK;
     for (uint32_t i = 0; i < c->n_tensors && st == WP_OK; i++) {
         wpi_tensor *t = order[i];
-        if (t->data)
+        if (t->data || wpi_is_vision_tensor(t->name) != vision)
             continue;
         if (t->bytes > SIZE_MAX) {
             st = wpi_fail(err, cap, WP_E_OOM, "trunk tensor '%s': too large", t->name);
@@ -1047,6 +1136,16 @@ wp_status wpi_container_load_trunk(wpi_container *c, wpi_mem *m, char *err, size
     if (st != WP_OK)
         unload(c, m);
     return st;
+}
+
+wp_status wpi_container_load_trunk(wpi_container *c, wpi_mem *m, char *err, size_t cap)
+{
+    return load_tensors(c, m, 0, err, cap);
+}
+
+wp_status wpi_container_load_vision(wpi_container *c, wpi_mem *m, char *err, size_t cap)
+{
+    return load_tensors(c, m, 1, err, cap);
 }
 
 const wpi_tensor *wpi_container_tensor(const wpi_container *c, const char *name)

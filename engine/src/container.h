@@ -105,9 +105,29 @@ typedef struct wpi_bank {
     uint64_t payload_bytes; /* end of down - WPI_RECORD_HEADER_BYTES */
 } wpi_bank;
 
+/* The vision tower of a multimodal container (manifest "vision", docs/FORMAT.md section
+ * 7): its tensors are the trunk tensors named "v.*", loaded only on request
+ * (wpi_container_load_vision); the tower's hyperparameters ("vision.hparams"). */
+enum { WPI_ACT_GELU = 0, WPI_ACT_GELU_TANH = 1 };
+typedef struct wpi_vision_hp {
+    uint32_t hidden_size, n_layers, n_heads, intermediate_size;
+    uint32_t patch_size, merge_size, temporal_patch_size, channels;
+    uint32_t pos_grid_h, pos_grid_w;        /* the learned position grid */
+    uint32_t max_patches;                   /* patches of one image at most (the reserve) */
+    uint32_t out_hidden_size;               /* rows handed to the text model: hidden_size */
+    float rope_theta, norm_eps, proj_norm_eps;
+    int32_t act, proj_act;                  /* WPI_ACT_* of the encoder MLP and projector */
+} wpi_vision_hp;
+
 typedef struct wpi_container {
     char *dir;
     wpi_hparams hp;
+    int32_t has_vision;           /* the manifest has a "vision" object */
+    wpi_vision_hp vhp;
+    int32_t placeholder_id;       /* vision.placeholder_token_id, -1 when none */
+    uint64_t vision_bytes;        /* bytes of the "v.*" tensors (not in trunk_bytes) */
+    uint64_t vision_reserve_bytes;/* the tower's work for one image of max_patches, set by
+                                     the context (its architecture's tower) before the plan */
     wpi_tensor *tensors;
     uint32_t n_tensors;
     char *trunk_path;
@@ -128,6 +148,11 @@ wp_status wpi_container_open(const char *dir, wpi_container **out, char *err, si
 /* Reads every trunk tensor into memory accounted to m, tensor by tensor with pread,
  * checking each CRC32C, and adds the bytes read to c->bytes_read. Errors: WP_E_IO, WP_E_FORMAT (CRC mismatch names the tensor), OOM. */
 wp_status wpi_container_load_trunk(wpi_container *c, wpi_mem *m, char *err, size_t cap);
+
+/* Reads the tower's tensors ("v.*", skipped by wpi_container_load_trunk) the same way. */
+wp_status wpi_container_load_vision(wpi_container *c, wpi_mem *m, char *err, size_t cap);
+/* Whether a trunk tensor belongs to the vision tower (its name starts with "v."). */
+int wpi_is_vision_tensor(const char *name);
 
 struct wpi_json;
 

@@ -81,8 +81,10 @@ void wp_close(wp_ctx *ctx)
     if (!ctx) return;
     wpi_pool_close(ctx->pool);
     if (ctx->experts) wpi_experts_close(ctx->experts, &ctx->mem);
-    for (uint32_t i = 0; ctx->seqs && i < ctx->n_seqs; i++)
+    for (uint32_t i = 0; ctx->seqs && i < ctx->n_seqs; i++) {
         if (ctx->seqs[i].own) wpi_free(&ctx->mem, ctx->seqs[i].own, ctx->seq_bytes);
+        if (ctx->seqs[i].ctx) wpi_embeds_clear(&ctx->seqs[i]);
+    }
     free(ctx->seqs);
     free(ctx->batch_buf);
     if (ctx->scratch) wpi_free(&ctx->mem, ctx->scratch, ctx->scratch_bytes);
@@ -113,6 +115,14 @@ static wp_status open_trace(wp_ctx *ctx, const wp_cfg *cfg, uint32_t chunk)
     return WP_OK;
 }
 
+/* The tower's work buffer at its patch limit, for the plan (0 without a tower). */
+static void vision_reserve(const wpi_arch *arch, wpi_container *c)
+{
+    c->vision_reserve_bytes = c->has_vision && arch->vision
+                                  ? arch->vision->work_bytes(&c->vhp, c->vhp.max_patches)
+                                  : 0;
+}
+
 static wp_status open_ctx(wp_ctx *ctx, const char *path, const wp_cfg *cfg)
 {
     char *err = ctx->err;
@@ -125,11 +135,21 @@ static wp_status open_ctx(wp_ctx *ctx, const char *path, const wp_cfg *cfg)
         return wpi_ctx_fail(ctx, WP_E_UNSUPPORTED, "model_type '%s' is not supported; supported: %s",
                     hp->model_type, wpi_arch_names());
     if ((st = ctx->arch->check(ctx->c, err, cap)) != WP_OK) return st;
+    vision_reserve(ctx->arch, ctx->c);
+    if (cfg->vision && !ctx->c->has_vision)
+        return wpi_ctx_fail(ctx, WP_E_UNSUPPORTED, "the vision option: %s has no image tower",
+                            hp->model_type);
+    if (cfg->vision && !ctx->arch->vision)
+        return wpi_ctx_fail(ctx, WP_E_UNSUPPORTED, "the vision option: no image tower of %s "
+                            "in this engine", hp->model_type);
     const wpi_kernels *k = wpi_kernels_get(cfg->isa);
     if (!k)
         return wpi_ctx_fail(ctx, WP_E_UNSUPPORTED, "isa %d is not supported by this CPU", cfg->isa);
     if ((st = wpi_plan(ctx->c, cfg, wpi_model_sizes, &ctx->plan, err, cap)) != WP_OK) return st;
     if ((st = wpi_container_load_trunk(ctx->c, &ctx->mem, err, cap)) != WP_OK) return st;
+    if (cfg->vision && (st = wpi_container_load_vision(ctx->c, &ctx->mem, err, cap)) != WP_OK)
+        return st;
+    ctx->vision = cfg->vision != 0;
     /* Again with the tensors resident, for the checks of their values. */
     if ((st = ctx->arch->check(ctx->c, err, cap)) != WP_OK) return st;
     if ((st = wpi_experts_open(ctx->c, cfg, ctx->plan.cache_bytes, &ctx->mem, &ctx->experts,
@@ -264,6 +284,9 @@ wp_status wp_eval(wp_ctx *ctx, const int32_t *tokens, uint32_t n, int all_logits
     if (logits && logits_cap < need)
         return wpi_ctx_fail(ctx, WP_E_ARG, "logits_cap %zu is short: %zu floats are needed",
                     logits_cap, need);
+    wp_status cs = wpi_embeds_check(s, tokens, n, 0);
+    if (cs != WP_OK) return cs;
+    wpi_embeds_start(s);
 
     double t0 = wpi_now();
     const uint32_t chunk = s->mdl.chunk;
@@ -278,9 +301,67 @@ wp_status wp_eval(wp_ctx *ctx, const int32_t *tokens, uint32_t n, int all_logits
                                all_logits);
     }
     ctx->eval_seconds += wpi_now() - t0;
-    if (st != WP_OK) return st; /* position unchanged; rows past it are garbage */
+    if (st != WP_OK) { /* position unchanged; rows past it are garbage */
+        s->mdl.embed_next = NULL;
+        return st;
+    }
+    wpi_embeds_commit(s);
     s->pos += n;
     ctx->tokens += n;
+    return WP_OK;
+}
+
+int32_t wp_placeholder_token(const wp_ctx *ctx)
+{
+    return ctx ? ctx->c->placeholder_id : -1;
+}
+
+wp_status wp_encode_image(wp_ctx *ctx, const float *pixels, uint32_t n_patches,
+                          uint32_t patch_dim, const uint32_t grid_thw[3], float *out,
+                          size_t out_cap, uint32_t *n_rows)
+{
+    if (!ctx) return WP_E_ARG;
+    ctx->err[0] = '\0';
+    if (n_rows) *n_rows = 0;
+    const wpi_container *c = ctx->c;
+    const wpi_vision_hp *v = &c->vhp;
+    if (!c->has_vision || !ctx->arch->vision)
+        return wpi_ctx_fail(ctx, WP_E_UNSUPPORTED, "%s has no image tower", c->hp.model_type);
+    if (!ctx->vision)
+        return wpi_ctx_fail(ctx, WP_E_UNSUPPORTED,
+                            "the image tower is not loaded: open with the vision option");
+    if (!pixels || !grid_thw) return wpi_ctx_fail(ctx, WP_E_ARG, "pixels or grid_thw is NULL");
+    const uint64_t want_dim = (uint64_t)v->channels * v->temporal_patch_size * v->patch_size *
+                              v->patch_size;
+    if (patch_dim != want_dim)
+        return wpi_ctx_fail(ctx, WP_E_ARG, "pixel rows are %u wide, the tower takes %llu",
+                            patch_dim, (unsigned long long)want_dim);
+    const uint64_t np = (uint64_t)grid_thw[0] * grid_thw[1] * grid_thw[2];
+    if (np != n_patches)
+        return wpi_ctx_fail(ctx, WP_E_ARG, "grid %u x %u x %u is %llu patches, pixels hold %u",
+                            grid_thw[0], grid_thw[1], grid_thw[2], (unsigned long long)np,
+                            n_patches);
+    if (np > v->max_patches)
+        return wpi_ctx_fail(ctx, WP_E_ARG, "%llu patches exceed the tower's limit of %u",
+                            (unsigned long long)np, v->max_patches);
+    const uint32_t rows = ctx->arch->vision->out_rows(v, grid_thw, ctx->err, sizeof ctx->err);
+    if (!rows) return WP_E_ARG;
+    const size_t need = (size_t)rows * c->hp.hidden_size;
+    if (!out || out_cap < need)
+        return wpi_ctx_fail(ctx, WP_E_ARG, "out_cap %zu is short: %zu floats are needed",
+                            out_cap, need);
+    const uint64_t wb = ctx->arch->vision->work_bytes(v, n_patches);
+    void *work = wpi_alloc(&ctx->mem, WPI_BUF_ALIGN, (size_t)wb);
+    if (!work)
+        return wpi_ctx_fail(ctx, WP_E_OOM, "image work buffer of %llu bytes",
+                            (unsigned long long)wb);
+    wpi_model m = ctx->seqs[0].mdl;
+    m.exact = 1; /* float32 activations: no 8-bit copy sized for the tower */
+    double t0 = wpi_now();
+    ctx->arch->vision->encode(&m, c, pixels, grid_thw, out, work);
+    ctx->eval_seconds += wpi_now() - t0;
+    wpi_free(&ctx->mem, work, (size_t)wb);
+    if (n_rows) *n_rows = rows;
     return WP_OK;
 }
 
@@ -339,6 +420,7 @@ wp_status wp_plan_memory(const char *path, const wp_cfg *cfg, wp_plan *out, char
                       "model_type '%s' is not supported (supported: %s)", c->hp.model_type,
                       wpi_arch_names());
     } else if (!arch->check || (st = arch->check(c, err, err_cap)) == WP_OK) {
+        vision_reserve(arch, c);
         st = wpi_plan(c, cfg, wpi_model_sizes, out, err, err_cap);
     }
     wpi_container_close(c, NULL);

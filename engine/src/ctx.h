@@ -15,6 +15,8 @@ struct wp_seq {
     void *own;                   /* NULL for sequence 0 */
     uint32_t pos;                /* tokens evaluated */
     int open;                    /* taken by wp_seq_open (sequence 0: always) */
+    float *emb;                  /* queued rows for placeholder tokens [emb_cap, hidden] */
+    uint32_t emb_len, emb_cap;   /* rows queued, rows allocated */
 };
 
 /* core.c: the context, shared with state.c and seq.c. */
@@ -39,12 +41,22 @@ struct wp_ctx {
     uint64_t other_bytes_base;   /* c->bytes_read at the last stats reset */
     wpi_route_trace *trace;      /* cfg.route_trace_path, or NULL */
     uint64_t *trace_rows;        /* [chunk]: a batched step's rows' trace cursors */
+    int vision;                  /* the image tower's tensors are loaded (cfg.vision) */
     char err[WPI_ERR_CAP];
 };
 
 /* core.c: formats ctx's error detail and returns st. */
 wp_status wpi_ctx_fail(wp_ctx *ctx, wp_status st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+
+/* seq.c: the embedding queue of a sequence around one evaluation of tokens[0..n): the
+ * check (more placeholders than queued rows: WP_E_ARG, nothing changes), the start (the
+ * model reads the queue from its first row) and, after a successful evaluation, the
+ * commit (the rows taken leave the queue); wpi_embeds_clear drops it. */
+wp_status wpi_embeds_check(wp_seq *s, const int32_t *tokens, uint32_t n, uint32_t which);
+void wpi_embeds_start(wp_seq *s);
+void wpi_embeds_commit(wp_seq *s);
+void wpi_embeds_clear(wp_seq *s);
 
 /* seq.c: bytes per sequence of the per-call arrays of wp_eval_batch (ctx->batch_buf). */
 size_t wpi_batch_buf_bytes(void);

@@ -198,6 +198,8 @@ wp_status wpi_model_init(wpi_model *m, const wpi_arch *arch, const wpi_container
     m->vcache = (float *)kv + half;
     uint32_t n_att = 0, n_kda = 0;
     m->tok_embd = wmat(wpi_container_tensor(c, "token_embd.weight"));
+    m->embed_token = c->placeholder_id;
+    m->embed_next = NULL;
     m->output = wmat(wpi_container_tensor(c, "output.weight"));
     m->lm_head = hp->tie_word_embeddings || !m->output.data ? &m->tok_embd : &m->output;
     m->out_norm = vec(wpi_container_tensor(c, "output_norm.weight"));
@@ -362,6 +364,20 @@ void wpi_matmul(wpi_model *m, const wpi_mm *jobs, uint32_t n_jobs,
 
 /* ---- the forward walk ------------------------------------------------------------ */
 
+/* The input row of one token: its embedding, or for a placeholder token the next queued
+ * row (the caller checked that enough are queued). */
+static void embed_row(wpi_model *m, int32_t tok, size_t row_bytes, float *out)
+{
+    const size_t H = m->hp->hidden_size;
+    if (tok == m->embed_token && m->embed_next) {
+        memcpy(out, m->embed_next, H * sizeof(float));
+        m->embed_next += H;
+        return;
+    }
+    wpi_dequant_row(m->tok_embd.dtype, (const char *)m->tok_embd.data + (size_t)tok * row_bytes,
+                    out, H);
+}
+
 wp_status wpi_model_forward(wpi_model *m, const wpi_arch *arch, const int32_t *tokens,
                             uint32_t n, uint32_t pos, float *logits, int all_logits)
 {
@@ -370,9 +386,7 @@ wp_status wpi_model_forward(wpi_model *m, const wpi_arch *arch, const int32_t *t
     size_t row_bytes = wpi_row_bytes(m->tok_embd.dtype, H);
     m->tokens = tokens;
     for (uint32_t t = 0; t < n; t++)
-        wpi_dequant_row(m->tok_embd.dtype,
-                        (const char *)m->tok_embd.data + (size_t)tokens[t] * row_bytes,
-                        m->x + t * H, H);
+        embed_row(m, tokens[t], row_bytes, m->x + t * H);
     wpi_rope_prepare(m, n, pos);
     wp_status st = WP_OK;
     for (uint32_t l = 0; l < hp->n_layers && st == WP_OK; l++)
@@ -422,10 +436,7 @@ wp_status wpi_model_forward_batch(wpi_model *b, const wpi_arch *arch, wpi_model 
         m->rope_cos = b->rope_cos + (size_t)rows * half;
         m->rope_sin = b->rope_sin + (size_t)rows * half;
         m->tokens = tok[i];
-        for (uint32_t t = 0; t < n[i]; t++)
-            wpi_dequant_row(b->tok_embd.dtype,
-                            (const char *)b->tok_embd.data + (size_t)tok[i][t] * row_bytes,
-                            m->x + t * H, H);
+        for (uint32_t t = 0; t < n[i]; t++) embed_row(m, tok[i][t], row_bytes, m->x + t * H);
         wpi_rope_prepare(m, n[i], pos[i]);
         if (b->trace_rows) /* routing replay: each row at its own sequence's cursor */
             for (uint32_t t = 0; t < n[i]; t++)

@@ -103,6 +103,8 @@ typedef struct wpi_model {
     float *kda_buf;              /* wpi_kda_scratch_floats (kda.c) */
     float *kda_state;            /* [kda layers][wpi_kda_state_floats], after the KV rows */
     const int32_t *tokens;       /* token ids of the chunk being evaluated (hash routing) */
+    int32_t embed_token;         /* placeholder id whose rows come from embed_next, or -1 */
+    const float *embed_next;     /* the next queued row for a placeholder token */
     /* The architecture's own tensors and buffers, per-layer arrays inside (carved first
      * by its scratch hook, wpi_carve_own; arch.h: WPI_OWN_MODEL), or NULL. */
     void *arch;

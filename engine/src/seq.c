@@ -53,6 +53,87 @@ static tables carve_tables(wp_ctx *ctx)
     return t;
 }
 
+/* ---- the embedding queue ---------------------------------------------------------- */
+
+void wpi_embeds_clear(wp_seq *s)
+{
+    if (s->emb) wpi_free(&s->ctx->mem, s->emb, (size_t)s->emb_cap * s->ctx->c->hp.hidden_size * sizeof(float));
+    s->emb = NULL;
+    s->emb_len = s->emb_cap = 0;
+    s->mdl.embed_next = NULL;
+}
+
+wp_status wpi_embeds_check(wp_seq *s, const int32_t *tokens, uint32_t n, uint32_t which)
+{
+    const int32_t id = s->ctx->c->placeholder_id;
+    if (id < 0) return WP_OK;
+    uint32_t k = 0;
+    for (uint32_t t = 0; t < n; t++) k += tokens[t] == id;
+    if (k > s->emb_len)
+        return wpi_ctx_fail(s->ctx, WP_E_ARG,
+                            "sequence %u: %u placeholder tokens (id %d) but %u rows are queued "
+                            "(push the image's rows first)", which, k, id, s->emb_len);
+    return WP_OK;
+}
+
+void wpi_embeds_start(wp_seq *s)
+{
+    s->mdl.embed_next = s->emb;
+}
+
+void wpi_embeds_commit(wp_seq *s)
+{
+    if (!s->emb) return;
+    const size_t H = s->ctx->c->hp.hidden_size;
+    const size_t used = (size_t)(s->mdl.embed_next - s->emb) / H;
+    if (used) {
+        memmove(s->emb, s->emb + used * H, (s->emb_len - used) * H * sizeof(float));
+        s->emb_len -= (uint32_t)used;
+    }
+    s->mdl.embed_next = NULL;
+}
+
+static wp_status push(wp_seq *s, const float *rows, uint32_t n, uint32_t width)
+{
+    wp_ctx *ctx = s->ctx;
+    const size_t H = ctx->c->hp.hidden_size;
+    if (ctx->c->placeholder_id < 0)
+        return wpi_ctx_fail(ctx, WP_E_UNSUPPORTED, "the model has no placeholder token for "
+                            "embedding rows (no vision object in its container)");
+    if (!rows || n == 0) return wpi_ctx_fail(ctx, WP_E_ARG, "no rows to push");
+    if (width != H)
+        return wpi_ctx_fail(ctx, WP_E_ARG, "rows are %u wide, hidden_size is %zu", width, H);
+    if ((uint64_t)s->emb_len + n > s->mdl.ctx)
+        return wpi_ctx_fail(ctx, WP_E_CONTEXT_FULL, "%u + %u queued rows exceed the context of %u",
+                            s->emb_len, n, s->mdl.ctx);
+    if (s->emb_len + n > s->emb_cap) {
+        uint32_t cap = s->emb_len + n;
+        float *e = wpi_alloc(&ctx->mem, 64, (size_t)cap * H * sizeof(float));
+        if (!e) return wpi_ctx_fail(ctx, WP_E_OOM, "a queue of %u embedding rows", cap);
+        if (s->emb_len) memcpy(e, s->emb, (size_t)s->emb_len * H * sizeof(float));
+        const uint32_t len = s->emb_len;
+        wpi_embeds_clear(s);
+        s->emb = e;
+        s->emb_cap = cap;
+        s->emb_len = len;
+    }
+    memcpy(s->emb + (size_t)s->emb_len * H, rows, (size_t)n * H * sizeof(float));
+    s->emb_len += n;
+    return WP_OK;
+}
+
+wp_status wp_push_embeds(wp_ctx *ctx, const float *rows, uint32_t n, uint32_t width)
+{
+    if (!ctx) return WP_E_ARG;
+    ctx->err[0] = '\0';
+    return push(&ctx->seqs[0], rows, n, width);
+}
+
+uint32_t wp_pending_embeds(const wp_ctx *ctx)
+{
+    return ctx ? ctx->seqs[0].emb_len : 0;
+}
+
 /* ---- one sequence ------------------------------------------------------------------ */
 
 static wp_status seq_truncate(wp_seq *s, uint32_t pos)
@@ -66,6 +147,7 @@ static wp_status seq_truncate(wp_seq *s, uint32_t pos)
         return wpi_ctx_fail(ctx, WP_E_STATE, "%s cannot be truncated to %u of %u tokens; reset", why,
                             pos, s->pos);
     s->pos = pos;
+    wpi_embeds_clear(s);
     return WP_OK;
 }
 
@@ -117,6 +199,18 @@ void wp_seq_close(wp_seq *s)
     if (!s || s == &s->ctx->seqs[0]) return;
     s->open = 0;
     s->pos = 0;
+    wpi_embeds_clear(s);
+}
+
+wp_status wp_seq_push_embeds(wp_seq *s, const float *rows, uint32_t n, uint32_t width)
+{
+    wp_status st = live(s);
+    return st != WP_OK ? st : push(s, rows, n, width);
+}
+
+uint32_t wp_seq_pending_embeds(const wp_seq *s)
+{
+    return s && s->open ? s->emb_len : 0;
 }
 
 uint32_t wp_seq_position(const wp_seq *s)
@@ -166,6 +260,7 @@ wp_status wp_seq_copy(wp_seq *dst, const wp_seq *src)
             if (bytes) memcpy(to, from, bytes);
         }
     dst->pos = src->pos;
+    wpi_embeds_clear(dst);
     return WP_OK;
 }
 
@@ -206,6 +301,8 @@ static wp_status check_batch(wp_ctx *ctx, const tables *tb, wp_seq *const *seqs,
                 return wpi_ctx_fail(ctx, WP_E_ARG,
                                     "sequence %u: token %u is %d, outside the vocabulary [0, %u)",
                                     i, t, tokens[i][t], hp->vocab_size);
+        wp_status st = wpi_embeds_check(s, tokens[i], n, i);
+        if (st != WP_OK) return st;
         tb->seq[i] = s;
     }
     size_t need = (size_t)n_seqs * hp->vocab_size;
@@ -273,6 +370,7 @@ wp_status wp_eval_batch(wp_ctx *ctx, wp_seq *const *seqs, const int32_t *const *
     wp_status st = check_batch(ctx, &tb, seqs, tokens, n_tokens, n_seqs, logits, logits_cap);
     if (st != WP_OK) return st;
     const uint32_t V = ctx->c->hp.vocab_size;
+    for (uint32_t i = 0; i < n_seqs; i++) wpi_embeds_start(tb.seq[i]);
     double t0 = wpi_now();
     if (n_seqs == 1 || !ctx->arch->mixer || !ctx->arch->ffn) {
         for (uint32_t i = 0; i < n_seqs && st == WP_OK; i++)
@@ -282,8 +380,12 @@ wp_status wp_eval_batch(wp_ctx *ctx, wp_seq *const *seqs, const int32_t *const *
         st = eval_steps(ctx, &tb, tokens, n_tokens, n_seqs, logits);
     }
     ctx->eval_seconds += wpi_now() - t0;
-    if (st != WP_OK) return st; /* no position moves; rows past them are garbage */
+    if (st != WP_OK) { /* no position moves; rows past them are garbage */
+        for (uint32_t i = 0; i < n_seqs; i++) tb.seq[i]->mdl.embed_next = NULL;
+        return st;
+    }
     for (uint32_t i = 0; i < n_seqs; i++) {
+        wpi_embeds_commit(tb.seq[i]);
         tb.seq[i]->pos += n_tokens[i];
         ctx->tokens += n_tokens[i];
     }

@@ -231,6 +231,7 @@ wp_status wpi_seq_load(wp_seq *s, const char *path)
             }
         }
     s->pos = pos;
+    wpi_embeds_clear(s);
 out:
     if (buf) wpi_free(&ctx->mem, buf, IO_BUF);
     fclose(f);

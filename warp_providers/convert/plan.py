@@ -160,6 +160,7 @@ class Plan:
     tokenizer: dict[str, Any]
     chat: dict[str, Any]
     source: str  # "hf" | "gguf"
+    vision: dict[str, Any] | None = None  # the manifest's "vision" object (image towers)
 
 
 def rope_freqs(inv: np.ndarray, name: str = "rope_freqs") -> SrcTensor:

@@ -34,6 +34,7 @@ ARCHES: Final[dict[str, str]] = {
     "deepseek_v4": "warp_providers.convert.arch.deepseek_v4",
     "glm5_next": "warp_providers.convert.arch.glm5_next",
     "kimi_k3": "warp_providers.convert.arch.kimi_k3",
+    "kimi_k25": "warp_providers.convert.arch.kimi_k25",
 }
 """``model_type`` -> module exposing ``MODEL_TYPE`` and ``load(src, cfg, gen) -> Plan``."""
 

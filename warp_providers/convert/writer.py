@@ -677,6 +677,8 @@ def write_container(
             "chat": plan.chat,
             "converter": {"name": "warp-providers", "version": _VERSION, "source": plan.source},
         }
+        if plan.vision is not None:
+            manifest["vision"] = plan.vision
         return w.commit(manifest)
 
 

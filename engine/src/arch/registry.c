@@ -24,7 +24,8 @@
     X(glm4_moe)      \
     X(deepseek_v4)   \
     X(glm5_next)     \
-    X(kimi_k3)
+    X(kimi_k3)       \
+    X(kimi_k25)
 
 #define DECLARE(name) extern const wpi_arch wpi_arch_##name;
 #define ENTRY(name) &wpi_arch_##name,

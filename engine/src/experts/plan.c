@@ -75,9 +75,15 @@ wp_status wpi_plan(const wpi_container *c, const wp_cfg *cfg, wpi_sizes_fn sizes
     uint64_t meta = wpi_cache_meta_bytes(c, most > UINT32_MAX ? UINT32_MAX : (uint32_t)most);
     out->min_cache_bytes = sat_add(sat_mul(sat_mul(topk, rec), 2), meta);
     const uint64_t more = sat_mul(out->sequences - 1, out->sequence_bytes);
-    out->floor_bytes = sat_add(sat_add(sat_add(sat_add(out->trunk_bytes, out->kv_bytes),
-                                               out->scratch_bytes), out->min_cache_bytes),
-                               more);
+    out->vision_weight_bytes = c->vision_bytes;
+    out->vision_reserve_bytes = c->vision_reserve_bytes;
+    out->vision_bytes = cfg->vision && c->has_vision
+                            ? sat_add(c->vision_bytes, c->vision_reserve_bytes) : 0;
+    out->floor_bytes = sat_add(sat_add(sat_add(sat_add(sat_add(out->trunk_bytes, out->kv_bytes),
+                                                       out->scratch_bytes),
+                                               out->min_cache_bytes),
+                                       more),
+                               out->vision_bytes);
     out->working_set_bytes = sat_mul(sat_mul(topk, rec), c->n_banks);
     /* The most cache that can be useful: every record (never below the minimum). */
     uint64_t all = c->n_banks ? sat_add(c->experts_total_bytes, meta) : 0;

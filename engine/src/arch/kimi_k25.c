@@ -1,0 +1,193 @@
+/*
+ * kimi_k25.c -- Kimi K2.5 / K2.6 (Kimi_K25ForConditionalGeneration): the DeepSeek-V3 text
+ * model (deepseek_v3.c's check and layer: MLA, noaux_tc MoE) and the MoonViT image tower
+ * with its projector, in paper order:
+ *   x = patch_embd(pixels) + bicubic(pos_embd grid -> h x w)   per patch, raster order
+ *   per layer (blocks/vision.c): x += attn(ln1 x) with a 2D rotary (column on the even
+ *   pairs, row on the odd), x += mlp(ln2 x) (GELU-tanh)
+ *   x = post_ln(x); each merge x merge block of patches is one token:
+ *   out = mm_out(gelu(mm_in(concat_k mm_norm(x_k))))          (exact GELU)
+ * Tensors beyond the encoder layers: v.patch_embd.{weight [D, C*p*p], bias [D]},
+ * v.pos_embd [pos_grid_h * pos_grid_w, D] (f32, row-major grid), v.post_ln.{weight,bias},
+ * v.mm_norm.{weight,bias} [D], v.mm_in.{weight [m*m*D, m*m*D], bias},
+ * v.mm_out.{weight [hidden, m*m*D], bias [hidden]}. Images only (t = 1).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "arch.h"
+
+static wp_status vision_check(const wpi_container *c, char *err, size_t cap)
+{
+    const wpi_vision_hp *v = &c->vhp;
+    const uint64_t D = v->hidden_size, M = (uint64_t)v->merge_size * v->merge_size * D;
+    if (D % v->n_heads || (D / v->n_heads) % 4)
+        return wpi_fail(err, cap, WP_E_FORMAT,
+                        "kimi_k25: vision head width %llu / %u must be a multiple of 4",
+                        (unsigned long long)D, v->n_heads);
+    if (v->pos_grid_h != v->pos_grid_w)
+        return wpi_fail(err, cap, WP_E_FORMAT, "kimi_k25: the position grid must be square");
+    if (v->temporal_patch_size != 1 || v->act != WPI_ACT_GELU_TANH || v->proj_act != WPI_ACT_GELU)
+        return wpi_fail(err, cap, WP_E_FORMAT,
+                        "kimi_k25: vision temporal_patch_size 1, act gelu_tanh, proj_act gelu");
+    const uint64_t P = (uint64_t)v->channels * v->patch_size * v->patch_size;
+    TRY(wpi_need_matrix(c, "v.patch_embd.weight", D, P, err, cap));
+    TRY(wpi_need_vector(c, "v.patch_embd.bias", D, err, cap));
+    TRY(wpi_need_f32_matrix(c, "v.pos_embd", (uint64_t)v->pos_grid_h * v->pos_grid_w, D, err,
+                            cap));
+    for (uint32_t l = 0; l < v->n_layers; l++) TRY(wpi_vit_check_layer(c, l, err, cap));
+    TRY(wpi_need_vector(c, "v.post_ln.weight", D, err, cap));
+    TRY(wpi_need_vector(c, "v.post_ln.bias", D, err, cap));
+    TRY(wpi_need_vector(c, "v.mm_norm.weight", D, err, cap));
+    TRY(wpi_need_vector(c, "v.mm_norm.bias", D, err, cap));
+    TRY(wpi_need_matrix(c, "v.mm_in.weight", M, M, err, cap));
+    TRY(wpi_need_vector(c, "v.mm_in.bias", M, err, cap));
+    TRY(wpi_need_matrix(c, "v.mm_out.weight", c->hp.hidden_size, M, err, cap));
+    TRY(wpi_need_vector(c, "v.mm_out.bias", c->hp.hidden_size, err, cap));
+    return WP_OK;
+}
+
+static wp_status check(const wpi_container *c, char *err, size_t cap)
+{
+    TRY(wpi_arch_find("deepseek_v3")->check(c, err, cap));
+    return c->has_vision ? vision_check(c, err, cap) : WP_OK;
+}
+
+/* Floats of each work buffer for n patches: x, xn, att, pooled [n, D]; qkv [n, 3D];
+ * ff [n, max(F, D)] (the projector's hidden rows too); cos, sin [n, hd/2]; rows, cols. */
+static uint64_t work_bytes(const wpi_vision_hp *v, uint32_t n)
+{
+    const uint64_t D = v->hidden_size, F = v->intermediate_size > D ? v->intermediate_size : D;
+    const uint64_t hd = D / v->n_heads;
+    return (uint64_t)n * (4 * D + 3 * D + F + hd + 2) * sizeof(float) + 16 * 64;
+}
+
+static uint32_t out_rows(const wpi_vision_hp *v, const uint32_t thw[3], char *err, size_t cap)
+{
+    const uint32_t m = v->merge_size;
+    if (thw[0] != 1) {
+        wpi_fail(err, cap, WP_E_ARG, "kimi_k25: grid t is %u; only images (t = 1) are encoded",
+                 thw[0]);
+        return 0;
+    }
+    if (thw[1] == 0 || thw[2] == 0 || thw[1] % m || thw[2] % m) {
+        wpi_fail(err, cap, WP_E_ARG,
+                 "kimi_k25: grid %u x %u is not a positive multiple of the merge size %u",
+                 thw[1], thw[2], m);
+        return 0;
+    }
+    return thw[1] / m * (thw[2] / m);
+}
+
+/* Keys cubic convolution (a = -0.75) at distance d. */
+static double cubic(double d)
+{
+    const double a = -0.75;
+    d = fabs(d);
+    if (d <= 1) return ((a + 2) * d - (a + 3)) * d * d + 1;
+    return ((a * d - 5 * a) * d + 8 * a) * d - 4 * a;
+}
+
+/* The 4 taps and weights of output index i of an axis of `size` from `side` grid cells
+ * (bicubic, half-pixel centres, border clamp: F.interpolate(align_corners=False)). */
+static void axis_taps(uint32_t i, uint32_t size, uint32_t side, uint32_t tap[4], float w[4])
+{
+    const float src = ((float)i + 0.5f) * (float)side / (float)size - 0.5f;
+    const float fl = floorf(src);
+    for (int o = 0; o < 4; o++) {
+        const long t = (long)fl + o - 1;
+        tap[o] = t < 0 ? 0 : t > (long)side - 1 ? side - 1 : (uint32_t)t;
+        w[o] = (float)cubic((double)(src - (fl + (float)(o - 1))));
+    }
+}
+
+static void encode(wpi_model *m, const wpi_container *c, const float *pixels,
+                   const uint32_t thw[3], float *out, void *work)
+{
+    const wpi_vision_hp *v = &c->vhp;
+    const uint32_t h = thw[1], w = thw[2], n = h * w, mg = v->merge_size;
+    const uint32_t D = v->hidden_size, hd = D / v->n_heads, G = v->pos_grid_w;
+    const uint32_t F = v->intermediate_size > D ? v->intermediate_size : D;
+    const uint32_t P = v->channels * v->patch_size * v->patch_size;
+    wpi_carve cv = {work, 0};
+    wpi_vit_buf b;
+    b.x = wpi_carve_take(&cv, (uint64_t)n * D, sizeof(float));
+    b.xn = wpi_carve_take(&cv, (uint64_t)n * D, sizeof(float));
+    b.att = wpi_carve_take(&cv, (uint64_t)n * D, sizeof(float));
+    float *pooled = wpi_carve_take(&cv, (uint64_t)n * D, sizeof(float));
+    b.qkv = wpi_carve_take(&cv, (uint64_t)n * 3 * D, sizeof(float));
+    b.ff = wpi_carve_take(&cv, (uint64_t)n * F, sizeof(float));
+    b.cos = wpi_carve_take(&cv, (uint64_t)n * (hd / 2), sizeof(float));
+    b.sin = wpi_carve_take(&cv, (uint64_t)n * (hd / 2), sizeof(float));
+    uint32_t *row = wpi_carve_take(&cv, n, sizeof(uint32_t));
+    uint32_t *col = wpi_carve_take(&cv, n, sizeof(uint32_t));
+
+    wpi_wmat pw = wpi_bind_mat(c, "v.patch_embd.weight", 0);
+    wpi_vit_linear(m, &pw, wpi_bind_vec(c, "v.patch_embd.bias", 0), pixels, P, n, b.x, D);
+    const float *pos = wpi_bind_vec(c, "v.pos_embd", 0);
+    for (uint32_t r = 0; r < h; r++) {
+        uint32_t rt[4];
+        float rw[4];
+        axis_taps(r, h, v->pos_grid_h, rt, rw);
+        for (uint32_t q = 0; q < w; q++) {
+            uint32_t ct[4];
+            float cw[4];
+            axis_taps(q, w, G, ct, cw);
+            float *x = b.x + ((size_t)r * w + q) * D;
+            for (int i = 0; i < 4; i++)
+                for (int j = 0; j < 4; j++)
+                    m->k->axpy_f32(rw[i] * cw[j], pos + ((size_t)rt[i] * G + ct[j]) * D, x, D);
+            row[(size_t)r * w + q] = r;
+            col[(size_t)r * w + q] = q;
+        }
+    }
+    wpi_vit_rope_table(row, col, n, hd, v->rope_theta, 1, b.cos, b.sin);
+    for (uint32_t l = 0; l < v->n_layers; l++) wpi_vit_layer(m, c, l, &b, n);
+
+    /* post_ln, then mm_norm of each patch into its merged token's slot k. */
+    const float *pl_w = wpi_bind_vec(c, "v.post_ln.weight", 0);
+    const float *pl_b = wpi_bind_vec(c, "v.post_ln.bias", 0);
+    const float *mn_w = wpi_bind_vec(c, "v.mm_norm.weight", 0);
+    const float *mn_b = wpi_bind_vec(c, "v.mm_norm.bias", 0);
+    const uint32_t mw = w / mg, kk = mg * mg;
+    for (uint32_t r = 0; r < h; r++)
+        for (uint32_t q = 0; q < w; q++) {
+            const size_t t = (size_t)r * w + q;
+            const size_t tok = (size_t)(r / mg) * mw + q / mg, k = (r % mg) * mg + q % mg;
+            wpi_layernorm(b.xn + t * D, b.x + t * D, pl_w, pl_b, D, v->norm_eps);
+            wpi_layernorm(pooled + (tok * kk + k) * D, b.xn + t * D, mn_w, mn_b, D,
+                          v->proj_norm_eps);
+        }
+    const uint32_t ntok = n / kk, M = kk * D;
+    wpi_wmat wi = wpi_bind_mat(c, "v.mm_in.weight", 0);
+    wpi_wmat wo = wpi_bind_mat(c, "v.mm_out.weight", 0);
+    float *hid = b.qkv; /* [ntok, M] = n * D floats, inside qkv */
+    wpi_vit_linear(m, &wi, wpi_bind_vec(c, "v.mm_in.bias", 0), pooled, M, ntok, hid, M);
+    for (size_t i = 0; i < (size_t)ntok * M; i++) hid[i] = wpi_gelu(hid[i], v->proj_act);
+    wpi_vit_linear(m, &wo, wpi_bind_vec(c, "v.mm_out.bias", 0), hid, M, ntok, out,
+                   c->hp.hidden_size);
+}
+
+static wp_status layer_forward(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
+{
+    wpi_mla_block(m, l, n, pos);
+    return wpi_moe_decoder_ffn(m, l, n);
+}
+
+static const wpi_vision tower = {
+    .check = vision_check,
+    .work_bytes = work_bytes,
+    .out_rows = out_rows,
+    .encode = encode,
+};
+
+const wpi_arch wpi_arch_kimi_k25 = {
+    .name = "kimi_k25",
+    .check = check,
+    WPI_MLA_HOOKS,
+    .layer_forward = layer_forward,
+    .mixer = wpi_mla_block,
+    .ffn = wpi_moe_decoder_ffn,
+    .vision = &tower,
+};

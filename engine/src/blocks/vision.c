@@ -1,0 +1,184 @@
+/*
+ * vision.c -- the pieces of a ViT image tower that the towers share (kimi_k25; the
+ * kimi_k3 tower differs only in its position grid, rope axis order and activations):
+ * layer norm with bias, GELU (exact or tanh), linear layers with bias, the 2D rotary
+ * table of a patch grid and the bidirectional pre-norm encoder layer.
+ *
+ * Tensors of encoder layer l (the "v.*" trunk tensors, loaded only for a context opened
+ * with the vision option): v.blk.l.ln1.{weight,bias} [D], v.blk.l.attn_qkv.{weight [3D, D],
+ * bias [3D]} (q, k, v one after another; q and k in the checkpoint's interleaved rotary
+ * layout: pair (2j, 2j+1) of a head rotates by angle j), v.blk.l.attn_out.{weight [D, D],
+ * bias [D]}, v.blk.l.ln2.{weight,bias} [D], v.blk.l.ffn_up.{weight [F, D], bias [F]},
+ * v.blk.l.ffn_down.{weight [D, F], bias [D]}.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "blocks.h"
+
+void wpi_layernorm(float *out, const float *x, const float *w, const float *b, size_t n,
+                   float eps)
+{
+    double mean = 0, var = 0;
+    for (size_t i = 0; i < n; i++) mean += x[i];
+    mean /= (double)n;
+    for (size_t i = 0; i < n; i++) {
+        const double d = x[i] - mean;
+        var += d * d;
+    }
+    const float inv = (float)(1.0 / sqrt(var / (double)n + eps)), mu = (float)mean;
+    for (size_t i = 0; i < n; i++) out[i] = (x[i] - mu) * inv * w[i] + b[i];
+}
+
+float wpi_gelu(float x, int act)
+{
+    if (act == WPI_ACT_GELU_TANH) {
+        const float k = 0.7978845608028654f; /* sqrt(2 / pi) */
+        return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
+    }
+    return 0.5f * x * (1.0f + erff(x * 0.7071067811865476f));
+}
+
+void wpi_vit_linear(wpi_model *m, const wpi_wmat *w, const float *bias, const float *x,
+                    size_t ldx, uint32_t n, float *y, size_t ldy)
+{
+    wpi_mm job = {w, y, ldy};
+    wpi_matmul(m, &job, 1, x, ldx, n);
+    if (bias)
+        for (uint32_t t = 0; t < n; t++)
+            for (uint32_t r = 0; r < w->rows; r++) y[(size_t)t * ldy + r] += bias[r];
+}
+
+void wpi_vit_rope_table(const uint32_t *row, const uint32_t *col, uint32_t n, uint32_t head_dim,
+                        float theta, int col_first, float *cos_out, float *sin_out)
+{
+    const uint32_t half = head_dim / 2;
+    for (uint32_t t = 0; t < n; t++)
+        for (uint32_t j = 0; j < half; j++) {
+            const uint32_t i = j / 2;
+            const float inv = 1.0f / powf(theta, (float)(2 * i) / (float)(head_dim / 2));
+            const int on_col = (j % 2 == 0) == (col_first != 0);
+            const float ang = (float)(on_col ? col[t] : row[t]) * inv;
+            cos_out[(size_t)t * half + j] = cosf(ang);
+            sin_out[(size_t)t * half + j] = sinf(ang);
+        }
+}
+
+/* One (patch, head) of the encoder's attention: online softmax over every patch. */
+typedef struct vit_attn {
+    const wpi_model *m;
+    const float *qkv;
+    float *out;
+    uint32_t n, heads, hd, D;
+    float scale;
+} vit_attn;
+
+#define VIT_KEY_BLOCK 64
+
+static void vit_attn_task(void *arg, uint32_t task)
+{
+    const vit_attn *a = arg;
+    const uint32_t t = task / a->heads, h = task % a->heads, hd = a->hd;
+    const size_t ld = 3 * (size_t)a->D;
+    const float *q = a->qkv + t * ld + (size_t)h * hd;
+    const float *kc = a->qkv + a->D + (size_t)h * hd, *vc = a->qkv + 2 * (size_t)a->D + h * hd;
+    float *out = a->out + (size_t)t * a->D + (size_t)h * hd;
+    float s[VIT_KEY_BLOCK];
+    float mx = -INFINITY, sum = 0;
+    memset(out, 0, hd * sizeof(float));
+    for (uint32_t j0 = 0; j0 < a->n; j0 += VIT_KEY_BLOCK) {
+        const uint32_t nb = a->n - j0 < VIT_KEY_BLOCK ? a->n - j0 : VIT_KEY_BLOCK;
+        float bmax = -INFINITY;
+        for (uint32_t j = 0; j < nb; j++) {
+            s[j] = a->m->k->dot_f32(q, kc + (j0 + j) * ld, hd) * a->scale;
+            if (s[j] > bmax) bmax = s[j];
+        }
+        if (bmax > mx) {
+            if (mx != -INFINITY) {
+                const float r = expf(mx - bmax);
+                sum *= r;
+                for (uint32_t i = 0; i < hd; i++) out[i] *= r;
+            }
+            mx = bmax;
+        }
+        for (uint32_t j = 0; j < nb; j++) {
+            const float e = expf(s[j] - mx);
+            sum += e;
+            a->m->k->axpy_f32(e, vc + (j0 + j) * ld, out, hd);
+        }
+    }
+    const float inv = 1.0f / sum;
+    for (uint32_t i = 0; i < hd; i++) out[i] *= inv;
+}
+
+static void rotate_pairs(float *v, uint32_t heads, uint32_t hd, const float *cs, const float *sn)
+{
+    for (uint32_t h = 0; h < heads; h++) {
+        float *x = v + (size_t)h * hd;
+        for (uint32_t j = 0; j < hd / 2; j++) {
+            const float a = x[2 * j], b = x[2 * j + 1];
+            x[2 * j] = a * cs[j] - b * sn[j];
+            x[2 * j + 1] = b * cs[j] + a * sn[j];
+        }
+    }
+}
+
+#define VNAME(s) (snprintf(nm, sizeof nm, "v.blk.%u." s, l), nm)
+
+wp_status wpi_vit_check_layer(const wpi_container *c, uint32_t l, char *err, size_t cap)
+{
+    const wpi_vision_hp *v = &c->vhp;
+    const uint64_t D = v->hidden_size, F = v->intermediate_size;
+    char nm[64];
+    TRY(wpi_need_vector(c, VNAME("ln1.weight"), D, err, cap));
+    TRY(wpi_need_vector(c, VNAME("ln1.bias"), D, err, cap));
+    TRY(wpi_need_matrix(c, VNAME("attn_qkv.weight"), 3 * D, D, err, cap));
+    TRY(wpi_need_vector(c, VNAME("attn_qkv.bias"), 3 * D, err, cap));
+    TRY(wpi_need_matrix(c, VNAME("attn_out.weight"), D, D, err, cap));
+    TRY(wpi_need_vector(c, VNAME("attn_out.bias"), D, err, cap));
+    TRY(wpi_need_vector(c, VNAME("ln2.weight"), D, err, cap));
+    TRY(wpi_need_vector(c, VNAME("ln2.bias"), D, err, cap));
+    TRY(wpi_need_matrix(c, VNAME("ffn_up.weight"), F, D, err, cap));
+    TRY(wpi_need_vector(c, VNAME("ffn_up.bias"), F, err, cap));
+    TRY(wpi_need_matrix(c, VNAME("ffn_down.weight"), D, F, err, cap));
+    TRY(wpi_need_vector(c, VNAME("ffn_down.bias"), D, err, cap));
+    return WP_OK;
+}
+
+void wpi_vit_layer(wpi_model *m, const wpi_container *c, uint32_t l, const wpi_vit_buf *b,
+                   uint32_t n)
+{
+    const wpi_vision_hp *v = &c->vhp;
+    const uint32_t D = v->hidden_size, F = v->intermediate_size, H = v->n_heads, hd = D / H;
+    char nm[64];
+    for (uint32_t t = 0; t < n; t++)
+        wpi_layernorm(b->xn + (size_t)t * D, b->x + (size_t)t * D,
+                      wpi_bind_vec(c, VNAME("ln1.weight"), 0), wpi_bind_vec(c, VNAME("ln1.bias"), 0),
+                      D, v->norm_eps);
+    wpi_wmat w = wpi_bind_mat(c, VNAME("attn_qkv.weight"), 0);
+    wpi_vit_linear(m, &w, wpi_bind_vec(c, VNAME("attn_qkv.bias"), 0), b->xn, D, n, b->qkv,
+                   3 * (size_t)D);
+    for (uint32_t t = 0; t < n; t++) {
+        const float *cs = b->cos + (size_t)t * (hd / 2), *sn = b->sin + (size_t)t * (hd / 2);
+        rotate_pairs(b->qkv + (size_t)t * 3 * D, H, hd, cs, sn);
+        rotate_pairs(b->qkv + (size_t)t * 3 * D + D, H, hd, cs, sn);
+    }
+    vit_attn a = {m, b->qkv, b->att, n, H, hd, D, 1.0f / sqrtf((float)hd)};
+    wpi_parallel_for(m->pool, n * H, vit_attn_task, &a);
+    w = wpi_bind_mat(c, VNAME("attn_out.weight"), 0);
+    wpi_vit_linear(m, &w, wpi_bind_vec(c, VNAME("attn_out.bias"), 0), b->att, D, n, b->xn, D);
+    for (size_t i = 0; i < (size_t)n * D; i++) b->x[i] += b->xn[i];
+    for (uint32_t t = 0; t < n; t++)
+        wpi_layernorm(b->xn + (size_t)t * D, b->x + (size_t)t * D,
+                      wpi_bind_vec(c, VNAME("ln2.weight"), 0), wpi_bind_vec(c, VNAME("ln2.bias"), 0),
+                      D, v->norm_eps);
+    w = wpi_bind_mat(c, VNAME("ffn_up.weight"), 0);
+    wpi_vit_linear(m, &w, wpi_bind_vec(c, VNAME("ffn_up.bias"), 0), b->xn, D, n, b->ff, F);
+    for (size_t i = 0; i < (size_t)n * F; i++) b->ff[i] = wpi_gelu(b->ff[i], v->act);
+    w = wpi_bind_mat(c, VNAME("ffn_down.weight"), 0);
+    wpi_vit_linear(m, &w, wpi_bind_vec(c, VNAME("ffn_down.bias"), 0), b->ff, F, n, b->xn, D);
+    for (size_t i = 0; i < (size_t)n * D; i++) b->x[i] += b->xn[i];
+}
+
+#undef VNAME
