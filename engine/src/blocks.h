@@ -201,21 +201,34 @@ float wpi_gelu(float x, int act);
 /* y[t] = W x[t] + bias (bias may be NULL) for n rows. */
 void wpi_vit_linear(wpi_model *m, const wpi_wmat *w, const float *bias, const float *x,
                     size_t ldx, uint32_t n, float *y, size_t ldy);
-/* The 2D rotary table of n patches at (row[t], col[t]): [n, head_dim/2] cos and sin; pair j
- * of a head turns by pos * theta^(-2 floor(j/2) / (head_dim/2)), pos the column for even j
- * when col_first (else the row). */
+/* The 2D rotary table of n patches at (row[t], col[t]): [n, head_dim/2] cos and sin of the
+ * angle of pair j of a head, pos * theta^(-2i / (head_dim/2)): WPI_VIT_ROPE_COL_ROW /
+ * _ROW_COL: i = floor(j/2), pos the column (row) for even j, the row (column) for odd j;
+ * WPI_VIT_ROPE_ROWS_COLS: the first head_dim/4 pairs the row (i = j), the rest the column
+ * (i = j - head_dim/4). */
+enum { WPI_VIT_ROPE_COL_ROW = 0, WPI_VIT_ROPE_ROW_COL = 1, WPI_VIT_ROPE_ROWS_COLS = 2 };
 void wpi_vit_rope_table(const uint32_t *row, const uint32_t *col, uint32_t n, uint32_t head_dim,
-                        float theta, int col_first, float *cos_out, float *sin_out);
-/* The buffers of one image of n patches: x, xn, att [n, D]; qkv [n, 3D]; ff [n, F];
- * cos, sin [n, head_dim/2]. */
+                        float theta, int layout, float *cos_out, float *sin_out);
+/* The buffers of one image of n patches: x, xn, att [n, D]; qkv [n, 3D]; ff [n, F] (with
+ * glu [2n, F]: up, then gate); cos, sin [n, head_dim/2]. */
 typedef struct wpi_vit_buf {
     float *x, *xn, *qkv, *att, *ff, *cos, *sin;
 } wpi_vit_buf;
-/* Checks encoder layer l's tensors (top of vision.c) against c->vhp. */
-wp_status wpi_vit_check_layer(const wpi_container *c, uint32_t l, char *err, size_t cap);
+/* What differs between the towers' encoder layers (top of vision.c). */
+typedef struct wpi_vit_opts {
+    int rms_norm;        /* RMSNorm (weight only), else LayerNorm with bias */
+    int qk_norm;         /* per-head RMSNorm of q and k before the rotary */
+    int rope_half;       /* rotate pairs (j, j + hd/2), else (2j, 2j+1) */
+    int glu;             /* down(silu(min(gate, lim)) * clamp(up, +-lim)), else down(gelu(up)) */
+    int biases_optional; /* a linear layer's bias may be absent */
+    float glu_limit;     /* 0: no clamp */
+} wpi_vit_opts;
+/* Checks encoder layer l's tensors against c->vhp. */
+wp_status wpi_vit_check_layer(const wpi_container *c, const wpi_vit_opts *o, uint32_t l,
+                              char *err, size_t cap);
 /* Encoder layer l over b->x (n patches): x += attn(ln1 x) (2D rotary from b->cos/sin,
  * every patch sees every other); x += mlp(ln2 x). */
-void wpi_vit_layer(wpi_model *m, const wpi_container *c, uint32_t l, const wpi_vit_buf *b,
-                   uint32_t n);
+void wpi_vit_layer(wpi_model *m, const wpi_container *c, const wpi_vit_opts *o, uint32_t l,
+                   const wpi_vit_buf *b, uint32_t n);
 
 #endif /* WPI_BLOCKS_H */

@@ -18,6 +18,9 @@
 
 #include "arch.h"
 
+/* MoonViT's encoder layer: LayerNorm, interleaved rotary pairs, GELU-tanh MLP. */
+static const wpi_vit_opts vit = {0};
+
 static wp_status vision_check(const wpi_container *c, char *err, size_t cap)
 {
     const wpi_vision_hp *v = &c->vhp;
@@ -36,7 +39,7 @@ static wp_status vision_check(const wpi_container *c, char *err, size_t cap)
     TRY(wpi_need_vector(c, "v.patch_embd.bias", D, err, cap));
     TRY(wpi_need_f32_matrix(c, "v.pos_embd", (uint64_t)v->pos_grid_h * v->pos_grid_w, D, err,
                             cap));
-    for (uint32_t l = 0; l < v->n_layers; l++) TRY(wpi_vit_check_layer(c, l, err, cap));
+    for (uint32_t l = 0; l < v->n_layers; l++) TRY(wpi_vit_check_layer(c, &vit, l, err, cap));
     TRY(wpi_need_vector(c, "v.post_ln.weight", D, err, cap));
     TRY(wpi_need_vector(c, "v.post_ln.bias", D, err, cap));
     TRY(wpi_need_vector(c, "v.mm_norm.weight", D, err, cap));
@@ -142,8 +145,8 @@ static void encode(wpi_model *m, const wpi_container *c, const float *pixels,
             col[(size_t)r * w + q] = q;
         }
     }
-    wpi_vit_rope_table(row, col, n, hd, v->rope_theta, 1, b.cos, b.sin);
-    for (uint32_t l = 0; l < v->n_layers; l++) wpi_vit_layer(m, c, l, &b, n);
+    wpi_vit_rope_table(row, col, n, hd, v->rope_theta, WPI_VIT_ROPE_COL_ROW, b.cos, b.sin);
+    for (uint32_t l = 0; l < v->n_layers; l++) wpi_vit_layer(m, c, &vit, l, &b, n);
 
     /* post_ln, then mm_norm of each patch into its merged token's slot k. */
     const float *pl_w = wpi_bind_vec(c, "v.post_ln.weight", 0);

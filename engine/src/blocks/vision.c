@@ -1,15 +1,19 @@
 /*
  * vision.c -- the pieces of a ViT image tower that the towers share (kimi_k25; the
- * kimi_k3 tower differs only in its position grid, rope axis order and activations):
- * layer norm with bias, GELU (exact or tanh), linear layers with bias, the 2D rotary
- * table of a patch grid and the bidirectional pre-norm encoder layer.
+ * kimi_k3 tower differs only in its position grid, rope axis order and activations;
+ * glm5_next's in the options of wpi_vit_opts): layer norm with bias, GELU (exact or
+ * tanh), linear layers with bias, the 2D rotary table of a patch grid and the
+ * bidirectional pre-norm encoder layer.
  *
  * Tensors of encoder layer l (the "v.*" trunk tensors, loaded only for a context opened
  * with the vision option): v.blk.l.ln1.{weight,bias} [D], v.blk.l.attn_qkv.{weight [3D, D],
- * bias [3D]} (q, k, v one after another; q and k in the checkpoint's interleaved rotary
- * layout: pair (2j, 2j+1) of a head rotates by angle j), v.blk.l.attn_out.{weight [D, D],
- * bias [D]}, v.blk.l.ln2.{weight,bias} [D], v.blk.l.ffn_up.{weight [F, D], bias [F]},
- * v.blk.l.ffn_down.{weight [D, F], bias [D]}.
+ * bias [3D]} (q, k, v one after another; q and k rotate in pairs (2j, 2j+1) by angle j,
+ * the checkpoint's interleaved layout, or with rope_half in pairs (j, j + hd/2)),
+ * v.blk.l.attn_out.{weight [D, D], bias [D]}, v.blk.l.ln2.{weight,bias} [D],
+ * v.blk.l.ffn_up.{weight [F, D], bias [F]}, v.blk.l.ffn_down.{weight [D, F], bias [D]};
+ * with rms_norm the norms have no bias, with qk_norm v.blk.l.attn_{q,k}_norm.weight [hd],
+ * with glu v.blk.l.ffn_gate.{weight [F, D], bias [F]}, with biases_optional any bias may
+ * be absent.
  */
 #include <math.h>
 #include <stdio.h>
@@ -51,14 +55,21 @@ void wpi_vit_linear(wpi_model *m, const wpi_wmat *w, const float *bias, const fl
 }
 
 void wpi_vit_rope_table(const uint32_t *row, const uint32_t *col, uint32_t n, uint32_t head_dim,
-                        float theta, int col_first, float *cos_out, float *sin_out)
+                        float theta, int layout, float *cos_out, float *sin_out)
 {
-    const uint32_t half = head_dim / 2;
+    const uint32_t half = head_dim / 2, quarter = head_dim / 4;
     for (uint32_t t = 0; t < n; t++)
         for (uint32_t j = 0; j < half; j++) {
-            const uint32_t i = j / 2;
+            uint32_t i;
+            int on_col;
+            if (layout == WPI_VIT_ROPE_ROWS_COLS) {
+                i = j < quarter ? j : j - quarter;
+                on_col = j >= quarter;
+            } else {
+                i = j / 2;
+                on_col = (j % 2 == 0) == (layout == WPI_VIT_ROPE_COL_ROW);
+            }
             const float inv = 1.0f / powf(theta, (float)(2 * i) / (float)(head_dim / 2));
-            const int on_col = (j % 2 == 0) == (col_first != 0);
             const float ang = (float)(on_col ? col[t] : row[t]) * inv;
             cos_out[(size_t)t * half + j] = cosf(ang);
             sin_out[(size_t)t * half + j] = sinf(ang);
@@ -112,73 +123,122 @@ static void vit_attn_task(void *arg, uint32_t task)
     for (uint32_t i = 0; i < hd; i++) out[i] *= inv;
 }
 
-static void rotate_pairs(float *v, uint32_t heads, uint32_t hd, const float *cs, const float *sn)
+static void rotate_pairs(float *v, uint32_t heads, uint32_t hd, const float *cs, const float *sn,
+                         int half)
 {
+    const uint32_t step = half ? 1 : 2, other = half ? hd / 2 : 1;
     for (uint32_t h = 0; h < heads; h++) {
         float *x = v + (size_t)h * hd;
         for (uint32_t j = 0; j < hd / 2; j++) {
-            const float a = x[2 * j], b = x[2 * j + 1];
-            x[2 * j] = a * cs[j] - b * sn[j];
-            x[2 * j + 1] = b * cs[j] + a * sn[j];
+            float *pa = x + j * step, *pb = pa + other;
+            const float a = *pa, b = *pb;
+            *pa = a * cs[j] - b * sn[j];
+            *pb = b * cs[j] + a * sn[j];
         }
     }
 }
 
+static void vit_norm(const wpi_vit_opts *o, float *out, const float *x, const float *w,
+                     const float *b, size_t n, float eps)
+{
+    if (o->rms_norm)
+        wpi_rmsnorm(out, x, w, n, eps);
+    else
+        wpi_layernorm(out, x, w, b, n, eps);
+}
+
 #define VNAME(s) (snprintf(nm, sizeof nm, "v.blk.%u." s, l), nm)
 
-wp_status wpi_vit_check_layer(const wpi_container *c, uint32_t l, char *err, size_t cap)
+wp_status wpi_vit_check_layer(const wpi_container *c, const wpi_vit_opts *o, uint32_t l,
+                              char *err, size_t cap)
 {
     const wpi_vision_hp *v = &c->vhp;
-    const uint64_t D = v->hidden_size, F = v->intermediate_size;
+    const uint64_t D = v->hidden_size, F = v->intermediate_size, hd = D / v->n_heads;
     char nm[64];
+#define BIAS(s, n)                                                                    \
+    TRY(o->biases_optional ? wpi_opt_vector(c, VNAME(s), n, err, cap)                \
+                           : wpi_need_vector(c, VNAME(s), n, err, cap))
     TRY(wpi_need_vector(c, VNAME("ln1.weight"), D, err, cap));
-    TRY(wpi_need_vector(c, VNAME("ln1.bias"), D, err, cap));
-    TRY(wpi_need_matrix(c, VNAME("attn_qkv.weight"), 3 * D, D, err, cap));
-    TRY(wpi_need_vector(c, VNAME("attn_qkv.bias"), 3 * D, err, cap));
-    TRY(wpi_need_matrix(c, VNAME("attn_out.weight"), D, D, err, cap));
-    TRY(wpi_need_vector(c, VNAME("attn_out.bias"), D, err, cap));
     TRY(wpi_need_vector(c, VNAME("ln2.weight"), D, err, cap));
-    TRY(wpi_need_vector(c, VNAME("ln2.bias"), D, err, cap));
+    if (!o->rms_norm) {
+        TRY(wpi_need_vector(c, VNAME("ln1.bias"), D, err, cap));
+        TRY(wpi_need_vector(c, VNAME("ln2.bias"), D, err, cap));
+    }
+    TRY(wpi_need_matrix(c, VNAME("attn_qkv.weight"), 3 * D, D, err, cap));
+    BIAS("attn_qkv.bias", 3 * D);
+    TRY(wpi_need_matrix(c, VNAME("attn_out.weight"), D, D, err, cap));
+    BIAS("attn_out.bias", D);
+    if (o->qk_norm) {
+        TRY(wpi_need_vector(c, VNAME("attn_q_norm.weight"), hd, err, cap));
+        TRY(wpi_need_vector(c, VNAME("attn_k_norm.weight"), hd, err, cap));
+    }
+    if (o->glu) {
+        TRY(wpi_need_matrix(c, VNAME("ffn_gate.weight"), F, D, err, cap));
+        BIAS("ffn_gate.bias", F);
+    }
     TRY(wpi_need_matrix(c, VNAME("ffn_up.weight"), F, D, err, cap));
-    TRY(wpi_need_vector(c, VNAME("ffn_up.bias"), F, err, cap));
+    BIAS("ffn_up.bias", F);
     TRY(wpi_need_matrix(c, VNAME("ffn_down.weight"), D, F, err, cap));
-    TRY(wpi_need_vector(c, VNAME("ffn_down.bias"), D, err, cap));
+    BIAS("ffn_down.bias", D);
+#undef BIAS
     return WP_OK;
 }
 
-void wpi_vit_layer(wpi_model *m, const wpi_container *c, uint32_t l, const wpi_vit_buf *b,
-                   uint32_t n)
+void wpi_vit_layer(wpi_model *m, const wpi_container *c, const wpi_vit_opts *o, uint32_t l,
+                   const wpi_vit_buf *b, uint32_t n)
 {
     const wpi_vision_hp *v = &c->vhp;
     const uint32_t D = v->hidden_size, F = v->intermediate_size, H = v->n_heads, hd = D / H;
     char nm[64];
+#define VEC(s) wpi_bind_vec(c, VNAME(s), 0)
+    const float *w1 = VEC("ln1.weight"), *b1 = VEC("ln1.bias");
     for (uint32_t t = 0; t < n; t++)
-        wpi_layernorm(b->xn + (size_t)t * D, b->x + (size_t)t * D,
-                      wpi_bind_vec(c, VNAME("ln1.weight"), 0), wpi_bind_vec(c, VNAME("ln1.bias"), 0),
-                      D, v->norm_eps);
+        vit_norm(o, b->xn + (size_t)t * D, b->x + (size_t)t * D, w1, b1, D, v->norm_eps);
     wpi_wmat w = wpi_bind_mat(c, VNAME("attn_qkv.weight"), 0);
-    wpi_vit_linear(m, &w, wpi_bind_vec(c, VNAME("attn_qkv.bias"), 0), b->xn, D, n, b->qkv,
-                   3 * (size_t)D);
+    wpi_vit_linear(m, &w, VEC("attn_qkv.bias"), b->xn, D, n, b->qkv, 3 * (size_t)D);
+    const float *qn = o->qk_norm ? VEC("attn_q_norm.weight") : NULL;
+    const float *kn = o->qk_norm ? VEC("attn_k_norm.weight") : NULL;
     for (uint32_t t = 0; t < n; t++) {
         const float *cs = b->cos + (size_t)t * (hd / 2), *sn = b->sin + (size_t)t * (hd / 2);
-        rotate_pairs(b->qkv + (size_t)t * 3 * D, H, hd, cs, sn);
-        rotate_pairs(b->qkv + (size_t)t * 3 * D + D, H, hd, cs, sn);
+        float *q = b->qkv + (size_t)t * 3 * D, *k = q + D;
+        if (o->qk_norm)
+            for (uint32_t h = 0; h < H; h++) {
+                wpi_rmsnorm(q + h * hd, q + h * hd, qn, hd, v->norm_eps);
+                wpi_rmsnorm(k + h * hd, k + h * hd, kn, hd, v->norm_eps);
+            }
+        rotate_pairs(q, H, hd, cs, sn, o->rope_half);
+        rotate_pairs(k, H, hd, cs, sn, o->rope_half);
     }
     vit_attn a = {m, b->qkv, b->att, n, H, hd, D, 1.0f / sqrtf((float)hd)};
     wpi_parallel_for(m->pool, n * H, vit_attn_task, &a);
     w = wpi_bind_mat(c, VNAME("attn_out.weight"), 0);
-    wpi_vit_linear(m, &w, wpi_bind_vec(c, VNAME("attn_out.bias"), 0), b->att, D, n, b->xn, D);
+    wpi_vit_linear(m, &w, VEC("attn_out.bias"), b->att, D, n, b->xn, D);
     for (size_t i = 0; i < (size_t)n * D; i++) b->x[i] += b->xn[i];
+    const float *w2 = VEC("ln2.weight"), *b2 = VEC("ln2.bias");
     for (uint32_t t = 0; t < n; t++)
-        wpi_layernorm(b->xn + (size_t)t * D, b->x + (size_t)t * D,
-                      wpi_bind_vec(c, VNAME("ln2.weight"), 0), wpi_bind_vec(c, VNAME("ln2.bias"), 0),
-                      D, v->norm_eps);
+        vit_norm(o, b->xn + (size_t)t * D, b->x + (size_t)t * D, w2, b2, D, v->norm_eps);
     w = wpi_bind_mat(c, VNAME("ffn_up.weight"), 0);
-    wpi_vit_linear(m, &w, wpi_bind_vec(c, VNAME("ffn_up.bias"), 0), b->xn, D, n, b->ff, F);
-    for (size_t i = 0; i < (size_t)n * F; i++) b->ff[i] = wpi_gelu(b->ff[i], v->act);
+    wpi_vit_linear(m, &w, VEC("ffn_up.bias"), b->xn, D, n, b->ff, F);
+    if (o->glu) {
+        float *g = b->ff + (size_t)n * F; /* ff holds [2n, F] with glu */
+        w = wpi_bind_mat(c, VNAME("ffn_gate.weight"), 0);
+        wpi_vit_linear(m, &w, VEC("ffn_gate.bias"), b->xn, D, n, g, F);
+        const float lim = o->glu_limit;
+        for (size_t i = 0; i < (size_t)n * F; i++) {
+            float gi = g[i], ui = b->ff[i];
+            if (lim > 0) {
+                gi = gi > lim ? lim : gi;
+                ui = ui > lim ? lim : ui < -lim ? -lim : ui;
+            }
+            b->ff[i] = gi / (1.0f + expf(-gi)) * ui;
+        }
+    } else {
+        for (size_t i = 0; i < (size_t)n * F; i++) b->ff[i] = wpi_gelu(b->ff[i], v->act);
+    }
     w = wpi_bind_mat(c, VNAME("ffn_down.weight"), 0);
-    wpi_vit_linear(m, &w, wpi_bind_vec(c, VNAME("ffn_down.bias"), 0), b->ff, F, n, b->xn, D);
+    wpi_vit_linear(m, &w, VEC("ffn_down.bias"), b->ff, F, n, b->xn, D);
     for (size_t i = 0; i < (size_t)n * D; i++) b->x[i] += b->xn[i];
+#undef VEC
 }
 
 #undef VNAME
