@@ -900,6 +900,8 @@ static const wpi_hp_bound vhp_bounds[] = {
     VHP_F32(rope_theta, 0, 1e12),
     VHP_F32(norm_eps, 0, 1),
     VHP_F32(proj_norm_eps, 0, 1),
+    {"proj_intermediate_size", offsetof(wpi_vision_hp, proj_intermediate_size), 0, 1u << 18, 0},
+    {"glu_limit", offsetof(wpi_vision_hp, glu_limit), 0, 1e6, WPI_HPB_FLOAT},
 };
 
 static wp_status vision_act(ectx *e, const wpi_json *h, const char *key, int32_t *out)
@@ -912,10 +914,12 @@ static wp_status vision_act(ectx *e, const wpi_json *h, const char *key, int32_t
         *out = WPI_ACT_GELU;
     else if (!strcmp(v->str, "gelu_tanh"))
         *out = WPI_ACT_GELU_TANH;
+    else if (!strcmp(v->str, "silu"))
+        *out = WPI_ACT_SILU;
     else
         return wpi_fail(e->err, e->cap, WP_E_FORMAT,
-                        MANIFEST ": vision.hparams.%s: '%.32s' is not gelu or gelu_tanh", key,
-                        v->str);
+                        MANIFEST ": vision.hparams.%s: '%.32s' is not gelu, gelu_tanh or silu",
+                        key, v->str);
     return WP_OK;
 }
 
@@ -940,7 +944,7 @@ static wp_status parse_vision(ectx *e, const wpi_json *root, wpi_container *c)
         (st = vision_act(e, h, "proj_act", &c->vhp.proj_act)) != WP_OK)
         return st;
     for (size_t i = 0; i < sizeof vhp_bounds / sizeof vhp_bounds[0]; i++)
-        if (!wpi_json_get(h, vhp_bounds[i].key))
+        if ((vhp_bounds[i].flags & WPI_HPB_REQUIRED) && !wpi_json_get(h, vhp_bounds[i].key))
             return wpi_fail(e->err, e->cap, WP_E_FORMAT,
                             MANIFEST ": vision.hparams.%s: required key is missing",
                             vhp_bounds[i].key);

@@ -108,7 +108,7 @@ typedef struct wpi_bank {
 /* The vision tower of a multimodal container (manifest "vision", docs/FORMAT.md section
  * 7): its tensors are the trunk tensors named "v.*", loaded only on request
  * (wpi_container_load_vision); the tower's hyperparameters ("vision.hparams"). */
-enum { WPI_ACT_GELU = 0, WPI_ACT_GELU_TANH = 1 };
+enum { WPI_ACT_GELU = 0, WPI_ACT_GELU_TANH = 1, WPI_ACT_SILU = 2 };
 typedef struct wpi_vision_hp {
     uint32_t hidden_size, n_layers, n_heads, intermediate_size;
     uint32_t patch_size, merge_size, temporal_patch_size, channels;
@@ -117,6 +117,9 @@ typedef struct wpi_vision_hp {
     uint32_t out_hidden_size;               /* rows handed to the text model: hidden_size */
     float rope_theta, norm_eps, proj_norm_eps;
     int32_t act, proj_act;                  /* WPI_ACT_* of the encoder MLP and projector */
+    /* optional, 0 when absent: a projector's own FFN width, the SwiGLU clamp */
+    uint32_t proj_intermediate_size;
+    float glu_limit;
 } wpi_vision_hp;
 
 typedef struct wpi_container {

@@ -13,6 +13,19 @@
  *   MoE with sigmoid grouped routing, exp_probs_b for selection only, renormalized weights
  *   times routed_scaling_factor (route_noaux.c) and an ungated shared expert; every SwiGLU
  *   clamps gate <= swiglu_limit and |up| <= swiglu_limit when the limit is > 0 (ffn.c).
+ * Its image tower (Glm5NextVisionModel, "the tower" below), in paper order:
+ *   x = patch_embd(pixels)   patches in the processor's merge-block order
+ *   per layer (blocks/vision.c): x += attn(rmsnorm x) with per-head q/k RMSNorm and a 2D
+ *   rotary in rotate-half pairs (rows on the first quarter of a head, columns on the
+ *   second), x += swiglu(rmsnorm x) clamped at glu_limit, biases as the checkpoint has them
+ *   x = post_ln(x) (RMSNorm); each merge block's patches concatenated -> mm_down (the
+ *   downsample convolution as a matrix) -> mm_proj -> gelu(layernorm mm_norm) -> the
+ *   clamped SwiGLU mm_gate / mm_up / mm_ffn_down. Tensors beyond the encoder layers:
+ *   v.patch_embd.{weight [D, C*T*p*p], bias}, v.post_ln.weight [D],
+ *   v.mm_down.{weight [O, m*m*D], bias [O]}, v.mm_proj.weight [O, O],
+ *   v.mm_norm.{weight,bias} [O], v.mm_gate.weight, v.mm_up.weight [P, O],
+ *   v.mm_ffn_down.weight [O, P] (O = out_hidden_size = hidden_size, P =
+ *   proj_intermediate_size). Images only (t = 1).
  */
 #include <math.h>
 #include <stdio.h>
@@ -292,7 +305,7 @@ static wp_status check_hparams(const wpi_hparams *hp, char *err, size_t cap)
     return WP_OK;
 }
 
-static wp_status check(const wpi_container *c, char *err, size_t cap)
+static wp_status check_text(const wpi_container *c, char *err, size_t cap)
 {
     const wpi_hparams *hp = &c->hp;
     TRY(check_hparams(hp, err, cap));
@@ -442,8 +455,150 @@ static size_t state_part(const wpi_model *m, uint32_t l, int v, uint32_t pos, fl
     return wpi_mla_state_part(m, l, v, pos, at);
 }
 
+/* ---- the image tower --------------------------------------------------------------- */
+
+static wpi_vit_opts tower_opts(const wpi_vision_hp *v)
+{
+    return (wpi_vit_opts){.rms_norm = 1, .qk_norm = 1, .rope_half = 1, .glu = 1,
+                          .biases_optional = 1, .glu_limit = v->glu_limit};
+}
+
+static wp_status vision_check(const wpi_container *c, char *err, size_t cap)
+{
+    const wpi_vision_hp *v = &c->vhp;
+    const uint64_t D = v->hidden_size, O = v->out_hidden_size, P = v->proj_intermediate_size;
+    const uint64_t M = (uint64_t)v->merge_size * v->merge_size * D;
+    if (D % v->n_heads || (D / v->n_heads) % 4)
+        return wpi_fail(err, cap, WP_E_FORMAT,
+                        "glm5_next: vision head width %llu / %u must be a multiple of 4",
+                        (unsigned long long)D, v->n_heads);
+    if (!P || v->act != WPI_ACT_SILU || v->proj_act != WPI_ACT_GELU)
+        return wpi_fail(err, cap, WP_E_FORMAT,
+                        "glm5_next: vision proj_intermediate_size > 0, act silu, proj_act gelu");
+    const wpi_vit_opts o = tower_opts(v);
+    const uint64_t pd = (uint64_t)v->channels * v->temporal_patch_size * v->patch_size *
+                        v->patch_size;
+    TRY(wpi_need_matrix(c, "v.patch_embd.weight", D, pd, err, cap));
+    TRY(wpi_opt_vector(c, "v.patch_embd.bias", D, err, cap));
+    for (uint32_t l = 0; l < v->n_layers; l++) TRY(wpi_vit_check_layer(c, &o, l, err, cap));
+    TRY(wpi_need_vector(c, "v.post_ln.weight", D, err, cap));
+    TRY(wpi_need_matrix(c, "v.mm_down.weight", O, M, err, cap));
+    TRY(wpi_opt_vector(c, "v.mm_down.bias", O, err, cap));
+    TRY(wpi_need_matrix(c, "v.mm_proj.weight", O, O, err, cap));
+    TRY(wpi_need_vector(c, "v.mm_norm.weight", O, err, cap));
+    TRY(wpi_need_vector(c, "v.mm_norm.bias", O, err, cap));
+    TRY(wpi_need_matrix(c, "v.mm_gate.weight", P, O, err, cap));
+    TRY(wpi_need_matrix(c, "v.mm_up.weight", P, O, err, cap));
+    TRY(wpi_need_matrix(c, "v.mm_ffn_down.weight", O, P, err, cap));
+    return WP_OK;
+}
+
+static wp_status check(const wpi_container *c, char *err, size_t cap)
+{
+    TRY(check_text(c, err, cap));
+    return c->has_vision ? vision_check(c, err, cap) : WP_OK;
+}
+
+/* Floats for n patches: x, xn, att [n, D]; qkv [n, 3D]; ff [2n, F]; cos, sin; rows, cols;
+ * the merged tokens' [n, 2 O + 2 P] (n >= their count). */
+static uint64_t tower_work_bytes(const wpi_vision_hp *v, uint32_t n)
+{
+    const uint64_t D = v->hidden_size, F = v->intermediate_size, hd = D / v->n_heads;
+    const uint64_t O = v->out_hidden_size, P = v->proj_intermediate_size;
+    return (uint64_t)n * (6 * D + 2 * F + hd + 2 + 2 * O + 2 * P) * sizeof(float) + 16 * 64;
+}
+
+static uint32_t tower_rows(const wpi_vision_hp *v, const uint32_t thw[3], char *err, size_t cap)
+{
+    const uint32_t m = v->merge_size;
+    if (thw[0] != 1) {
+        wpi_fail(err, cap, WP_E_ARG, "glm5_next: grid t is %u; only images (t = 1) are encoded",
+                 thw[0]);
+        return 0;
+    }
+    if (thw[1] == 0 || thw[2] == 0 || thw[1] % m || thw[2] % m) {
+        wpi_fail(err, cap, WP_E_ARG,
+                 "glm5_next: grid %u x %u is not a positive multiple of the merge size %u",
+                 thw[1], thw[2], m);
+        return 0;
+    }
+    return thw[1] / m * (thw[2] / m);
+}
+
+static void tower_encode(wpi_model *m, const wpi_container *c, const float *pixels,
+                         const uint32_t thw[3], float *out, void *work)
+{
+    const wpi_vision_hp *v = &c->vhp;
+    const uint32_t h = thw[1], w = thw[2], n = h * w, mg = v->merge_size, kk = mg * mg;
+    const uint32_t D = v->hidden_size, F = v->intermediate_size, hd = D / v->n_heads;
+    const uint32_t O = v->out_hidden_size, P = v->proj_intermediate_size, ntok = n / kk;
+    const uint32_t pd = v->channels * v->temporal_patch_size * v->patch_size * v->patch_size;
+    const wpi_vit_opts o = tower_opts(v);
+    wpi_carve cv = {work, 0};
+    wpi_vit_buf b;
+#define TAKE(count) wpi_carve_take(&cv, (uint64_t)(count), sizeof(float))
+    b.x = TAKE((uint64_t)n * D);
+    b.xn = TAKE((uint64_t)n * D);
+    b.att = TAKE((uint64_t)n * D);
+    b.qkv = TAKE((uint64_t)n * 3 * D);
+    b.ff = TAKE((uint64_t)2 * n * F);
+    b.cos = TAKE((uint64_t)n * (hd / 2));
+    b.sin = TAKE((uint64_t)n * (hd / 2));
+    uint32_t *row = TAKE(n), *col = TAKE(n);
+    float *t1 = TAKE((uint64_t)ntok * O), *t2 = TAKE((uint64_t)ntok * O);
+    float *g = TAKE((uint64_t)ntok * P), *u = TAKE((uint64_t)ntok * P);
+#undef TAKE
+    wpi_wmat pw = wpi_bind_mat(c, "v.patch_embd.weight", 0);
+    wpi_vit_linear(m, &pw, wpi_bind_vec(c, "v.patch_embd.bias", 0), pixels, pd, n, b.x, D);
+    /* patch t of the merge-block order (block row, block col, row in it, col in it) */
+    for (uint32_t t = 0; t < n; t++) {
+        const uint32_t blk = t / kk, in = t % kk, bw = w / mg;
+        row[t] = blk / bw * mg + in / mg;
+        col[t] = blk % bw * mg + in % mg;
+    }
+    wpi_vit_rope_table(row, col, n, hd, v->rope_theta, WPI_VIT_ROPE_ROWS_COLS, b.cos, b.sin);
+    for (uint32_t l = 0; l < v->n_layers; l++) wpi_vit_layer(m, c, &o, l, &b, n);
+    const float *pl = wpi_bind_vec(c, "v.post_ln.weight", 0);
+    for (uint32_t t = 0; t < n; t++)
+        wpi_rmsnorm(b.xn + (size_t)t * D, b.x + (size_t)t * D, pl, D, v->norm_eps);
+    /* xn is [ntok, kk * D]: a merge block's patches are consecutive */
+    wpi_wmat wd = wpi_bind_mat(c, "v.mm_down.weight", 0);
+    wpi_vit_linear(m, &wd, wpi_bind_vec(c, "v.mm_down.bias", 0), b.xn, (size_t)kk * D, ntok,
+                   t1, O);
+    wpi_wmat wp = wpi_bind_mat(c, "v.mm_proj.weight", 0);
+    wpi_vit_linear(m, &wp, NULL, t1, O, ntok, t2, O);
+    const float *nw = wpi_bind_vec(c, "v.mm_norm.weight", 0), *nb = wpi_bind_vec(c, "v.mm_norm.bias", 0);
+    for (uint32_t t = 0; t < ntok; t++) {
+        wpi_layernorm(t1 + (size_t)t * O, t2 + (size_t)t * O, nw, nb, O, v->proj_norm_eps);
+        for (uint32_t i = 0; i < O; i++)
+            t1[(size_t)t * O + i] = wpi_gelu(t1[(size_t)t * O + i], v->proj_act);
+    }
+    wpi_wmat wg = wpi_bind_mat(c, "v.mm_gate.weight", 0), wu = wpi_bind_mat(c, "v.mm_up.weight", 0);
+    wpi_vit_linear(m, &wg, NULL, t1, O, ntok, g, P);
+    wpi_vit_linear(m, &wu, NULL, t1, O, ntok, u, P);
+    const float lim = v->glu_limit;
+    for (size_t i = 0; i < (size_t)ntok * P; i++) {
+        float gi = g[i], ui = u[i];
+        if (lim > 0) {
+            gi = gi > lim ? lim : gi;
+            ui = ui > lim ? lim : ui < -lim ? -lim : ui;
+        }
+        g[i] = gi / (1.0f + expf(-gi)) * ui;
+    }
+    wpi_wmat wf = wpi_bind_mat(c, "v.mm_ffn_down.weight", 0);
+    wpi_vit_linear(m, &wf, NULL, g, P, ntok, out, c->hp.hidden_size);
+}
+
+static const wpi_vision tower = {
+    .check = vision_check,
+    .work_bytes = tower_work_bytes,
+    .out_rows = tower_rows,
+    .encode = tower_encode,
+};
+
 const wpi_arch wpi_arch_glm5_next = {
     .name = "glm5_next",
     WPI_ARCH_OWN_HOOKS,
     .no_truncate = wpi_kda_no_truncate,
+    .vision = &tower,
 };

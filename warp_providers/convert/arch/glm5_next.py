@@ -1,7 +1,17 @@
 """``glm5_next`` (GLM-5.3-Flash; also ``glm5_next_text``), the text model only.
 
 The multimodal checkpoint's ``text_config`` and ``model.language_model.*`` tensors are
-read (the vision tower ``model.visual.*`` is skipped), or a flat text config. Config:
+read, or a flat text config. Its image tower ``model.visual.*`` (``vision_config``)
+becomes the container's ``v.*`` tensors and ``vision`` object (docs/FORMAT.md section 7)
+when the checkpoint ships a ``preprocessor_config.json`` (copied verbatim); without one the
+tower is skipped and the container is text-only. Tower tensors: ``patch_embed.proj``
+(``[D, C, T, p, p]`` -> ``v.patch_embd`` ``[D, C*T*p*p]``), ``blocks.{l}.{norm1, norm2,
+attn.qkv, attn.proj, attn.q_norm, attn.k_norm, mlp.gate_proj, mlp.up_proj,
+mlp.down_proj}`` -> ``v.blk.{l}.{ln1, ln2, attn_qkv, attn_out, attn_q_norm, attn_k_norm,
+ffn_gate, ffn_up, ffn_down}``, ``post_layernorm`` -> ``v.post_ln``, ``downsample``
+(``[O, D, m, m]``, as the matrix ``v.mm_down`` ``[O, m*m*D]`` over a merge block's
+patches), ``merger.{proj, post_projection_norm, gate_proj, up_proj, down_proj}`` ->
+``v.mm_{proj, norm, gate, up, ffn_down}``. Config:
 transformers' ``Glm5NextTextConfig`` defaults and schedules (``layer_types``
 "linear_attention" -> ``attn_kinds`` "kda", "indexed_attention"/"full_attention" ->
 "full"; ``mlp_layer_types``; ``indexer_types`` or ``index_topk_pattern`` or
@@ -19,6 +29,7 @@ deepseek_v3's, the indexer as ``blk.{i}.attn_idx_*``. The multi-token-prediction
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Final
 
@@ -37,6 +48,7 @@ from ..blocks import Trunk, dense_mlp, kda_layer, mla_layer, moe_router
 from ..decoder import Mla, Noaux, Rope
 from ..plan import ExpertLayerSrc, Plan
 from ..quant import ConvertError
+from ..vision import TowerTensors, preprocessor
 
 MODEL_TYPE: Final[str] = "glm5_next"
 
@@ -55,6 +67,100 @@ TEXT_DEFAULTS: Final[dict[str, Any]] = {
     "index_kpool": 16, "index_kpool_always_select_tail": True,
 }
 VISION_PREFIXES: Final[tuple[str, ...]] = ("model.visual.", "visual.", "model.vision_tower.")
+#: transformers' Glm5NextVisionConfig defaults of the keys a config may omit.
+VISION_DEFAULTS: Final[dict[str, Any]] = {
+    "depth": 24, "hidden_size": 1024, "hidden_act": "silu", "attention_bias": True,
+    "num_heads": 16, "in_channels": 3, "patch_size": 14, "rms_norm_eps": 1e-5,
+    "spatial_merge_size": 2, "temporal_patch_size": 2, "out_hidden_size": 1536,
+    "intermediate_size": 4096, "projection_intermediate_size": 10240, "swiglu_limit": 10.0,
+}
+#: Glm5NextImageProcessor's defaults of the keys a preprocessor_config.json may omit.
+PROCESSOR_DEFAULTS: Final[dict[str, Any]] = {
+    "patch_size": 14, "temporal_patch_size": 2, "merge_size": 2, "max_image_tokens": 8000,
+}
+
+
+def vision_plan(s: TensorSource, cfg: Mapping[str, Any], pp: Mapping[str, Any],
+                hidden: int, vocab: int) -> tuple[dict[str, Any], list[Any]]:
+    """The manifest's ``vision`` object and the ``v.*`` tensors of the tower."""
+    import numpy as np
+
+    vc = {**VISION_DEFAULTS, **(cfg.get("vision_config") or {})}
+    w = "config.json vision_config"
+    g = {k: get_int(vc, k, minimum=1, where=w) for k in (
+        "depth", "hidden_size", "num_heads", "in_channels", "patch_size", "spatial_merge_size",
+        "temporal_patch_size", "out_hidden_size", "intermediate_size",
+        "projection_intermediate_size")}
+    D, L, nh, C = g["hidden_size"], g["depth"], g["num_heads"], g["in_channels"]
+    p, m, T, O = g["patch_size"], g["spatial_merge_size"], g["temporal_patch_size"], g["out_hidden_size"]
+    F, P = g["intermediate_size"], g["projection_intermediate_size"]
+    if D % nh or (D // nh) % 4:
+        raise ConvertError(f"{w}: hidden_size {D} / {nh} heads must be a multiple of 4")
+    if O != hidden:
+        raise ConvertError(f"{w}: out_hidden_size {O} is not the text hidden_size {hidden}")
+    if vc.get("hidden_act") != "silu":
+        raise ConvertError(f"{w}: hidden_act {vc.get('hidden_act')!r}: the tower uses silu")
+    lim = get_number(vc, "swiglu_limit", at_least=0, where=w)
+    eps = get_number(vc, "rms_norm_eps", above=0, where=w)
+    rope = vc.get("rope_parameters") or {}
+    theta = get_number(rope, "rope_theta", above=0, default=10000.0,
+                       where="config.json vision_config.rope_parameters")
+    pq = {k: int(pp.get(k, d)) for k, d in PROCESSOR_DEFAULTS.items()}
+    if (pq["patch_size"], pq["merge_size"], pq["temporal_patch_size"]) != (p, m, T):
+        raise ConvertError(f"preprocessor_config.json: patch_size {pq['patch_size']}, merge_size "
+                           f"{pq['merge_size']}, temporal_patch_size "
+                           f"{pq['temporal_patch_size']}; the tower's are {p}, {m}, {T}")
+    pre = next((x for x in VISION_PREFIXES if s.has(x + "patch_embed.proj.weight")),
+               VISION_PREFIXES[0])
+    v = TowerTensors(s)
+    v.add((pre + "patch_embed.proj.weight",), "v.patch_embd.weight", (D, C, T, p, p),
+          (D, C * T * p * p), "trunk")
+    v.add((pre + "patch_embed.proj.bias",), "v.patch_embd.bias", (D,), (D,), "f32", optional=True)
+    hd = D // nh
+    for i in range(L):
+        b, o = f"{pre}blocks.{i}.", f"v.blk.{i}."
+        for src, dst, n in (("norm1", "ln1", D), ("norm2", "ln2", D), ("attn.q_norm", "attn_q_norm", hd),
+                            ("attn.k_norm", "attn_k_norm", hd)):
+            v.add((b + src + ".weight",), o + dst + ".weight", (n,), (n,), "f32")
+        for src, dst, rows, cols in (("attn.qkv", "attn_qkv", 3 * D, D), ("attn.proj", "attn_out", D, D),
+                                     ("mlp.gate_proj", "ffn_gate", F, D),
+                                     ("mlp.up_proj", "ffn_up", F, D),
+                                     ("mlp.down_proj", "ffn_down", D, F)):
+            v.add((b + src + ".weight",), o + dst + ".weight", (rows, cols), (rows, cols), "trunk")
+            v.add((b + src + ".bias",), o + dst + ".bias", (rows,), (rows,), "f32", optional=True)
+    v.add((pre + "post_layernorm.weight",), "v.post_ln.weight", (D,), (D,), "f32")
+    v.add((pre + "downsample.weight",), "v.mm_down.weight", (O, D, m, m), (O, m * m * D), "trunk",
+          fn=lambda a: np.ascontiguousarray(a.transpose(0, 2, 3, 1)))
+    v.add((pre + "downsample.bias",), "v.mm_down.bias", (O,), (O,), "f32", optional=True)
+    mg = pre + "merger."
+    v.add((mg + "proj.weight",), "v.mm_proj.weight", (O, O), (O, O), "trunk")
+    for part in ("weight", "bias"):
+        v.add((mg + f"post_projection_norm.{part}",), f"v.mm_norm.{part}", (O,), (O,), "f32")
+    v.add((mg + "gate_proj.weight",), "v.mm_gate.weight", (P, O), (P, O), "trunk")
+    v.add((mg + "up_proj.weight",), "v.mm_up.weight", (P, O), (P, O), "trunk")
+    v.add((mg + "down_proj.weight",), "v.mm_ffn_down.weight", (O, P), (O, P), "trunk")
+    ids = {k: get_int(cfg, k, default=d) for k, d in (
+        ("image_token_id", 154854), ("image_start_token_id", 154830),
+        ("image_end_token_id", 154831))}
+    bad = [f"{k} {i}" for k, i in ids.items() if i >= vocab]
+    if bad:
+        raise ConvertError(f"config.json: {', '.join(bad)} outside the vocabulary of {vocab}")
+    info = {
+        "arch": MODEL_TYPE, "preprocessor": dict(pp), "patch_size": p, "merge_size": m,
+        "temporal_patch_size": T, "hidden_size": hidden,
+        "placeholder_token_id": ids["image_token_id"],
+        "image_start_token_id": ids["image_start_token_id"],
+        "image_end_token_id": ids["image_end_token_id"],
+        "hparams": {
+            "hidden_size": D, "n_layers": L, "n_heads": nh, "intermediate_size": F,
+            "patch_size": p, "merge_size": m, "temporal_patch_size": T, "channels": C,
+            "pos_grid_h": 1, "pos_grid_w": 1, "max_patches": pq["max_image_tokens"] * m * m,
+            "out_hidden_size": O, "rope_theta": theta, "norm_eps": eps,
+            "proj_norm_eps": 1e-5, "act": "silu", "proj_act": "gelu",
+            "proj_intermediate_size": P, "glu_limit": lim,
+        },
+    }
+    return info, v.out
 
 
 def text_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
@@ -239,16 +345,24 @@ class Glm5Next(Mla, Noaux):
                       width=hp["shared_expert_intermediate_size"], cname="ffn_{}_shexp")
             experts.append(collect_experts(s, hp, i, pre))
 
+        pp = preprocessor(src, required=False)
+        vision = None
+        if pp is not None and any(n.startswith(VISION_PREFIXES) for n in s.st.entries):
+            vision, vt = vision_plan(s, cfg, pp, H, hp["vocab_size"])
+            t.tensors.extend(vt)
+
         def skipped(name: str) -> bool:
-            """Return the vision tower, the multi-token-prediction layers."""
+            """Return the vision tower (without a preprocessor config), the
+            multi-token-prediction layers."""
             if name.startswith(VISION_PREFIXES):
-                return True
+                return vision is None
             if name.startswith(pre0 + "layers."):
                 idx = name[len(pre0) + 7 :].split(".", 1)[0]
                 return idx.isdigit() and int(idx) >= L
             return ".shared_head." in name
 
-        return finish_plan(s, MODEL_TYPE, cfg, hp, t.tensors, experts, skipped=skipped)
+        plan = finish_plan(s, MODEL_TYPE, cfg, hp, t.tensors, experts, skipped=skipped)
+        return plan if vision is None else replace(plan, vision=vision)
 
 
 ARCH: Final[Glm5Next] = Glm5Next()

@@ -26,7 +26,6 @@ tensor nothing reads.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import replace
@@ -35,9 +34,10 @@ from typing import Any, Final
 
 import numpy as np
 
-from ..base import SafetensorsDir, TensorSource, computed, get_int, get_number
+from ..base import SafetensorsDir, TensorSource, get_int, get_number
 from ..plan import Plan, SrcTensor
 from ..quant import ConvertError
+from ..vision import TowerTensors, preprocessor
 from .deepseek_v3 import ARCH as TEXT
 
 MODEL_TYPE: Final[str] = "kimi_k25"
@@ -78,21 +78,6 @@ class _TextView:
         return self._st.raw(self._orig[name])
 
 
-def preprocessor(src: Path) -> dict[str, Any]:
-    """The checkpoint's ``preprocessor_config.json``, as shipped."""
-    p = src / "preprocessor_config.json"
-    if not p.is_file():
-        raise ConvertError(f"{src}: no preprocessor_config.json (an image model's pixel "
-                           "normalisation and patch budget are read from it, never assumed)")
-    try:
-        d = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise ConvertError(f"{p}: unreadable JSON: {e}") from None
-    if not isinstance(d, dict):
-        raise ConvertError(f"{p}: not a JSON object")
-    return d
-
-
 def patch_limit(pp: Mapping[str, Any], merge: int) -> int:
     """Most patches the image processor gives one image (its resize then the padding to
     the merge size): min(S^2, budget + 2 m S + m^2), S the side limit padded to m."""
@@ -101,27 +86,6 @@ def patch_limit(pp: Mapping[str, Any], merge: int) -> int:
     budget = int(pp.get("max_patches", PROCESSOR_DEFAULTS["max_patches"]))
     s = math.ceil(side / merge) * merge
     return min(s * s, budget + 2 * merge * s + merge * merge)
-
-
-class _Vision:
-    """The tower's tensors, each checked against the config at plan time, read on write."""
-
-    def __init__(self, s: TensorSource) -> None:
-        self.s = s
-        self.out: list[SrcTensor] = []
-
-    def add(self, names: tuple[str, ...], cname: str, shape: tuple[int, ...],
-            to: tuple[int, ...], kind: str) -> None:
-        name = next((n for n in names if self.s.has(n)), None)
-        if name is None:
-            raise ConvertError(f"{self.s.dir}: tensor {names[0]!r} is missing")
-        ent = self.s.entry(name)
-        if tuple(ent.shape) != shape:
-            raise ConvertError(f"tensor {name!r}: shape {list(ent.shape)}, config implies "
-                               f"{list(shape)}")
-        s = self.s
-        self.out.append(computed(cname, lambda: s.f32(name, shape).reshape(to), to, kind=kind,
-                                 nbytes=ent.nbytes))
 
 
 def vision_plan(s: TensorSource, cfg: Mapping[str, Any], pp: Mapping[str, Any],
@@ -162,7 +126,7 @@ def vision_plan(s: TensorSource, cfg: Mapping[str, Any], pp: Mapping[str, Any],
     if (pp_patch, pp_merge) != (p, m):
         raise ConvertError(f"preprocessor_config.json: patch_size {pp_patch}, merge_size "
                            f"{pp_merge}; the tower's are {p}, {m}")
-    v = _Vision(s)
+    v = TowerTensors(s)
     P = 3 * p * p
     v.add(("vision_tower.patch_embed.proj.weight", "vision_tower.encoder.patch_embed.proj.weight"),
           "v.patch_embd.weight", (D, 3, p, p), (D, P), "trunk")
