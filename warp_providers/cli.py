@@ -146,7 +146,8 @@ def cmd_convert(a: argparse.Namespace) -> int:
 
 
 def cmd_plan(a: argparse.Namespace) -> int:
-    plan = plan_memory(a.model, budget=a.budget, ctx=a.ctx, max_sequences=a.sequences)
+    plan = plan_memory(a.model, budget=a.budget, ctx=a.ctx, max_sequences=a.sequences,
+                       vision=a.vision)
     if a.json:
         _out(plan)
         return 0
@@ -159,6 +160,11 @@ def cmd_plan(a: argparse.Namespace) -> int:
                 _say(f"  {kind:<18} {_gib(n):>12}\n")
     _say(f"{'sequences':<20} {plan['sequences']:>12}\n{'sequence':<20} "
          f"{_gib(plan['sequence_bytes']):>12}\n")
+    if plan["vision_weight_bytes"]:  # the image tower: counted in the floor with --vision
+        _say(f"{'vision':<20} {_gib(plan['vision_bytes']):>12}"
+             f"{'' if a.vision else '  (not planned: --vision)'}\n"
+             f"  {'weights':<18} {_gib(plan['vision_weight_bytes']):>12}\n"
+             f"  {'reserve':<18} {_gib(plan['vision_reserve_bytes']):>12}\n")
     _say(f"{'ctx_tokens':<20} {plan['ctx_tokens']:>12}\n{'cache_slots':<20} "
          f"{plan['cache_slots']:>12}\n")
     k = plan["budget_multiple"]
@@ -384,6 +390,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ctx", type=int)
     p.add_argument("--sequences", type=int, default=1,
                    help="concurrent sequences to plan for (each state counted in the floor)")
+    p.add_argument("--vision", action="store_true",
+                   help="plan the image tower too (its weights and one image's work)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_plan)
 

@@ -100,7 +100,7 @@ def _options(
             if value not in _ISAS:
                 raise ValueError(f"isa must be one of {sorted(_ISAS)}")
             opts[key] = _ISAS[value]
-        elif key in ("direct_io", "verify", "lookahead"):
+        elif key in ("direct_io", "verify", "lookahead", "vision"):
             opts[key] = int(bool(value))
         elif key == "max_sequences":
             if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 256:
@@ -154,7 +154,10 @@ def plan_memory(
         A dict of byte counts: trunk, kv, scratch, min cache, floor, working set,
         recommended, the budget open would use and the expert cache it would get; and
         "state_bytes", the kv bytes by kind of layer state ("kv", "mla_latent",
-        "recurrent", "indexer", "window", "csa", "hca"; only the kinds present).
+        "recurrent", "indexer", "window", "csa", "hca"; only the kinds present);
+        "vision_weight_bytes" and "vision_reserve_bytes" (the image tower's weights and the
+        work of one image at its patch limit, 0 without a tower) and "vision_bytes", their
+        sum when planned with ``vision=True`` (counted in the floor), else 0.
 
     Raises:
         MemoryBudgetError: an explicit budget is below the floor (the message names both).

@@ -181,8 +181,7 @@ def vision_plan(s: TensorSource, cfg: Mapping[str, Any], pp: Mapping[str, Any],
     return info, v.out
 
 
-def load(src: Path, cfg: dict[str, Any], gen: Mapping[str, Any]) -> Plan:
-    """Plan of a Kimi K2.5 / K2.6 checkpoint directory: the text model and the tower."""
+def _load(src: Path, cfg: dict[str, Any], gen: Mapping[str, Any]) -> Plan:
     tc = cfg.get("text_config")
     if not isinstance(tc, Mapping):
         raise ConvertError("config.json: kimi_k25 nests its text model in text_config (an "
@@ -205,3 +204,24 @@ def load(src: Path, cfg: dict[str, Any], gen: Mapping[str, Any]) -> Plan:
                            f"{', '.join(unused[:5])}{more}")
     return replace(text, model_type=MODEL_TYPE, source_config=cfg,
                    trunk=text.trunk + tensors, vision=info)
+
+
+class KimiK25:
+    """The deepseek_v3 text model and the MoonViT tower of one checkpoint directory."""
+
+    model_type = MODEL_TYPE
+
+    def load(self, src: Path, cfg: dict[str, Any], gen: Mapping[str, Any],
+             st: Any = None) -> Plan:
+        """Plan of a Kimi K2.5 / K2.6 checkpoint directory: the text model and the tower."""
+        if st is not None:
+            raise ConvertError(f"{MODEL_TYPE} reads only tensors stored in safetensors")
+        return _load(src, cfg, gen)
+
+
+ARCH: Final[KimiK25] = KimiK25()
+
+
+def load(src: Path, cfg: dict[str, Any], gen: Mapping[str, Any]) -> Plan:
+    """Plan of a Kimi K2.5 / K2.6 checkpoint directory: the text model and the tower."""
+    return ARCH.load(src, cfg, gen)
