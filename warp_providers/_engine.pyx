@@ -169,6 +169,7 @@ cdef class Context:
     cdef readonly uint32_t max_sequences
     cdef readonly uint32_t hidden_size
     cdef readonly str path
+    cdef object _vision  # the manifest's vision object, read once (False: not yet)
 
     def __cinit__(self, str path, dict options):
         cdef _Cfg c = _Cfg(options)
@@ -188,6 +189,7 @@ cdef class Context:
         self.max_sequences = info.plan.sequences
         self.hidden_size = info.hidden_size
         self.path = path
+        self._vision = False
 
     def __dealloc__(self):
         if self.ctx != NULL:
@@ -249,8 +251,10 @@ cdef class Context:
         self._live()
         import json
         import os
-        with open(os.path.join(self.path, "manifest.json"), encoding="utf-8") as f:
-            v = json.load(f).get("vision")
+        if self._vision is False:
+            with open(os.path.join(self.path, "manifest.json"), encoding="utf-8") as f:
+                self._vision = json.load(f).get("vision")
+        v = self._vision
         if v is None:
             return None
         cdef wp_info info
