@@ -18,9 +18,12 @@ Called by the session and the surfaces before a prompt reaches the engine.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import io
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -438,3 +441,133 @@ def for_vision(info: Mapping[str, Any]) -> ImageProcessor:
         if pre.get(key) is None and info.get(key) is not None:
             pre[key] = info[key]
     return cls(pre)
+
+
+# --------------------------------------------------------------------------- references
+def image_refs(messages: Any) -> list[tuple[str, str]]:
+    """(reference, detail) of every image part, in conversation order.
+
+    A part is `{"type": "image_url", "image_url": {"url", "detail"} | str}`, or
+    `{"type": "image", ...}` with `image_url`, `url`, or `base64` + `mime_type` (LangChain's
+    standard block, turned into a data URL here).
+
+    Raises:
+        ImageError: A part names no image.
+
+    """
+    out: list[tuple[str, str]] = []
+    for i, msg in enumerate(messages or ()):
+        content = msg.get("content") if isinstance(msg, Mapping) else None
+        if not isinstance(content, list):
+            continue
+        for j, part in enumerate(content):
+            if not isinstance(part, Mapping) or part.get("type") not in ("image", "image_url"):
+                continue
+            ref: Any = part.get("image_url") or part.get("url")
+            detail: Any = part.get("detail")
+            if isinstance(ref, Mapping):
+                detail = ref.get("detail", detail)
+                ref = ref.get("url")
+            if not ref and part.get("base64"):
+                mime = part.get("mime_type") or "image/png"
+                ref = f"data:{mime};base64,{part['base64']}"
+            if not isinstance(ref, str) or not ref:
+                raise ImageError(f"messages[{i}].content[{j}] is an image with no url")
+            detail = detail or "auto"
+            if detail not in DETAILS:
+                raise ImageError(
+                    f"messages[{i}].content[{j}]: detail must be one of {list(DETAILS)}, "
+                    f"not {detail!r}"
+                )
+            out.append((ref, detail))
+    return out
+
+
+def load_image_ref(ref: str, *, allow_local: str | os.PathLike[str] | None = None) -> bytes:
+    """The bytes an image reference names.
+
+    `data:` URLs are decoded; `http(s)` URLs are refused (this library opens no sockets);
+    `file://` URLs and paths are read only when `allow_local` names a directory that
+    holds them (the path resolved, symlinks followed, must stay inside it).
+
+    Raises:
+        ImageError: Bad base64, a remote URL, a local path not allowed, or unreadable.
+
+    """
+    if ref.startswith("data:"):
+        head, sep, payload = ref.partition(",")
+        if not sep or ";base64" not in head:
+            raise ImageError("a data: URL must be base64-encoded (data:image/png;base64,...)")
+        try:
+            return base64.b64decode("".join(payload.split()), validate=True)
+        except (binascii.Error, ValueError):
+            raise ImageError("the data: URL's base64 payload does not decode") from None
+    lower = ref[:8].lower()
+    if lower.startswith(("http://", "https://")):
+        raise ImageError(
+            "image URLs over http(s) are not fetched (this library never opens sockets): "
+            "send the image as a base64 data: URL"
+        )
+    if "://" in ref and not lower.startswith("file://"):
+        raise ImageError(f"unsupported image URL scheme in {ref[:40]!r}")
+    if allow_local is None:
+        raise ImageError(
+            "local image paths are refused unless the host allows a directory "
+            "(allow_local_images=DIR); send the image as a base64 data: URL"
+        )
+    path = ref[len("file://"):] if lower.startswith("file://") else ref
+    root = os.path.realpath(os.fspath(allow_local))
+    target = os.path.realpath(os.path.join(root, path))
+    if os.path.commonpath([root, target]) != root:
+        raise ImageError("the image path is outside the allowed image directory")
+    try:
+        with open(target, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise ImageError(f"cannot read the image file: {exc.strerror or exc}") from None
+
+
+# --------------------------------------------------------------------------- token stream
+def expand_placeholders(ids: list[int], placeholder: int, counts: list[int]) -> list[int]:
+    """Replace the k-th placeholder token of a rendered prompt by `counts[k]` of them.
+
+    Placeholders only come from markup (message text cannot encode control tokens), so
+    the prompt holds exactly one per image.
+
+    Raises:
+        ValueError: The prompt holds another number of placeholders than images.
+
+    """
+    found = ids.count(placeholder)
+    if found != len(counts):
+        raise ValueError(f"the prompt places {found} images, and {len(counts)} were given")
+    out: list[int] = []
+    k = 0
+    for t in ids:
+        if t == placeholder:
+            out.extend([placeholder] * counts[k])
+            k += 1
+        else:
+            out.append(t)
+    return out
+
+
+def image_spans(ids: list[int], placeholder: int, counts: list[int]) -> list[int]:
+    """Start position of each image's placeholder run in an expanded prompt.
+
+    Raises:
+        ValueError: The runs do not match `counts`.
+
+    """
+    starts: list[int] = []
+    pos, n = 0, len(ids)
+    for c in counts:
+        while pos < n and ids[pos] != placeholder:
+            pos += 1
+        if pos + c > n or any(t != placeholder for t in ids[pos:pos + c]):
+            raise ValueError("the prompt's placeholder runs do not match the images")
+        starts.append(pos)
+        pos += c
+    if placeholder in ids[pos:]:
+        raise ValueError("the prompt holds more placeholder tokens than the images fill")
+    return starts
