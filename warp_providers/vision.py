@@ -463,7 +463,7 @@ def image_refs(messages: Any) -> list[tuple[str, str]]:
         for j, part in enumerate(content):
             if not isinstance(part, Mapping) or part.get("type") not in ("image", "image_url"):
                 continue
-            ref: Any = part.get("image_url") or part.get("url")
+            ref: Any = part.get("image_url") or part.get("url") or part.get("image")
             detail: Any = part.get("detail")
             if isinstance(ref, Mapping):
                 detail = ref.get("detail", detail)

@@ -8,7 +8,7 @@ import threading
 import numpy as np
 import pytest
 
-from vision_support import expected_logits, png, vision_engine
+from fake_vision import expected_logits, png, vision_engine
 from warp_providers import ChatSession, UnsupportedModelError, vision
 
 

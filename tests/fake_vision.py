@@ -1,4 +1,5 @@
-"""An Engine over the fake multi-sequence context with a fake vision tower (Kimi markup)."""
+"""An Engine over the fake multi-sequence context with a fake vision tower (Kimi K2.5 markup
+in a ChatML template), PNG bytes, and the logits the fake gives a prompt with images."""
 
 from __future__ import annotations
 
