@@ -35,7 +35,7 @@ from warp_providers.chat.base import (
     apply_named_tool_choice,
 )
 from warp_providers.engine import EngineLike
-from warp_providers.errors import ContextOverflowError, UnsupportedModelError
+from warp_providers.errors import ContextOverflowError
 from warp_providers.sampling import LogitsProcessor, SamplingParams
 from warp_providers.types import AssistantMessage, ChatRequest, Usage
 
@@ -122,7 +122,8 @@ class ChatSession:
         """Decodes and preprocesses the request's images (`vision.PreparedImage`s, in order).
 
         Raises:
-            UnsupportedModelError: The request carries images and the model has no tower.
+            ChatFormatError: The request carries images and the model has no vision tower
+                (code `vision_disabled`).
             ImageError: An image cannot be read or used.
 
         """
@@ -138,9 +139,9 @@ class ChatSession:
             return []
         proc = self.engine.image_processor() if self.vision else None
         if proc is None:
-            raise UnsupportedModelError(
+            raise ChatFormatError(
                 "this model was loaded without a vision tower, so it cannot read images; "
-                "send the conversation as text"
+                "send the conversation as text", param="messages", code="vision_disabled"
             )
         return [
             proc.prepare(vision.load_image_ref(ref, allow_local=self.allow_local_images),

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from fake_vision import expected_logits, png, vision_engine
-from warp_providers import ChatSession, UnsupportedModelError, vision
+from warp_providers import ChatFormatError, ChatSession, vision
 
 
 def _url(data: bytes) -> str:
@@ -129,8 +129,9 @@ def test_no_tower_refuses_images_and_text_still_runs():
     eng = vision_engine(vision=False)
     s = ChatSession(eng)
     assert not s.vision
-    with pytest.raises(UnsupportedModelError, match="without a vision tower"):
+    with pytest.raises(ChatFormatError, match="without a vision tower") as info:
         s.prepare([_msg("hi", (png(20, 20),))])
+    assert info.value.code == "vision_disabled" and info.value.param == "messages"
     assert s.complete([{"role": "user", "content": "hi"}]).message is not None
 
 
