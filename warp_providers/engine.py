@@ -523,7 +523,8 @@ class Engine:
         rows = np.ascontiguousarray(rows, dtype=np.float32)
         if rows.shape[0] != image.n_tokens:
             raise ValueError(
-                f"the tower returned {rows.shape[0]} rows for an image of {image.n_tokens} positions"
+                f"the tower returned {rows.shape[0]} rows for an image of "
+                f"{image.n_tokens} positions"
             )
         return rows
 

@@ -55,7 +55,7 @@ class PreparedImage:
     n_tokens: int
     """Positions the image takes in the prompt: t*h*w / merge_size**2."""
     digest: str
-    """sha256 of the pixel tensor and its grid: two images share it only if the tower sees the same."""
+    """sha256 of the pixel tensor and its grid (equal only when the tower sees the same)."""
     width: int
     """Source width in pixels (after EXIF orientation)."""
     height: int
@@ -189,7 +189,8 @@ def _resample_axis(src: np.ndarray, out_size: int, axis: int, resample: int) -> 
     return np.moveaxis(out, 0, axis)
 
 
-def resize_uint8(pixels: np.ndarray, height: int, width: int, resample: int = _BICUBIC) -> np.ndarray:
+def resize_uint8(pixels: np.ndarray, height: int, width: int,
+                 resample: int = _BICUBIC) -> np.ndarray:
     """Antialiased resize of an [H, W, C] uint8 array (width first, then height; each pass
     rounds to uint8), as transformers' image processors resize uint8 images."""
     out = pixels
@@ -245,7 +246,8 @@ class ImageProcessor:
         """
         if detail not in DETAILS:
             raise ValueError(f"detail must be one of {list(DETAILS)}, not {detail!r}")
-        image = decode_image(data) if isinstance(data, (bytes, bytearray, memoryview)) else _to_rgb(data)
+        raw = isinstance(data, (bytes, bytearray, memoryview))
+        image = decode_image(data) if raw else _to_rgb(data)
         pixels = np.asarray(image, dtype=np.uint8)
         canvas = self._resize_pad(pixels, detail)
         values, grid = self._patchify(self._normalise(canvas))

@@ -132,7 +132,8 @@ def _image_part(block: Mapping[str, Any]) -> dict[str, Any]:
         url = block.get("url")
     if not isinstance(url, str) or not url:
         raise ValueError("ChatWarp: an image content block carries no url or base64 data")
-    return {"type": "image_url", "image_url": {"url": url, **({"detail": detail} if detail else {})}}
+    ref = {"url": url, **({"detail": detail} if detail else {})}
+    return {"type": "image_url", "image_url": ref}
 
 
 _SKIPPED_BLOCKS = ("tool_use", "tool_call", "tool_call_chunk", "function_call")

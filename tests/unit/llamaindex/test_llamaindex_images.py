@@ -21,7 +21,8 @@ def test_chat_with_an_image_block():
     out = Warp(engine=eng, max_tokens=1).chat([msg])
     url = "data:image/png;base64," + base64.b64encode(data).decode()
     prep = ChatSession(eng).prepare([{"role": "user", "content": [
-        {"type": "text", "text": "What is in it?"}, {"type": "image_url", "image_url": {"url": url}}]}])
+        {"type": "text", "text": "What is in it?"},
+        {"type": "image_url", "image_url": {"url": url}}]}])
     want = eng.tokenizer.decode([int(np.argmax(expected_logits(eng, prep.ids, prep.images)))])
     assert out.message.content == want
     assert eng._ctx.encoded == [prep.images[0].grid_thw]

@@ -19,7 +19,8 @@ def _url(data: bytes) -> str:
 def _msg(*parts, role="user"):
     return {"role": role, "content": [
         {"type": "text", "text": p} if isinstance(p, str) else
-        {"type": "image_url", "image_url": {"url": _url(p[0]), **({"detail": p[1]} if len(p) > 1 else {})}}
+        {"type": "image_url",
+         "image_url": {"url": _url(p[0]), **({"detail": p[1]} if len(p) > 1 else {})}}
         for p in parts]}
 
 
@@ -109,7 +110,8 @@ def test_prefix_reuse_keys_on_the_pixels():
     s = ChatSession(eng)
     a, b = png(80, 80, 8), png(80, 80, 9)
     long_text = "a shared system prompt " * 4
-    conv = lambda img: [{"role": "system", "content": long_text}, _msg("what is it", (img,))]  # noqa: E731
+    def conv(img):
+        return [{"role": "system", "content": long_text}, _msg("what is it", (img,))]
     first = s.complete(conv(a))
     prep = s.prepare(conv(a))
     start = vision.image_spans(prep.ids, eng.vision_info()["placeholder_token_id"],

@@ -103,7 +103,8 @@ def test_pixels_equal_transformers_processor(name, family):
     assert float(np.abs(mine.pixel_values - ref["pixel_values"]).max()) <= 1e-6
     t, h, w = mine.grid_thw
     assert mine.n_tokens == t * h * w // 4
-    assert mine.rows.shape == (mine.pixel_values.shape[0], int(np.prod(mine.pixel_values.shape[1:])))
+    n = mine.pixel_values.shape[0]
+    assert mine.rows.shape == (n, int(np.prod(mine.pixel_values.shape[1:])))
 
 
 def test_some_fixture_needs_resizing_and_padding():
