@@ -78,7 +78,12 @@ def decode_image(data: bytes, *, max_pixels: int = MAX_SOURCE_PIXELS) -> Any:
         ImageError: Unsupported format, undecodable or truncated data, or too large.
 
     """
-    from PIL import Image, ImageOps, UnidentifiedImageError
+    try:
+        from PIL import Image, ImageOps, UnidentifiedImageError
+    except ImportError:
+        raise ImageError(
+            "reading images needs Pillow: pip install 'warp-providers[images]'"
+        ) from None
 
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise TypeError(f"image data must be bytes, not {type(data).__name__}")
