@@ -122,3 +122,21 @@ def test_models_without_a_tower_still_refuse(make_client):
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(**_body(_img(_url(png(20, 20)))))
     assert info.value.code == "vision_disabled"
+
+
+def test_responses_input_image(make_client):
+    eng = vision_engine()
+    client = make_client(eng)
+    a = png(44, 66, 6)
+    out = client.responses.create(model="m", max_output_tokens=1, input=[
+        {"role": "user", "content": [{"type": "input_text", "text": "what is it?"},
+                                     {"type": "input_image", "image_url": _url(a)}]}])
+    prep = ChatSession(eng).prepare([{"role": "user", "content": [
+        {"type": "text", "text": "what is it?"}, _img(_url(a))]}])
+    assert out.usage.input_tokens == len(prep.ids)
+    want = int(np.argmax(expected_logits(eng, prep.ids, prep.images)))
+    assert out.output_text == eng.tokenizer.decode([want])
+    with pytest.raises(openai.BadRequestError) as err:
+        client.responses.create(model="m", input=[{"role": "user", "content": [
+            {"type": "input_image", "image_url": "https://example.com/a.png"}]}])
+    assert err.value.body["code"] == "invalid_image_url"
