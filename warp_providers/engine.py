@@ -189,7 +189,8 @@ class EngineLike(Protocol):
         processors: Sequence[LogitsProcessor] = ...,
         should_stop: Callable[[], bool] | None = ...,
     ) -> Iterator[TokenEvent]:
-        """Yield TokenEvents; see `Engine.stream` (the keywords are the ones it takes)."""
+        """Yield TokenEvents; see `Engine.stream` (the keywords are the ones it takes; an
+        engine with a vision tower also takes `images=`)."""
         ...
 
     def info(self) -> dict[str, Any]:
@@ -612,11 +613,15 @@ class Engine:
             )
         ids = [int(i) for i in self._checked(ids)]
         stops = set(self.tokenizer.eos_ids if stop_ids is None else stop_ids)
+        info = self.vision_info()
+        if info is not None:
+            # a placeholder the model writes has no image row: it ends the reply instead
+            stops.add(int(info["placeholder_token_id"]))
         req = Request(ids, min(max_tokens, ctx_tokens - len(ids)), sampling or SamplingParams(),
                       list(stop), stops, processors, should_stop, self.tokenizer)
         if images:
             self._attach_images(req, list(images))
-        elif (info := self.vision_info()) is not None and info["placeholder_token_id"] in ids:
+        elif info is not None and info["placeholder_token_id"] in ids:
             raise ValueError("the prompt holds image placeholders and no images were given")
         events = self._sched.submit(req)
         try:

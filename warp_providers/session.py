@@ -177,7 +177,11 @@ class ChatSession:
         """
         if isinstance(request, list):
             request = {"messages": request}
-        return len(self.format.encode(self.format.render(request, add_generation_prompt=False)))
+        images = self.load_images(request)
+        infos = [ImageInfo(im.width, im.height) for im in images] or None
+        ids = self.format.encode(
+            self.format.render(request, images=infos, add_generation_prompt=False))
+        return len(ids) + sum(im.n_tokens - 1 for im in images)
 
     @property
     def capabilities(self) -> dict[str, Any]:

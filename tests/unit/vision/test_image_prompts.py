@@ -156,3 +156,45 @@ def test_detail_low_takes_fewer_positions():
     high = s.prepare([_msg((big, "high"), "x")])
     assert low.images[0].n_tokens < high.images[0].n_tokens
     assert len(low.ids) < len(high.ids)
+
+
+def test_a_refused_batch_leaves_no_rows_queued():
+    # the fake refuses a chunk holding token 5: the batch fails, each request reruns alone,
+    # and the good one must get its rows once, not twice
+    eng = vision_engine(prefill_chunk=64,
+                        ctx_kw={"refuse": frozenset({5}), "step_seconds": 0.002})
+    proc = eng.image_processor()
+    ph = eng.vision_info()["placeholder_token_id"]
+    good, bad = proc.prepare(png(40, 40, 11)), proc.prepare(png(40, 40, 12))
+    ids_good = eng.tokenizer.encode_content("ok ") + [ph] * good.n_tokens + [7, 8]
+    ids_bad = [5, 6] + [ph] * bad.n_tokens + [7, 8]
+    out, errs = {}, {}
+
+    def run(name, ids, im):
+        try:
+            out[name] = eng.generate(ids, images=[im], max_tokens=1)
+        except ValueError as exc:
+            errs[name] = exc
+
+    threads = [threading.Thread(target=run, args=a)
+               for a in (("good", ids_good, good), ("bad", ids_bad, bad))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert "bad" in errs and "good" in out
+    assert out["good"].token_ids[0] == int(np.argmax(expected_logits(eng, ids_good, [good])))
+    ctx = eng._ctx
+    assert all(s.pending_embeds == 0 for s in [ctx.seq0, *ctx.free])
+
+
+def test_count_tokens_counts_image_positions():
+    eng = vision_engine()
+    s = ChatSession(eng)
+    conv = [_msg("hi", (png(90, 60, 13),))]
+    n = s.count_tokens(conv)
+    prep = s.prepare(conv)
+    text = [{"role": "user", "content": "hi"}]
+    hand_over = len(s.prepare(text).ids) - s.count_tokens(text)
+    assert n > prep.images[0].n_tokens
+    assert n == len(prep.ids) - hand_over
