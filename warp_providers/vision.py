@@ -1,21 +1,16 @@
-"""Image preprocessing: bytes in, the pixel tensor a model's vision tower takes out.
+"""Images: bytes in, the pixel tensor a vision tower takes out, and the prompt's image runs.
 
-Owns: decoding (PNG, JPEG, WebP, GIF first frame) with Pillow, EXIF orientation, the RGB
-conversion, and each model's resize/pad/normalise/patchify, reproducing transformers'
-`Kimi_K25ImageProcessor` (also used for `kimi_k3`) and `Glm5NextImageProcessor` to the
-last uint8 before normalisation: the resize is the separable antialiased filter with int16
-fixed-point weights that those processors run (torch's uint8 path), not Pillow's own, which
-differs by one level on a fraction of a percent of pixels. numpy and Pillow only.
-Every parameter comes from the container's `vision.preprocessor` dict (the checkpoint's
-`preprocessor_config.json`); the geometry and normalisation keys are required.
-`detail` maps to a patch budget: "low" runs the processor with a budget of
-`LOW_DETAIL_TOKENS` positions (Kimi's counts patches before the pad to the merge grid, so an
-image may take a few more), "high" and "auto" use the checkpoint's own budget.
-Refuses: other formats, truncated or undecodable data, images above `MAX_SOURCE_PIXELS`
-(before decoding them), resample filters other than bilinear/bicubic (all as `ImageError`).
-Called by the session and the surfaces before a prompt reaches the engine.
+Owns: decoding (PNG, JPEG, WebP, GIF first frame) with Pillow, EXIF orientation, RGB
+conversion, each model's resize/pad/normalise/patchify equal to transformers'
+`Kimi_K25ImageProcessor` (also `kimi_k3`) and `Glm5NextImageProcessor` (the resize is the
+antialiased int16 fixed-point filter those processors run on uint8, not Pillow's own);
+image references (data: URLs, allowed local files); placeholder expansion in a prompt.
+Every parameter comes from the container's `vision.preprocessor`. `detail`: "low" is a
+budget of `LOW_DETAIL_TOKENS` positions, "high"/"auto" the checkpoint's own.
+Refuses (`ImageError`): other formats, corrupt data, images above `MAX_SOURCE_PIXELS`
+(before decoding), http(s) URLs, paths outside the allowed directory.
+Called by `ChatSession` (and through it every surface) and `Engine.stream`.
 """
-
 from __future__ import annotations
 
 import base64
