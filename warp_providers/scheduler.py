@@ -398,14 +398,18 @@ class Scheduler:
     def _push(self, plan: list[tuple[Request, list[int]]],
               starts: dict[Request, int | None]) -> list[Request]:
         """Queues the image rows the prompt positions of this step consume."""
-        pushed = []
-        for r, toks in plan:
-            at = starts.get(r)
-            if at is None or not r.embeds:
-                continue
-            for rows in r.embeds_in(at, len(toks)):
-                _call(self._ctx, r.slot.seq, "push_embeds", rows)
-                pushed.append(r)
+        pushed: list[Request] = []
+        try:
+            for r, toks in plan:
+                at = starts.get(r)
+                if at is None or not r.embeds:
+                    continue
+                for rows in r.embeds_in(at, len(toks)):
+                    pushed.append(r)
+                    _call(self._ctx, r.slot.seq, "push_embeds", rows)
+        except BaseException:
+            self._unpush(pushed)
+            raise
         return pushed
 
     def _unpush(self, pushed: list[Request]) -> None:
