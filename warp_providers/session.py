@@ -189,9 +189,11 @@ class ChatSession:
 
         Keys: `ctx_tokens` (context size, 0 when unknown), `tools` (requests may declare
         tools), `reasoning` (replies can carry a reasoning channel), `format` (the chat
-        format's registry name).
+        format's registry name), `images` (the engine has a vision tower loaded).
         """
-        return format_capabilities(self.format, int(self.engine.info().get("ctx_tokens", 0) or 0))
+        caps = format_capabilities(self.format, int(self.engine.info().get("ctx_tokens", 0) or 0))
+        caps["images"] = self.vision
+        return caps
 
     def prepare(
         self,

@@ -1077,6 +1077,7 @@ class ChatWarp(BaseChatModel):
 def _profile(caps: Mapping[str, Any]) -> ModelProfile:
     profile = ModelProfile(
         text_inputs=True,
+        image_inputs=bool(caps.get("images", False)),
         text_outputs=True,
         tool_calling=caps["tools"],
         tool_choice=caps["tools"],

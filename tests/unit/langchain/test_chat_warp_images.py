@@ -52,6 +52,11 @@ def test_detail_passes_through():
     assert counts[0] < counts[1]
 
 
+def test_profile_says_whether_images_are_read():
+    assert ChatWarp(engine=vision_engine()).profile["image_inputs"] is True
+    assert ChatWarp(engine=vision_engine(vision=False)).profile["image_inputs"] is False
+
+
 def test_a_model_without_a_tower_refuses():
     llm = ChatWarp(engine=vision_engine(vision=False), max_tokens=1)
     with pytest.raises(ChatFormatError, match="vision tower"):
