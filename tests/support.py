@@ -63,3 +63,33 @@ def tiny_glm5_next_shape():
         kv_lora_rank=32, qk_nope_head_dim=16, v_head_dim=16, linear_num_heads=2,
         linear_head_dim=16, index_n_heads=4, index_head_dim=16, index_topk=8, index_kpool=4,
         hc_mult=4)
+
+
+def import_torchvision():
+    """torchvision for the image-processor oracle, or a skip naming it.
+
+    The index's torchvision wheel is built against the CUDA build of torch; on the CPU
+    build its compiled operators (nms, roi_align...) do not load and registering their
+    fake kernels raises at import. The image processors only call torchvision's
+    pure-Python transforms (which run torch's own resize), so those registrations are
+    let fail for the import.
+    """
+    requires(has_module("torchvision"), "torchvision (the image-processor oracle)")
+    import torch.library
+
+    real = torch.library.register_fake
+
+    def tolerant(op, *args, **kwargs):
+        def deco(fn):
+            try:
+                return real(op, *args, **kwargs)(fn)
+            except RuntimeError:
+                return fn
+        return deco
+
+    torch.library.register_fake = tolerant
+    try:
+        import torchvision
+    finally:
+        torch.library.register_fake = real
+    return torchvision

@@ -67,8 +67,10 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
                         "activations against quantized weights; default: the engine's)")
 
 
-def _open(a: argparse.Namespace) -> Engine:
+def _open(a: argparse.Namespace, *, vision: bool = False) -> Engine:
     opts: dict[str, Any] = {}
+    if vision:
+        opts["vision"] = True
     if a.cache_policy:
         opts["cache_policy"] = a.cache_policy
     if a.no_lookahead:
@@ -190,19 +192,45 @@ def cmd_info(a: argparse.Namespace) -> int:
     return 0
 
 
+def _image_part(path: str) -> dict[str, Any]:
+    """An image file as an `image_url` part (a data URL: the core reads no paths itself)."""
+    import base64
+    import mimetypes
+
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise _UserError(f"cannot read image {path}: {exc.strerror or exc}") from None
+    mime = mimetypes.guess_type(path)[0] or "application/octet-stream"
+    url = f"data:{mime};base64,{base64.b64encode(data).decode('ascii')}"
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def _user_turn(text: str, images: list[str]) -> dict[str, Any]:
+    if not images:
+        return {"role": "user", "content": text}
+    parts = [{"type": "text", "text": text}] if text else []
+    return {"role": "user", "content": [*parts, *(_image_part(p) for p in images)]}
+
+
 def cmd_run(a: argparse.Namespace) -> int:
-    with _open(a) as eng:
-        if a.chat:
+    images = list(a.image or [])
+    with _open(a, vision=bool(images)) as eng:
+        kw: dict[str, Any] = {}
+        if a.chat or images:
             from warp_providers.session import ChatSession
 
             session = ChatSession(eng)
-            ids = session.prompt_ids([{"role": "user", "content": a.prompt}])
-            stop_ids = session.stop_ids
+            prep = session.prepare([_user_turn(a.prompt, images)],
+                                   max_tokens=a.max_tokens, constrain_output=False)
+            ids, stop_ids = prep.ids, session.stop_ids
+            if prep.images:
+                kw["images"] = prep.images
         else:
             ids = eng.tokenizer.encode_content(a.prompt)
             stop_ids = None
         stream = eng.stream(ids, max_tokens=a.max_tokens, sampling=_sampling(a), stop=a.stop,
-                            stop_ids=stop_ids)
+                            stop_ids=stop_ids, **kw)
         with _token_bar(a, a.max_tokens, "run", beside_text=True) as bar:
             for ev in stream:
                 bar.update(1)
@@ -252,7 +280,7 @@ def cmd_tokenize(a: argparse.Namespace) -> int:
     return 0
 
 
-_REPL_HELP = "commands: /reset /save [FILE] /load [FILE] /stats /exit"
+_REPL_HELP = "commands: /image FILE /reset /save [FILE] /load [FILE] /stats /exit"
 
 
 def _load_history(path: Path) -> list[dict[str, Any]]:
@@ -267,10 +295,11 @@ def _load_history(path: Path) -> list[dict[str, Any]]:
 def cmd_chat(a: argparse.Namespace) -> int:
     from warp_providers.session import ChatSession
 
-    with _open(a) as eng:
+    with _open(a, vision=a.vision) as eng:
         session = ChatSession(eng)
         system = [{"role": "system", "content": a.system}] if a.system else []
         history: list[dict[str, Any]] = list(system)
+        images: list[str] = []  # attached by /image to the next user turn
         while True:
             try:
                 line = input("> ")
@@ -281,8 +310,17 @@ def cmd_chat(a: argparse.Namespace) -> int:
             try:  # a failed line is reported in one line; the REPL goes on
                 if cmd == "/exit":
                     return 0
-                if cmd == "/reset":
+                if cmd == "/image":
+                    if not arg:
+                        raise _UserError("/image needs a file name")
+                    if not session.vision:
+                        raise _UserError("this model was opened without a vision tower "
+                                         "(start warp chat with --vision)")
+                    _image_part(arg)  # unreadable files are reported now, not with the turn
+                    images.append(arg)
+                elif cmd == "/reset":
                     history = list(system)
+                    images = []
                     eng.reset()
                 elif cmd == "/stats":
                     _out(eng.stats())
@@ -293,7 +331,8 @@ def cmd_chat(a: argparse.Namespace) -> int:
                 elif cmd.startswith("/"):
                     raise _UserError(f"unknown command {cmd} ({_REPL_HELP})")
                 else:
-                    turn = [*history, {"role": "user", "content": line}]
+                    turn = [*history, _user_turn(line, images)]
+                    images = []
                     reply = session.reply(turn, max_tokens=a.max_tokens,
                                           sampling=_sampling(a), stop=a.stop, on_text=_say)
                     _say("\n")
@@ -405,14 +444,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model")
     p.add_argument("prompt")
     p.add_argument("--chat", action="store_true", help="wrap the prompt as a user turn")
+    p.add_argument("--image", action="append", metavar="FILE",
+                   help="an image for the user turn (repeatable; implies --chat and loads "
+                        "the model's vision tower)")
     _engine_args(p)
     _sampling_args(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_run)
 
-    p = sub.add_parser("chat", help="interactive chat (/reset /save /load /stats /exit)")
+    p = sub.add_parser("chat",
+                       help="interactive chat (/image /reset /save /load /stats /exit)")
     p.add_argument("model")
     p.add_argument("--system")
+    p.add_argument("--vision", action="store_true",
+                   help="load the model's vision tower, so /image FILE attaches an image")
     _engine_args(p)
     _sampling_args(p)
     p.set_defaults(fn=cmd_chat)

@@ -27,6 +27,7 @@ from warp_providers.errors import (
     MemoryBudgetError,
     ModelFormatError,
     ModelNotFoundError,
+    UnsupportedModelError,
 )
 from warp_providers.generation import GenerationResult, Request, TokenEvent
 from warp_providers.sampling import LogitsProcessor, SamplingParams
@@ -100,7 +101,12 @@ def _options(
             if value not in _ISAS:
                 raise ValueError(f"isa must be one of {sorted(_ISAS)}")
             opts[key] = _ISAS[value]
-        elif key in ("direct_io", "verify", "lookahead", "vision"):
+        elif key == "vision":
+            if not isinstance(value, bool):
+                raise TypeError("vision must be True or False")
+            if value:
+                opts[key] = 1  # load the container's vision tower (counted in the plan)
+        elif key in ("direct_io", "verify", "lookahead"):
             opts[key] = int(bool(value))
         elif key == "max_sequences":
             if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 256:
@@ -186,7 +192,8 @@ class EngineLike(Protocol):
         processors: Sequence[LogitsProcessor] = ...,
         should_stop: Callable[[], bool] | None = ...,
     ) -> Iterator[TokenEvent]:
-        """Yield TokenEvents; see `Engine.stream` (the keywords are the ones it takes)."""
+        """Yield TokenEvents; see `Engine.stream` (the keywords are the ones it takes; an
+        engine with a vision tower also takes `images=`)."""
         ...
 
     def info(self) -> dict[str, Any]:
@@ -484,6 +491,47 @@ class Engine:
         max_sequences)."""
         return dict(self._info)
 
+    def vision_info(self) -> dict[str, Any] | None:
+        """The container's vision tower facts (`arch`, `preprocessor`, `placeholder_token_id`,
+        `hidden_size`...), or None when it has no tower or the engine was opened without
+        it (`options={"vision": True}`)."""
+        fn = getattr(self._ctx, "vision_info", None)
+        info = fn() if fn is not None else None
+        return dict(info) if info else None
+
+    def image_processor(self) -> Any:
+        """The preprocessing of this model's tower (`vision.ImageProcessor`), or None."""
+        info = self.vision_info()
+        if info is None:
+            return None
+        cached = getattr(self, "_image_processor", None)
+        if cached is None:
+            from warp_providers import vision
+
+            cached = self._image_processor = vision.for_vision(info)
+        return cached
+
+    def encode_image(self, image: Any) -> np.ndarray:
+        """Runs the tower on a `vision.PreparedImage`: rows (n_tokens, hidden_size) float32.
+
+        Raises:
+            UnsupportedModelError: No vision tower is loaded.
+
+        """
+        if self.vision_info() is None:
+            raise UnsupportedModelError(
+                "this model was loaded without a vision tower, so it cannot read images"
+            )
+        with self._sched.ctx_lock:
+            rows = self._ctx.encode_image(image.rows, tuple(image.grid_thw))
+        rows = np.ascontiguousarray(rows, dtype=np.float32)
+        if rows.shape[0] != image.n_tokens:
+            raise ValueError(
+                f"the tower returned {rows.shape[0]} rows for an image of "
+                f"{image.n_tokens} positions"
+            )
+        return rows
+
     def chat_metadata(self) -> dict[str, str | None]:
         """The container's chat format name and chat template text (either may be None)."""
         return container_chat_metadata(self.path, self.tokenizer)
@@ -526,6 +574,7 @@ class Engine:
         stop_ids: Sequence[int] | None = None,
         processors: Sequence[LogitsProcessor] = (),
         should_stop: Callable[[], bool] | None = None,
+        images: Sequence[Any] = (),
     ) -> Iterator[TokenEvent]:
         """Generates tokens, yielding one `TokenEvent` each.
 
@@ -548,6 +597,9 @@ class Engine:
                 thread, one request at a time.
             should_stop: polled before each token (on the scheduler's thread); True
                 cancels (finish "cancelled").
+            images: `vision.PreparedImage`s, one per placeholder run of the prompt ids, in
+                order (`vision.expand_placeholders` makes the runs); the tower runs on
+                each before the prompt is queued.
         """
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
@@ -564,8 +616,16 @@ class Engine:
             )
         ids = [int(i) for i in self._checked(ids)]
         stops = set(self.tokenizer.eos_ids if stop_ids is None else stop_ids)
+        info = self.vision_info()
+        if info is not None:
+            # a placeholder the model writes has no image row: it ends the reply instead
+            stops.add(int(info["placeholder_token_id"]))
         req = Request(ids, min(max_tokens, ctx_tokens - len(ids)), sampling or SamplingParams(),
                       list(stop), stops, processors, should_stop, self.tokenizer)
+        if images:
+            self._attach_images(req, list(images))
+        elif info is not None and info["placeholder_token_id"] in ids:
+            raise ValueError("the prompt holds image placeholders and no images were given")
         events = self._sched.submit(req)
         try:
             yield from events
@@ -578,6 +638,23 @@ class Engine:
             if req.result is not None:
                 req.result.stats.update({k: after[k] for k in _ENGINE_FACTS if k in after})
             self.last_result = req.result
+
+    def _attach_images(self, req: Request, images: list[Any]) -> None:
+        """Runs the tower on each image and gives the request its rows and prefix key."""
+        from warp_providers import vision
+
+        info = self.vision_info()
+        if info is None:
+            raise UnsupportedModelError(
+                "this model was loaded without a vision tower, so it cannot read images"
+            )
+        ph = int(info["placeholder_token_id"])
+        starts = vision.image_spans(req.ids, ph, [im.n_tokens for im in images])
+        key: list[Any] = list(req.ids)
+        for at, im in zip(starts, images):
+            req.embeds.append((at, self.encode_image(im)))
+            key[at:at + im.n_tokens] = [("image", im.digest, j) for j in range(im.n_tokens)]
+        req.key = key
 
     def generate(self, prompt: str | Sequence[int], **kwargs: Any) -> GenerationResult:
         """Runs `stream` to the end and returns the `GenerationResult`."""

@@ -75,6 +75,10 @@ class StateMismatchError(WarpError, ValueError):
     """A saved state belongs to another model or shape."""
 
 
+class ImageError(WarpError, ValueError):
+    """An image cannot be used: unsupported format, corrupt data, too large, or refused."""
+
+
 class Cancelled(Exception):  # noqa: N818 - not an error: the caller asked to stop
     """A generation was cancelled by its caller."""
 

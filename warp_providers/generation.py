@@ -92,6 +92,11 @@ class Request:
     ) -> None:
         """A request for `limit` tokens at most after the prompt `ids` (not yet queued)."""
         self.ids = ids
+        self.key: list[Any] = ids
+        """What prefix reuse compares: `ids`, each image position replaced by its image's
+        pixel digest and index, so different images never share a cached prefix."""
+        self.embeds: list[tuple[int, np.ndarray]] = []
+        """(start position, rows) of each image's placeholder run in `ids`."""
         self.limit = limit
         self._params, self._processors = params, processors
         self.stop, self.stop_ids, self.should_stop = stop, stop_ids, should_stop
@@ -129,6 +134,15 @@ class Request:
     def ready(self) -> bool:
         """Whether it can take part in the next step (its consumer keeps up)."""
         return not self.done and (self.prefilling or self.pending < AHEAD)
+
+    def embeds_in(self, start: int, n: int) -> list[np.ndarray]:
+        """The image rows positions [start, start + n) of the prompt consume, in order."""
+        out = []
+        for at, rows in self.embeds:
+            lo, hi = max(start, at), min(start + n, at + len(rows))
+            if lo < hi:
+                out.append(rows[lo - at:hi - at])
+        return out
 
     def take(self, chunk: int | None) -> list[int]:
         """The tokens it evaluates this step (a bounded prefill chunk, or its last token)."""

@@ -247,14 +247,14 @@ class Scheduler:
     def _admit(self) -> None:
         """Gives free slots to waiting requests, first come first served."""
         while self._waiting:
-            slot, common = self._pick(self._waiting[0].ids)
+            slot, common = self._pick(self._waiting[0].key)
             if slot is None:
                 return
             req = self._waiting.popleft()
             slot.busy = True
             req.slot = slot
             try:
-                donor, shared = self._donor(req.ids, slot, common)
+                donor, shared = self._donor(req.key, slot, common)
                 if donor is not None:
                     common = self._copy(slot, donor, shared)
                 else:
@@ -328,9 +328,10 @@ class Scheduler:
     def _step(self, ready: list[Request]) -> None:
         chunk = self.chunk if len(ready) > 1 or self._waiting else None
         plan = [(r, r.take(chunk)) for r in ready]
+        starts = {r: len(r.ids) - len(r.todo) if r.prefilling else None for r in ready}
         with self.ctx_lock:
             before = self._ctx.stats()
-            rows, errors = self._eval(plan)
+            rows, errors = self._eval(plan, starts)
             after = self._ctx.stats()
         total = sum(len(t) for r, t in plan if r not in errors) or 1
         with self._cv:
@@ -344,42 +345,79 @@ class Scheduler:
                 continue
             for k in COUNTERS:
                 r.share[k] += (after[k] - before[k]) * len(toks) / total
-            r.slot.ids.extend(toks)
+            at = starts[r]
+            r.slot.ids.extend(toks if at is None else r.key[at:at + len(toks)])
             try:
                 r.feed(len(toks), rows[r])
             except BaseException as exc:  # a processor or should_stop raising
                 r.fail(exc)
 
-    def _eval(self, plan: list[tuple[Request, list[int]]]) -> tuple[dict, dict]:
+    def _eval(self, plan: list[tuple[Request, list[int]]],
+              starts: dict[Request, int | None]) -> tuple[dict, dict]:
         """Evaluates the step; returns logits rows and the requests that failed."""
         if not self.batched:
             rows, errors = {}, {}
             for r, toks in plan:
                 out = np.empty(self._vocab, dtype=np.float32)
                 try:
-                    self._ctx.eval(np.asarray(toks, dtype=np.int32), out, False)
+                    pushed = self._push([(r, toks)], starts)
+                    try:
+                        self._ctx.eval(np.asarray(toks, dtype=np.int32), out, False)
+                    except BaseException:
+                        self._unpush(pushed)
+                        raise
                     rows[r] = out
                 except _INPUT_ERRORS as exc:
                     errors[r] = exc
             return rows, errors
         try:
-            return self._batch(plan), {}
+            return self._batch(plan, starts), {}
         except _INPUT_ERRORS as exc:
             if len(plan) == 1:
                 return {}, {plan[0][0]: exc}
         rows, errors = {}, {}
         for item in plan:  # one bad input refused the step: run each alone to find it
             try:
-                rows.update(self._batch([item]))
+                rows.update(self._batch([item], starts))
             except _INPUT_ERRORS as exc:
                 errors[item[0]] = exc
         return rows, errors
 
-    def _batch(self, plan: list[tuple[Request, list[int]]]) -> dict[Request, np.ndarray]:
+    def _batch(self, plan: list[tuple[Request, list[int]]],
+               starts: dict[Request, int | None]) -> dict[Request, np.ndarray]:
         logits = np.empty((len(plan), self._vocab), dtype=np.float32)
-        self._ctx.eval_batch([r.slot.seq for r, _ in plan],
-                             [np.asarray(t, dtype=np.int32) for _, t in plan], logits)
+        pushed = self._push(plan, starts)
+        try:
+            self._ctx.eval_batch([r.slot.seq for r, _ in plan],
+                                 [np.asarray(t, dtype=np.int32) for _, t in plan], logits)
+        except BaseException:
+            self._unpush(pushed)
+            raise
         return {r: logits[i] for i, (r, _) in enumerate(plan)}
+
+    def _push(self, plan: list[tuple[Request, list[int]]],
+              starts: dict[Request, int | None]) -> list[Request]:
+        """Queues the image rows the prompt positions of this step consume."""
+        pushed: list[Request] = []
+        try:
+            for r, toks in plan:
+                at = starts.get(r)
+                if at is None or not r.embeds:
+                    continue
+                for rows in r.embeds_in(at, len(toks)):
+                    pushed.append(r)
+                    _call(self._ctx, r.slot.seq, "push_embeds", rows)
+        except BaseException:
+            self._unpush(pushed)
+            raise
+        return pushed
+
+    def _unpush(self, pushed: list[Request]) -> None:
+        """Drops rows a refused evaluation left queued (truncating in place clears them)."""
+        for r in dict.fromkeys(pushed):
+            seq = r.slot.seq
+            pos = int((self._ctx if seq is None else seq).position)
+            _call(self._ctx, seq, "truncate", pos)
 
 
 def _call(ctx: Any, seq: Any, name: str, *args: Any) -> Any:

@@ -16,18 +16,20 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from warp_providers import constrain
+from warp_providers import constrain, vision
 from warp_providers.chat import registry
 from warp_providers.chat.base import (
     ChatFormat,
     ChatFormatError,
     Delta,
     DeltaAccumulator,
+    ImageInfo,
     Prompt,
     ReplyParser,
     apply_named_tool_choice,
@@ -85,6 +87,7 @@ class ChatSession:
         *,
         chat_format: str | None = None,
         model_name: str | None = None,
+        allow_local_images: str | os.PathLike[str] | None = None,
     ) -> None:
         """Binds the engine's chat format.
 
@@ -92,6 +95,8 @@ class ChatSession:
             engine: an `Engine` (or the scripted test engine).
             chat_format: a registry name to force; None resolves from the container.
             model_name: the name reported in results (default: the container's name).
+            allow_local_images: a directory image parts may name files in (paths or
+                `file://` URLs, resolved inside it); None refuses local paths.
 
         Raises:
             ChatFormatError: no format fits this model (the message lists the formats).
@@ -105,6 +110,44 @@ class ChatSession:
         )
         self.format: ChatFormat = fmt
         self.model_name = model_name or str(engine.info().get("name") or "warp")
+        self.allow_local_images = allow_local_images
+
+    @property
+    def vision(self) -> bool:
+        """Whether this model reads images (its engine has a vision tower loaded)."""
+        fn = getattr(self.engine, "vision_info", None)
+        return fn is not None and fn() is not None
+
+    def load_images(self, request: Any) -> list[Any]:
+        """Decodes and preprocesses the request's images (`vision.PreparedImage`s, in order).
+
+        Raises:
+            ChatFormatError: The request carries images and the model has no vision tower
+                (code `vision_disabled`).
+            ImageError: An image cannot be read or used.
+
+        """
+        messages = request.get("messages") if isinstance(request, Mapping) else getattr(
+            request, "messages", None)
+        if messages is not None and not isinstance(messages, list):
+            messages = list(messages)
+        if messages and not isinstance(messages[0], Mapping):
+            messages = [m.model_dump(exclude_unset=True) if hasattr(m, "model_dump") else m
+                        for m in messages]
+        refs = vision.image_refs(messages or [])
+        if not refs:
+            return []
+        proc = self.engine.image_processor() if self.vision else None
+        if proc is None:
+            raise ChatFormatError(
+                "this model was loaded without a vision tower, so it cannot read images; "
+                "send the conversation as text", param="messages", code="vision_disabled"
+            )
+        return [
+            proc.prepare(vision.load_image_ref(ref, allow_local=self.allow_local_images),
+                         detail=detail)
+            for ref, detail in refs
+        ]
 
     @property
     def stop_ids(self) -> tuple[int, ...]:
@@ -134,7 +177,11 @@ class ChatSession:
         """
         if isinstance(request, list):
             request = {"messages": request}
-        return len(self.format.encode(self.format.render(request, add_generation_prompt=False)))
+        images = self.load_images(request)
+        infos = [ImageInfo(im.width, im.height) for im in images] or None
+        ids = self.format.encode(
+            self.format.render(request, images=infos, add_generation_prompt=False))
+        return len(ids) + sum(im.n_tokens - 1 for im in images)
 
     @property
     def capabilities(self) -> dict[str, Any]:
@@ -142,9 +189,11 @@ class ChatSession:
 
         Keys: `ctx_tokens` (context size, 0 when unknown), `tools` (requests may declare
         tools), `reasoning` (replies can carry a reasoning channel), `format` (the chat
-        format's registry name).
+        format's registry name), `images` (the engine has a vision tower loaded).
         """
-        return format_capabilities(self.format, int(self.engine.info().get("ctx_tokens", 0) or 0))
+        caps = format_capabilities(self.format, int(self.engine.info().get("ctx_tokens", 0) or 0))
+        caps["images"] = self.vision
+        return caps
 
     def prepare(
         self,
@@ -171,8 +220,18 @@ class ChatSession:
         """
         if isinstance(request, list):
             request = {"messages": request}
-        prompt = self._render(request, constrain_output)
+        images = self.load_images(request)
+        infos = [ImageInfo(im.width, im.height) for im in images] or None
+        prompt = self._render(request, constrain_output, infos)
         ids = self.format.encode(prompt)
+        if images:
+            ph = int(self.engine.vision_info()["placeholder_token_id"])
+            try:
+                ids = vision.expand_placeholders(ids, ph, [im.n_tokens for im in images])
+            except ValueError as exc:
+                raise ChatFormatError(
+                    f"this chat format does not place each image once: {exc}", param="messages"
+                ) from None
         ctx = int(self.engine.info().get("ctx_tokens", 0) or 0)
         if ctx and len(ids) >= ctx:
             raise ContextOverflowError(
@@ -184,11 +243,12 @@ class ChatSession:
             constrain.processor_for_request(self.format, prompt, request)
             if constrain_output else None
         )
-        return PreparedChat(prompt, ids, limit, processor)
+        return PreparedChat(prompt, ids, limit, processor, images)
 
-    def _render(self, request: Any, constrain_output: bool) -> Prompt:
+    def _render(self, request: Any, constrain_output: bool,
+                images: list[ImageInfo] | None = None) -> Prompt:
         try:
-            return self.format.render(request)
+            return self.format.render(request, images=images)
         except ChatFormatError as exc:
             if not constrain_output or exc.param not in ("tool_choice", "response_format"):
                 raise
@@ -196,7 +256,7 @@ class ChatSession:
             if rewritten is None:
                 raise
             # The format cannot ask for it in the prompt; the grammar will enforce it.
-            prompt = self.format.render(rewritten)
+            prompt = self.format.render(rewritten, images=images)
             if constrain.processor_for_request(self.format, prompt, request) is None:
                 raise
             return prompt
@@ -233,9 +293,10 @@ class ChatSession:
             request, max_tokens=max_tokens, constrain_output=constrain_output)
         procs = ([prep.processor] if prep.processor is not None else []) + list(processors)
         parser = self.format.new_parser(prep.prompt)
+        kw: dict[str, Any] = {"images": prep.images} if prep.images else {}
         events = self.engine.stream(
             prep.ids, max_tokens=prep.max_tokens, sampling=sampling, stop_ids=self.stop_ids,
-            processors=procs, should_stop=should_stop,
+            processors=procs, should_stop=should_stop, **kw,
         )
         try:
             yield from self._run(prep, parser, events, stop)
@@ -399,6 +460,8 @@ class PreparedChat:
         ids: the prompt token ids.
         max_tokens: the completion limit, clamped to the room left in the context.
         processor: the request's output constraint, or None.
+        images: the request's images (`vision.PreparedImage`), one per placeholder run
+            of `ids`, in order.
 
     """
 
@@ -406,6 +469,7 @@ class PreparedChat:
     ids: list[int]
     max_tokens: int
     processor: constrain.GrammarProcessor | None = None
+    images: list[Any] = field(default_factory=list)
 
     @property
     def prompt_tokens(self) -> int:

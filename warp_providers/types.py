@@ -77,7 +77,8 @@ class ImageUrl(BaseModel):
 
     url: str = Field(min_length=1, description="A base64 `data:` URL or a local path.")
     detail: str | None = Field(
-        default=None, description="OpenAI's detail hint; ignored by every format."
+        default=None,
+        description="`low`, `high` or `auto`: the image's patch budget (see docs/IMAGES.md).",
     )
 
 

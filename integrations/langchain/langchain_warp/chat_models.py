@@ -113,9 +113,12 @@ def _text_of(content: str | list[Any]) -> str:
 
 def _image_part(block: Mapping[str, Any]) -> dict[str, Any]:
     """Build an OpenAI `image_url` part from a LangChain image block (OpenAI/v1/Anthropic)."""
+    detail = block.get("detail")
     if block.get("type") == "image_url":
         ref = block.get("image_url")
         url = ref.get("url") if isinstance(ref, Mapping) else ref
+        if isinstance(ref, Mapping):
+            detail = ref.get("detail", detail)
     elif isinstance(block.get("source"), Mapping):  # Anthropic {"source": {"type": "base64", ...}}
         src = block["source"]
         url = (
@@ -129,7 +132,8 @@ def _image_part(block: Mapping[str, Any]) -> dict[str, Any]:
         url = block.get("url")
     if not isinstance(url, str) or not url:
         raise ValueError("ChatWarp: an image content block carries no url or base64 data")
-    return {"type": "image_url", "image_url": {"url": url}}
+    ref = {"url": url, **({"detail": detail} if detail else {})}
+    return {"type": "image_url", "image_url": ref}
 
 
 _SKIPPED_BLOCKS = ("tool_use", "tool_call", "tool_call_chunk", "function_call")
@@ -1073,6 +1077,7 @@ class ChatWarp(BaseChatModel):
 def _profile(caps: Mapping[str, Any]) -> ModelProfile:
     profile = ModelProfile(
         text_inputs=True,
+        image_inputs=bool(caps.get("images", False)),
         text_outputs=True,
         tool_calling=caps["tools"],
         tool_choice=caps["tools"],

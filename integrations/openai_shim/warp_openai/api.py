@@ -33,6 +33,7 @@ from warp_providers import (
     ChatResult,
     ChatSession,
     ContextOverflowError,
+    ImageError,
     SamplingParams,
     ToolCallArguments,
     ToolCallStart,
@@ -209,6 +210,7 @@ class WarpAPI:
         jobs_dir: str | Path | None = None,
         batch_concurrency: int | None = None,
         max_file_bytes: int | None = None,
+        allow_local_images: str | Path | None = None,
     ) -> None:
         """Serve a session (or an engine: its chat format is resolved here).
 
@@ -227,6 +229,8 @@ class WarpAPI:
                 `max_sequences`, so a batch fills the scheduler's batched steps; a
                 request from another caller waits for the next free sequence in order).
             max_file_bytes: largest file /v1/files accepts (default `MAX_FILE_BYTES`).
+            allow_local_images: a directory whose files image parts may name (a path or a
+                `file://` URL, resolved inside it); None refuses local image paths.
 
         """
         self._on_close = on_close
@@ -238,6 +242,8 @@ class WarpAPI:
                 session = ChatSession(engine)
             except ChatFormatError as exc:
                 self._format_error = exc
+        if session is not None and allow_local_images is not None:
+            session.allow_local_images = allow_local_images
         self.session = session
         self.engine = session.engine if session is not None else engine
         info = self.engine.info()
@@ -328,6 +334,9 @@ class WarpAPI:
         except ContextOverflowError as exc:
             return 400, error_body(str(exc), "invalid_request_error", "messages",
                                    "context_length_exceeded")
+        except ImageError as exc:
+            return 400, error_body(str(exc), "invalid_request_error", "messages",
+                                   "invalid_image")
         except RecursionError:  # a structure deeper than a check above let through
             return 400, error_body(f"request body nests deeper than {MAX_DEPTH} levels")
         except (WarpError, ValueError, RuntimeError, OSError) as exc:
@@ -421,7 +430,7 @@ class WarpAPI:
                            "naming a function", param="tool_choice")
         if req.get("response_format") is not None and not isinstance(req["response_format"], dict):
             raise APIError(400, "'response_format' must be an object", param="response_format")
-        _refuse_images(req)
+        _check_images(req, vision=bool(getattr(self.session, "vision", False)))
         chat_req = _chat_request(req, effort)
         limit = _max_tokens(req, self.default_max_tokens)
         prep = self.session.prepare(chat_req, max_tokens=limit)
@@ -634,8 +643,9 @@ def _check_text(text: str, at: str) -> None:
                        param=at, code="invalid_unicode") from None
 
 
-def _refuse_images(req: Mapping[str, Any]) -> None:
-    """§7.8: every image part must name its image; no model here has a vision tower."""
+def _check_images(req: Mapping[str, Any], *, vision: bool) -> None:
+    """§7.8: every image part names its image; http(s) URLs are refused (no sockets here);
+    a model without a vision tower refuses every image with `vision_disabled`."""
     found = False
     for i, m in enumerate(req["messages"]):
         content = m.get("content")
@@ -649,8 +659,13 @@ def _refuse_images(req: Mapping[str, Any]) -> None:
             if not isinstance(ref, str) or not ref:
                 at = f"messages[{i}].content[{j}]"
                 raise APIError(400, f"{at} is an image with no url", param=at)
+            if vision and ref[:8].lower().startswith(("http://", "https://")):
+                at = f"messages[{i}].content[{j}]"
+                raise APIError(400, f"{at}: image URLs over http(s) are not fetched (this "
+                               "library never opens sockets); send the image as a base64 "
+                               "data: URL", param=at, code="invalid_image_url")
             found = True
-    if found:
+    if found and not vision:
         raise APIError(400, "this model was loaded without a vision tower, so it cannot read "
                        "images; send the conversation as text", code="vision_disabled")
 

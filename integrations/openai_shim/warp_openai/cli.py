@@ -83,6 +83,10 @@ class ServeCommand:
         p.add_argument("--batch-concurrency", type=_positive, default=None, metavar="N",
                        help="lines of a batch in flight at once (default: the engine's "
                             "--max-sequences)")
+        p.add_argument("--vision", action="store_true",
+                       help="load the model's vision tower, so image_url parts are read")
+        p.add_argument("--allow-local-images", metavar="DIR",
+                       help="image parts may name files inside DIR (default: refused)")
         _engine_args(p)
 
     def run(self, a: argparse.Namespace) -> int:
@@ -106,7 +110,9 @@ class ServeCommand:
         serve(a.model, a.host, a.port, api_key=a.api_key, cors_origins=a.cors_origin or (),
               ping_interval=a.ping_interval, body_timeout=a.body_timeout,
               keep_alive_timeout=a.keep_alive_timeout, shutdown_timeout=a.shutdown_timeout,
-              jobs_dir=a.jobs_dir, batch_concurrency=a.batch_concurrency, **_engine_opts(a))
+              jobs_dir=a.jobs_dir, batch_concurrency=a.batch_concurrency,
+              allow_local_images=a.allow_local_images,
+              **({"vision": True} if a.vision else {}), **_engine_opts(a))
         return 0
 
 

@@ -197,7 +197,8 @@ class Responses:
                                param="previous_response_id", code="previous_response_not_found")
             history = list(found.history)
         items = _input_items(req.get("input"))
-        messages = history + _messages(items)
+        vision = bool(getattr(self.api.session, "vision", False))
+        messages = history + _messages(items, vision=vision)
         instructions = req.get("instructions")
         if instructions is not None and not isinstance(instructions, str):
             raise APIError(400, "'instructions' must be a string", param="instructions")
@@ -296,7 +297,27 @@ def _text_of(content: Any, at: str) -> str:
     return "".join(texts)
 
 
-def _messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _parts_of(content: Any, at: str) -> Any:
+    """A message's content with `input_image` parts, as chat parts (a vision model only)."""
+    if not (isinstance(content, list)
+            and any(isinstance(p, dict) and p.get("type") == "input_image" for p in content)):
+        return _text_of(content, at)
+    parts: list[dict[str, Any]] = []
+    for j, part in enumerate(content):
+        pat = f"{at}[{j}]"
+        if isinstance(part, dict) and part.get("type") == "input_image":
+            url = part.get("image_url")
+            if not isinstance(url, str) or not url:
+                raise APIError(400, f"{pat} is an input_image without an image_url (file ids "
+                               "are not served here)", param=pat)
+            ref = {"url": url, **({"detail": part["detail"]} if part.get("detail") else {})}
+            parts.append({"type": "image_url", "image_url": ref})
+        else:
+            parts.append({"type": "text", "text": _text_of([part], at)})
+    return parts
+
+
+def _messages(items: list[dict[str, Any]], *, vision: bool = False) -> list[dict[str, Any]]:
     """Input items as chat messages: function calls join the assistant turn before them."""
     out: list[dict[str, Any]] = []
     reasoning = ""
@@ -308,8 +329,9 @@ def _messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
             if role not in _ROLES:
                 raise APIError(400, f"{at}.role must be one of {list(_ROLES)}",
                                param=f"{at}.role")
+            read = _parts_of if vision and role == "user" else _text_of
             msg: dict[str, Any] = {"role": role,
-                                   "content": _text_of(item.get("content"), f"{at}.content")}
+                                   "content": read(item.get("content"), f"{at}.content")}
             if role == "assistant" and reasoning:
                 msg["reasoning_content"], reasoning = reasoning, ""
             out.append(msg)

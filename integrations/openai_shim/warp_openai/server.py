@@ -489,7 +489,8 @@ def serve(model_path: str | os.PathLike[str], host: str = "127.0.0.1", port: int
           cors_origins: Sequence[str] = (), ping_interval: float = PING_INTERVAL,
           body_timeout: float = BODY_TIMEOUT, keep_alive_timeout: float = KEEP_ALIVE_TIMEOUT,
           shutdown_timeout: float = SHUTDOWN_TIMEOUT, jobs_dir: str | None = None,
-          batch_concurrency: int = 1, **engine_options: Any) -> None:
+          batch_concurrency: int = 1, allow_local_images: str | None = None,
+          **engine_options: Any) -> None:
     """Serves a model until SIGTERM or SIGINT (`warp serve MODEL`).
 
     Unfinished batches of this model in the jobs directory resume at once.
@@ -507,7 +508,8 @@ def serve(model_path: str | os.PathLike[str], host: str = "127.0.0.1", port: int
         shutdown_timeout: seconds in-flight requests get to finish on shutdown.
         jobs_dir: where files and batch jobs live (default: `jobs` under the user cache).
         batch_concurrency: lines of a batch in flight at once.
-        **engine_options: passed to `Engine.open` (budget, threads, ctx, ...).
+        allow_local_images: a directory image parts may name files in (None: refused).
+        **engine_options: passed to `Engine.open` (budget, threads, ctx, `vision`...).
 
     """
     from warp_providers import release, shared_engine
@@ -515,7 +517,8 @@ def serve(model_path: str | os.PathLike[str], host: str = "127.0.0.1", port: int
     key = api_key if api_key is not None else (os.environ.get("WARP_API_KEY") or None)
     engine = shared_engine(model_path, **engine_options)
     api = WarpAPI(engine=engine, model_id=model, on_close=lambda: release(engine),
-                  jobs_dir=jobs_dir, batch_concurrency=batch_concurrency)
+                  jobs_dir=jobs_dir, batch_concurrency=batch_concurrency,
+                  allow_local_images=allow_local_images)
     try:
         api.batches.resume()
         httpd = make_server(api, host, port, api_key=key, cors_origins=cors_origins,

@@ -259,7 +259,8 @@ def _api(
 ) -> WarpAPI:
     if sum(x is not None for x in (model_path, engine, session)) != 1:
         raise TypeError("give exactly one of model_path, engine= or session=")
-    batch = {k: engine_options.pop(k) for k in ("jobs_dir", "batch_concurrency")
+    batch = {k: engine_options.pop(k)
+             for k in ("jobs_dir", "batch_concurrency", "allow_local_images")
              if k in engine_options}
     if model_path is None:
         if engine_options:
@@ -307,8 +308,10 @@ def warp_transport(
             one client then reaches the local model and a remote API alike. None
             answers every request in-process.
         local_hosts: the hosts this model answers when a fallback is set.
-        **engine_options: passed to `Engine.open` (budget, threads, ctx, ...), except
-            `jobs_dir` and `batch_concurrency`, which go to `WarpAPI` (the Batch API).
+        **engine_options: passed to `Engine.open` (budget, threads, ctx, `vision=True` to
+            load the container's vision tower, ...), except `jobs_dir`,
+            `batch_concurrency` (the Batch API) and `allow_local_images` (a directory
+            image parts may name files in), which go to `WarpAPI`.
 
     Returns:
         An `httpx2.Client` or `httpx.Client`.

@@ -9,7 +9,8 @@ chat.json format with GLM's own `chat.json` and this protocol required.
 Refuses (ChatFormatError): a tool without a function name (`tools[k]`),
 parameters/properties that are not objects, `defer_loading`; history calls
 without a name or with arguments that are not a JSON object; everything
-chat.json refuses (thinking cannot be turned off, no effort, no images).
+chat.json refuses (thinking cannot be turned off, no effort; images only on a vocabulary
+with GLM's image markers, each placed as `IMAGE_BLOCK`, one `<|image|>` the host expands).
 Called by: `ChatJsonFormat` (protocol discovery) and the registry (`glm`).
 """
 
@@ -69,6 +70,9 @@ FOOTER = (
     "<tool_call>{function-name}<arg_key>{arg-key-1}</arg_key><arg_value>{arg-value-1}</arg_value>"
     "<arg_key>{arg-key-2}</arg_key><arg_value>{arg-value-2}</arg_value>...</tool_call>"
 )
+IMAGE_MARKERS = ("<|begin_of_image|>", "<|image|>", "<|end_of_image|>")
+IMAGE_BLOCK = "".join(IMAGE_MARKERS)
+"""How GLM's processor places an image: one `<|image|>` per image position between the two."""
 TYPED = frozenset({"integer", "number", "boolean", "object", "array", "null"})
 """Declared property types whose values are JSON-decoded (§5.6); all others stay strings."""
 
@@ -264,3 +268,10 @@ class GlmFormat(ChatJsonFormat):
     def __init__(self, chat_json: str | os.PathLike[str] | Mapping[str, Any] | None = None) -> None:
         """Create the format."""
         super().__init__(GLM_CHAT_JSON if chat_json is None else chat_json, protocol="glm")
+
+    def bind(self, tokenizer: Any) -> GlmFormat:
+        """Bind to a vocabulary; one that carries GLM's image markers can place images."""
+        if not self.spec.image and all(tokenizer.marker_id(m) is not None for m in IMAGE_MARKERS):
+            self.spec.image = IMAGE_BLOCK
+        super().bind(tokenizer)
+        return self

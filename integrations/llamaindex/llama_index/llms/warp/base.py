@@ -667,7 +667,9 @@ def _to_request_message(message: ChatMessage) -> dict[str, Any]:
         if isinstance(block, TextBlock):
             parts.append({"type": "text", "text": block.text})
         elif isinstance(block, ImageBlock):
-            parts.append({"type": "image_url", "image_url": {"url": _image_url(block)}})
+            detail = getattr(block, "detail", None)
+            ref = {"url": _image_url(block), **({"detail": detail} if detail else {})}
+            parts.append({"type": "image_url", "image_url": ref})
         elif isinstance(block, ThinkingBlock):
             reasoning.append(block.content or "")
         elif isinstance(block, ToolCallBlock):
