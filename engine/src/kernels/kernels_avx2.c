@@ -600,14 +600,16 @@ typedef void (*multi_row_fn)(const uint8_t *row, const float *x, size_t ldx, siz
 /* Accumulators per token of the T-token kernel (index T); T * A <= MULTI_ACC. */
 static const int multi_acc[WPI_MULTI_TOK + 1] = {0, 4, 4, 2, 2, 1, 1, 1, 1};
 #define MULTI_ACC 8
-/* Blocks per column chunk: the chunk of the group's activations is copied into a
- * buffer (one token every MULTI_XS floats, a stride that spreads the tokens over the L1
- * sets where a power-of-two ldx would put them all in the same ones) and stays in L1
- * while the chunk of every row of the tile is applied to it. Read in place from L2, 8
- * tokens cost 5 single-token calls on an AMD EPYC (Zen 2). */
-#define MULTI_CHUNK_BLOCKS 16
-#define MULTI_XS (MULTI_CHUNK_BLOCKS * 32 + 32 + 16)
-#define MULTI_ROWS 32
+/* Blocks per column chunk, 32 for up to 4 tokens and 16 for more: the chunk of the
+ * group's activations (at most 16 KiB) is copied into a buffer, one token every
+ * chunk * 32 + 48 floats (a stride that spreads the tokens over the L1 sets, where a
+ * power-of-two ldx would put them all in the same ones), and stays in L1 while the chunk
+ * of each of MULTI_ROWS rows is applied to it. Read in place, 8 tokens cost 5
+ * single-token calls on an AMD EPYC (Zen 2), and 4.05 from the buffer (weights in cache). */
+#define MULTI_CHUNK_FEW 32
+#define MULTI_CHUNK_MANY 16
+#define MULTI_XS_MAX (WPI_MULTI_TOK * (MULTI_CHUNK_MANY * 32 + 48))
+#define MULTI_ROWS 16
 
 /* Rows [0, n_rows) against n_tok tokens through the T = n_tok kernel fn: MULTI_ROWS rows
  * at a time, column chunk by column chunk, then each accumulator set summed in order. */
@@ -615,8 +617,9 @@ static void multi_rows(multi_row_fn fn, const uint8_t *w, size_t rb, size_t n_ro
                        const float *x, size_t ldx, size_t n_tok, size_t cols, float *y,
                        size_t ldy)
 {
-    _Alignas(32) float xs[WPI_MULTI_TOK * MULTI_XS];
+    _Alignas(32) float xs[MULTI_XS_MAX];
     size_t nb = cols / 32, rem = cols % 32;
+    size_t chunk = n_tok <= 4 ? MULTI_CHUNK_FEW : MULTI_CHUNK_MANY, xs_ld = chunk * 32 + 48;
     int A = multi_acc[n_tok];
     for (size_t r0 = 0; r0 < n_rows; r0 += MULTI_ROWS) {
         size_t nr = n_rows - r0 < MULTI_ROWS ? n_rows - r0 : MULTI_ROWS;
@@ -624,13 +627,13 @@ static void multi_rows(multi_row_fn fn, const uint8_t *w, size_t rb, size_t n_ro
         for (size_t i = 0; i < nr; i++)
             for (int a = 0; a < MULTI_ACC; a++)
                 acc[i][a] = _mm256_setzero_ps();
-        for (size_t cb = 0;; cb += MULTI_CHUNK_BLOCKS) {
-            size_t ce = nb - cb < MULTI_CHUNK_BLOCKS ? nb : cb + MULTI_CHUNK_BLOCKS;
+        for (size_t cb = 0;; cb += chunk) {
+            size_t ce = nb - cb < chunk ? nb : cb + chunk;
             size_t r = ce == nb ? rem : 0, nc = (ce - cb) * 32 + r;
             for (size_t t = 0; t < n_tok; t++)
-                memcpy(xs + t * MULTI_XS, x + t * ldx + cb * 32, nc * sizeof(float));
+                memcpy(xs + t * xs_ld, x + t * ldx + cb * 32, nc * sizeof(float));
             for (size_t i = 0; i < nr; i++)
-                fn(w + (r0 + i) * rb, xs, MULTI_XS, cb, ce, r, acc[i]);
+                fn(w + (r0 + i) * rb, xs, xs_ld, cb, ce, r, acc[i]);
             if (ce >= nb)
                 break;
         }
