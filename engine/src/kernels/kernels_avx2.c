@@ -7,7 +7,9 @@
  * Block kernels for matmul.c's driver (blocks.h): a row dot per dtype for one token
  * (each 32-weight block widened to float in registers, int8/nibbles -> int32 -> float,
  * dotted with x, scaled by the block's d and added to one of two accumulators, even and
- * odd blocks), a chunk dequantizer per dtype and a 2 rows x 4 tokens tile for several.
+ * odd blocks), a multi kernel per dtype for 2..8 tokens (each block decoded once into
+ * registers and FMA'd against every token; the AVX-512 table shares these), and for
+ * more tokens a chunk dequantizer per dtype and a 2 rows x 4 tokens tile.
  */
 #include <stddef.h>
 #include <stdint.h>
