@@ -548,7 +548,12 @@ static inline void tail_bf16(const uint8_t *row, size_t c, size_t n, __m256 w[4]
         w[k] = load8_bf16(p + 8 * k, n > 8 * k ? (n - 8 * k > 8 ? 8 : n - 8 * k) : 0);
 }
 
-#define tail_none(row, c, n, w) ((void)0)
+/* Quantized rows have no tail: never called with n > 0 (floaty = 0 below). */
+static inline void tail_none(const uint8_t *row, size_t c, size_t n, __m256 w[4])
+{
+    for (int k = 0; k < 4; k++)
+        w[k] = _mm256_setzero_ps();
+}
 
 /*
  * MULTI_T defines name(row, x, ldx, b0, b1, rem, acc): blocks [b0, b1) of one row (and,
