@@ -13,6 +13,13 @@
  * --x8 times the 8-bit-activation path instead (quantized dtypes only; each call
  * quantizes the n_tok activations first, as wpi_matmul does, and that time counts).
  *
+ * --ntok times the best set this CPU runs (or --isa NAME) on [2048 x 2048] at n_tok = 1,
+ * 2, 3, 4, 8, 16, 64 and prints, per dtype, GB/s of weights at one token and the cost
+ * of n tokens in single-token calls (time(n) / time(1)): what one batched decode step
+ * of n sequences, or a prefill chunk, costs against one decode step. The token counts
+ * are timed interleaved, a slice of each in every one of 20 rounds, so that a change of
+ * machine load shifts all of them alike.
+ *
  * Each figure is the fastest of 20 timed slices, so a shared or busy machine
  * understates the speed less than a mean would. --cpu times with this thread's CPU
  * clock instead of the wall clock: on an oversubscribed machine that leaves out the
@@ -64,7 +71,7 @@ static void print_machine(void)
 }
 
 static wpi_matmul_x8_fn x8_fn; /* --x8: the call timed is quantize + this */
-static wpi_xq x8_buf[16 * 2048 / 32];
+static wpi_xq x8_buf[64 * 2048 / 32];
 
 static void call(wpi_matmul_fn fn, const void *w, size_t rows, size_t cols, const float *x,
                  size_t n_tok, float *y)
@@ -76,6 +83,22 @@ static void call(wpi_matmul_fn fn, const void *w, size_t rows, size_t cols, cons
     for (size_t t = 0; t < n_tok; t++)
         wpi_quant_x8(x + t * cols, cols, x8_buf + t * (cols / 32));
     x8_fn(w, cols, 0, rows, x8_buf, cols / 32, n_tok, y, rows);
+}
+
+/* Seconds per call over one slice of about `slice` seconds (at least one call). */
+static double time_slice(wpi_matmul_fn fn, const void *w, size_t rows, size_t cols,
+                         const float *x, size_t n_tok, float *y, double slice)
+{
+    int reps = 0;
+    double t0 = now(), t;
+    call(fn, w, rows, cols, x, n_tok, y); /* warm the caches */
+    t0 = now();
+    do {
+        call(fn, w, rows, cols, x, n_tok, y);
+        reps++;
+        t = now() - t0;
+    } while (t < slice);
+    return t / reps;
 }
 
 /* Seconds per call: the best of 20 slices, each repeating the call for budget/20 s. */
@@ -98,23 +121,108 @@ static double time_call(wpi_matmul_fn fn, const void *w, size_t rows, size_t col
     return best;
 }
 
+static const int DTYPES[] = {WPI_F32, WPI_F16, WPI_BF16, WPI_Q8_0, WPI_Q4_0, WPI_Q4_1,
+                             WPI_MXFP4};
+#define N_DTYPES (sizeof DTYPES / sizeof DTYPES[0])
+
+static int dtype_wanted(int dt, const char *const *only, int n_only)
+{
+    int wanted = n_only == 0;
+    for (int k = 0; k < n_only; k++)
+        wanted |= strcmp(only[k], wpi_dtype_name(dt)) == 0;
+    return wanted;
+}
+
+/* A rows x cols matrix of dtype with deterministic weights in [-1, 1]. */
+static unsigned char *make_weights(int dt, size_t rows, size_t cols)
+{
+    size_t rb = wpi_row_bytes(dt, cols);
+    unsigned char *w = malloc(rows * rb);
+    float *src = malloc(cols * sizeof(float));
+    for (size_t r = 0; r < rows; r++) {
+        for (size_t c = 0; c < cols; c++)
+            src[c] = (float)(((r * 31 + c) * 2654435761u) % 2001) / 1000.0f - 1.0f;
+        wpi_quant_row(dt, src, w + r * rb, cols);
+    }
+    free(src);
+    return w;
+}
+
+/* --ntok: the cost of n tokens in single-token calls, one set, [2048 x 2048]. */
+static int run_ntok(const wpi_kernels *k, int x8, const char *const *only, int n_only,
+                    double budget)
+{
+    static const size_t ntoks[] = {1, 2, 3, 4, 8, 16, 64};
+    size_t rows = 2048, cols = 2048, nt_max = 64;
+    float *x = malloc(nt_max * cols * sizeof(float));
+    float *y = malloc(nt_max * rows * sizeof(float));
+    for (size_t i = 0; i < nt_max * cols; i++)
+        x[i] = (float)((i * 2654435761u) % 1000) / 500.0f - 1.0f;
+    printf("kernel set: %s%s, shape %zux%zu\n", x8 ? k->x8_name : k->name,
+           x8 ? " (8-bit activations)" : "", rows, cols);
+    printf("cost of n tokens in single-token calls (time(n) / time(1))\n\n");
+    printf("%-5s %10s %10s", "dtype", "GB/s n=1", "us n=1");
+    for (size_t i = 1; i < sizeof ntoks / sizeof ntoks[0]; i++)
+        printf("  n=%-4zu", ntoks[i]);
+    printf("\n");
+    for (size_t di = 0; di < N_DTYPES; di++) {
+        int dt = DTYPES[di];
+        if (!dtype_wanted(dt, only, n_only) || (x8 && !wpi_kernels_matmul_x8(k, dt)))
+            continue;
+        unsigned char *w = make_weights(dt, rows, cols);
+        x8_fn = x8 ? wpi_kernels_matmul_x8(k, dt) : NULL;
+        wpi_matmul_fn fn = wpi_kernels_matmul(k, dt);
+        double tb[sizeof ntoks / sizeof ntoks[0]];
+        for (size_t i = 0; i < sizeof ntoks / sizeof ntoks[0]; i++)
+            tb[i] = 1e30;
+        /* interleaved: every token count is timed in each of 20 rounds, so all of them
+         * see the same machine load; each keeps its fastest slice */
+        for (int round = 0; round < 20; round++)
+            for (size_t i = 0; i < sizeof ntoks / sizeof ntoks[0]; i++) {
+                double t = time_slice(fn, w, rows, cols, x, ntoks[i], y, budget / 20);
+                tb[i] = t < tb[i] ? t : tb[i];
+            }
+        printf("%-5s %10.2f %10.1f", wpi_dtype_name(dt),
+               (double)(rows * wpi_row_bytes(dt, cols)) / tb[0] / 1e9, tb[0] * 1e6);
+        for (size_t i = 1; i < sizeof ntoks / sizeof ntoks[0]; i++)
+            printf("  %6.2f", tb[i] / tb[0]);
+        printf("\n");
+        free(w);
+    }
+    free(x);
+    free(y);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     double budget = 0.5;
     const char *only[8];
-    int n_only = 0, x8 = 0;
+    const char *isa_name = NULL;
+    int n_only = 0, x8 = 0, ntok = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--cpu") == 0)
             clock_id = CLOCK_THREAD_CPUTIME_ID;
         else if (strcmp(argv[i], "--x8") == 0)
             x8 = 1;
+        else if (strcmp(argv[i], "--ntok") == 0)
+            ntok = 1;
+        else if (strcmp(argv[i], "--isa") == 0 && i + 1 < argc)
+            isa_name = argv[++i];
         else if (strcmp(argv[i], "--dtype") == 0 && i + 1 < argc && n_only < 8)
             only[n_only++] = argv[++i];
         else
             budget = atof(argv[i]);
     }
-    static const int dtypes[] = {WPI_F32, WPI_F16, WPI_BF16, WPI_Q8_0, WPI_Q4_0, WPI_Q4_1,
-                                 WPI_MXFP4};
+    if (ntok) {
+        const wpi_kernels *k = wpi_kernels_get(WP_ISA_AUTO);
+        for (int isa = WP_ISA_SCALAR; isa_name && isa <= WP_ISA_NEON; isa++)
+            if (wpi_kernels_get(isa) && strcmp(wpi_kernels_get(isa)->name, isa_name) == 0)
+                k = wpi_kernels_get(isa);
+        print_machine();
+        printf("clock: %s\n", clock_id == CLOCK_MONOTONIC ? "wall" : "thread CPU time");
+        return run_ntok(k, x8, only, n_only, budget);
+    }
     static const size_t shapes[][2] = {{2048, 2048}, {576, 1536}};
     static const size_t ntoks[] = {1, 16};
     const wpi_kernels *sets[3];
@@ -136,24 +244,16 @@ int main(int argc, char **argv)
 
     for (size_t si = 0; si < 2; si++) {
         size_t rows = shapes[si][0], cols = shapes[si][1];
-        float *src = malloc(cols * sizeof(float));
         float *x = malloc(16 * cols * sizeof(float));
         float *y = malloc(16 * rows * sizeof(float));
         for (size_t i = 0; i < 16 * cols; i++)
             x[i] = (float)((i * 2654435761u) % 1000) / 500.0f - 1.0f;
-        for (size_t di = 0; di < sizeof dtypes / sizeof dtypes[0]; di++) {
-            int dt = dtypes[di], wanted = n_only == 0;
-            for (int k = 0; k < n_only; k++)
-                wanted |= strcmp(only[k], wpi_dtype_name(dt)) == 0;
-            if (!wanted || (x8 && !wpi_kernels_matmul_x8(sets[0], dt)))
+        for (size_t di = 0; di < N_DTYPES; di++) {
+            int dt = DTYPES[di];
+            if (!dtype_wanted(dt, only, n_only) || (x8 && !wpi_kernels_matmul_x8(sets[0], dt)))
                 continue;
             size_t rb = wpi_row_bytes(dt, cols);
-            unsigned char *w = malloc(rows * rb);
-            for (size_t r = 0; r < rows; r++) {
-                for (size_t c = 0; c < cols; c++)
-                    src[c] = (float)(((r * 31 + c) * 2654435761u) % 2001) / 1000.0f - 1.0f;
-                wpi_quant_row(dt, src, w + r * rb, cols);
-            }
+            unsigned char *w = make_weights(dt, rows, cols);
             for (size_t ti = 0; ti < 2; ti++) {
                 char shape[32];
                 snprintf(shape, sizeof shape, "%zux%zu", rows, cols);
@@ -173,7 +273,6 @@ int main(int argc, char **argv)
             }
             free(w);
         }
-        free(src);
         free(x);
         free(y);
     }

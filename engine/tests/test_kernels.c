@@ -33,6 +33,7 @@
 #endif
 
 #include "wp.h"
+#include "kernels/blocks.h"
 #include "kernels/kernels.h"
 #include "platform.h"
 
@@ -174,7 +175,7 @@ static void test_matmul(const wpi_kernels *k)
 {
     static const size_t quant_cols[] = {32, 64, 96, 4096 + 32};
     static const size_t float_cols[] = {1, 7, 8, 9, 15, 17, 31, 33, 100, 255, 257, 300, 513};
-    static const size_t ntoks[] = {1, 2, 3, 4, 5, 7, 8, 17};
+    static const size_t ntoks[] = {1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 64};
     static const size_t rowss[] = {1, 3, 8, 13, 17, 33};
     for (size_t di = 0; di < N_DTYPES; di++) {
         int dt = DTYPES[di];
@@ -235,6 +236,132 @@ static void test_dot_axpy(const wpi_kernels *k)
            worst_dot);
     report(worst_axpy <= 1.0, "%-6s axpy_f32: %d lengths, worst |err|/tol %.3f", k->name,
            n_cases, worst_axpy);
+}
+
+/* ---- several tokens: the multi-token path and its kernels -------------------------- */
+
+/* Each n_tok 1..17 and 64 through a set's matmul on random shapes with ragged row
+ * ranges: every output within the tolerance of the reference, and of the same token's
+ * output from a one-token call (a row's result must not depend on how many tokens share
+ * the call); splitting rows never changes a bit. */
+static void test_matmul_ntok(const wpi_kernels *k)
+{
+    for (size_t di = 0; di < N_DTYPES; di++) {
+        int dt = DTYPES[di];
+        int cases = 0, bad_split = 0;
+        double worst = 0.0, worst_one = 0.0;
+        for (size_t nt = 1; nt <= 65; nt++) {
+            size_t n_tok = nt == 65 ? 64 : nt;
+            if (nt > 17 && nt < 65)
+                continue;
+            size_t rows = 1 + urand(41);
+            /* quantized: 1..40 blocks (chunks of 16 crossed); float: any width, tails */
+            size_t cols = is_quant(dt) ? 32 * (1 + urand(40)) : 1 + urand(1100);
+            float *deq;
+            void *w = make_matrix(dt, rows, cols, &deq);
+            size_t ldx = cols + urand(9), ldy = rows + urand(5);
+            float *x = malloc(n_tok * ldx * sizeof(float));
+            float *y = malloc(n_tok * ldy * sizeof(float)), *y2 = malloc(n_tok * ldy * sizeof(float));
+            float *yr = malloc(n_tok * ldy * sizeof(float)), *y1 = malloc(ldy * sizeof(float));
+            for (size_t i = 0; i < n_tok * ldx; i++)
+                x[i] = frand();
+            size_t r0 = urand(rows), r1 = r0 + 1 + urand(rows - r0);
+            size_t mid = r0 + urand(r1 - r0 + 1);
+            wpi_matmul_fn fn = wpi_kernels_matmul(k, dt);
+            wpi_kernels_matmul(&wpi_kernels_ref, dt)(w, cols, r0, r1, x, ldx, n_tok, yr, ldy);
+            fn(w, cols, r0, r1, x, ldx, n_tok, y, ldy);
+            fn(w, cols, r0, mid, x, ldx, n_tok, y2, ldy);
+            fn(w, cols, mid, r1, x, ldx, n_tok, y2, ldy);
+            for (size_t t = 0; t < n_tok; t++) {
+                fn(w, cols, r0, r1, x + t * ldx, ldx, 1, y1, ldy);
+                for (size_t r = r0; r < r1; r++) {
+                    double mag = 0.0;
+                    for (size_t c = 0; c < cols; c++)
+                        mag += fabs((double)deq[r * cols + c] * x[t * ldx + c]);
+                    double tol = 1e-6 * mag + 1e-30, v = y[t * ldy + r];
+                    double e = fabs(v - yr[t * ldy + r]) / tol, e1 = fabs(v - y1[r]) / tol;
+                    worst = e > worst || isnan(e) ? (isnan(e) ? INFINITY : e) : worst;
+                    worst_one = e1 > worst_one || isnan(e1) ? (isnan(e1) ? INFINITY : e1) : worst_one;
+                    bad_split += memcmp(&y[t * ldy + r], &y2[t * ldy + r], 4) != 0;
+                }
+            }
+            cases++;
+            free(w);
+            free(deq);
+            free(x);
+            free(y);
+            free(y2);
+            free(yr);
+            free(y1);
+        }
+        report(worst <= 1.0 && worst_one <= 1.0 && !bad_split,
+               "%-6s matmul %-4s n_tok 1..17, 64: %d shapes, worst |err|/tol vs reference "
+               "%.3f, vs one token at a time %.3f, split mismatches %d",
+               k->name, wpi_dtype_name(dt), cases, worst, worst_one, bad_split);
+    }
+}
+
+static const int SLOTS[] = {WPI_SLOT_F32, WPI_SLOT_F16, WPI_SLOT_BF16, WPI_SLOT_Q8_0,
+                            WPI_SLOT_Q4_0, WPI_SLOT_Q4_1, WPI_SLOT_MXFP4}; /* as DTYPES */
+
+/* A block table's multi kernels called directly, every n_tok 1..WPI_MULTI_TOK and ragged
+ * row counts, against the reference table's row kernel token by token. The reference's
+ * multi kernel must equal its row kernel bit for bit (it is the twin the others are
+ * held to); a SIMD table's within the tolerance; a row's result never depends on the
+ * other rows of the call (first row alone against the same row in the whole call). */
+static void test_multi_table(const wpi_blocks *b)
+{
+    for (size_t di = 0; di < N_DTYPES; di++) {
+        int dt = DTYPES[di], slot = SLOTS[di];
+        wpi_rows_multi_fn multi = b->multi ? b->multi[slot] : NULL;
+        if (!multi) {
+            /* only the SIMD tables may leave f32 to the tiled path (rows read in place) */
+            report(b != &wpi_blocks_ref && dt == WPI_F32, "%-6s multi kernel %-4s: none "
+                   "(the tiled path)", b->name, wpi_dtype_name(dt));
+            continue;
+        }
+        int cases = 0, bad_bits = 0, bad_rows = 0;
+        double worst = 0.0;
+        for (int rep = 0; rep < 3; rep++)
+            for (size_t n_tok = 1; n_tok <= WPI_MULTI_TOK; n_tok++) {
+                size_t rows = 1 + urand(37);
+                size_t cols = is_quant(dt) ? 32 * (1 + urand(48)) : 1 + urand(1600);
+                size_t rb = wpi_row_bytes(dt, cols), ldx = cols + urand(7), ldy = rows + urand(3);
+                float *deq;
+                uint8_t *w = make_matrix(dt, rows, cols, &deq);
+                float *x = malloc(n_tok * ldx * sizeof(float));
+                float *y = malloc(n_tok * ldy * sizeof(float)), *y1 = malloc(n_tok * sizeof(float));
+                for (size_t i = 0; i < n_tok * ldx; i++)
+                    x[i] = frand();
+                multi(w, rb, rows, x, ldx, n_tok, cols, y, ldy);
+                multi(w, rb, 1, x, ldx, n_tok, cols, y1, 1);
+                for (size_t t = 0; t < n_tok; t++) {
+                    bad_rows += memcmp(&y1[t], &y[t * ldy], 4) != 0;
+                    for (size_t r = 0; r < rows; r++) {
+                        float want = wpi_blocks_ref.row_dot[slot](w + r * rb, x + t * ldx, cols);
+                        float v = y[t * ldy + r];
+                        double mag = 0.0;
+                        for (size_t c = 0; c < cols; c++)
+                            mag += fabs((double)deq[r * cols + c] * x[t * ldx + c]);
+                        double e = fabs((double)v - want) / (1e-6 * mag + 1e-30);
+                        worst = e > worst || isnan(e) ? (isnan(e) ? INFINITY : e) : worst;
+                        if (b == &wpi_blocks_ref)
+                            bad_bits += memcmp(&v, &want, 4) != 0;
+                    }
+                }
+                cases++;
+                free(w);
+                free(deq);
+                free(x);
+                free(y);
+                free(y1);
+            }
+        report(worst <= 1.0 && !bad_bits && !bad_rows,
+               "%-6s multi kernel %-4s, n_tok 1..%d: %d shapes, worst |err|/tol %.3f, "
+               "reference bits differing from its row kernel %d, rows depending on the "
+               "others %d", b->name, wpi_dtype_name(dt), WPI_MULTI_TOK, cases, worst,
+               bad_bits, bad_rows);
+    }
 }
 
 /* Matmul against one-hot x gives back the dequantized column, on both matmul paths. */
@@ -712,9 +839,19 @@ int main(void)
     test_f16();
     test_quant();
     test_blocks_valid();
+    test_multi_table(&wpi_blocks_ref);
+#if defined(__x86_64__)
+    /* the AVX-512 table runs the AVX2 multi kernels (kernels_avx512.c) */
+    report(wpi_blocks_avx512.multi == wpi_blocks_avx2.multi &&
+               wpi_blocks_avx512.multi_max == wpi_blocks_avx2.multi_max,
+           "avx512 table shares the avx2 multi kernels");
+    if (wpi_kernels_get(WP_ISA_AVX2))
+        test_multi_table(&wpi_blocks_avx2);
+#endif
     for (int i = 0; i < n_sets; i++) {
         test_mxfp4_edges(sets[i]);
         test_matmul(sets[i]);
+        test_matmul_ntok(sets[i]);
         test_dot_axpy(sets[i]);
         test_onehot(sets[i]);
     }

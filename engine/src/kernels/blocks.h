@@ -2,9 +2,11 @@
  * blocks.h -- the block kernels an ISA file supplies to the matmul driver (matmul.c).
  *
  * The driver owns every loop of a matmul: the row range, the split between one token
- * (a matrix-vector product straight from the stored weights) and several (rows
- * dequantized a chunk at a time into a stack buffer, then applied to the tokens 2 rows
- * x 4 tokens per call), the row tiles and the column chunks. An ISA file
+ * (a matrix-vector product straight from the stored weights), a few (each row's blocks
+ * decoded once into registers and applied to a group of up to WPI_MULTI_TOK tokens, the
+ * table's multi kernels) and many (rows dequantized a chunk at a time into a stack
+ * buffer, then applied to the tokens 2 rows x 4 tokens per call), the row tiles, the
+ * token groups and the column chunks. An ISA file
  * (kernels_ref.c, kernels_avx2.c, kernels_avx512.c, kernels_neon.c) only fills one
  * wpi_blocks table with the kernels below, compiled under its own target pragma.
  * Private to engine/src/kernels/.
@@ -26,6 +28,7 @@ enum {
 #define WPI_TILE_ROWS 8    /* rows dequantized together and sharing one pass over x */
 #define WPI_CHUNK_MAX 512  /* the largest chunk of a table: the driver's buffer width */
 #define WPI_BUF_ALIGN 64   /* the buffer's alignment: a whole AVX-512 vector */
+#define WPI_MULTI_TOK 8    /* the most tokens one multi-kernel call takes */
 
 /*
  * MXFP4 (docs/FORMAT.md section 1): a 17-byte block is the E8M0 scale byte e, then 16
@@ -63,13 +66,26 @@ typedef void (*wpi_dequant_fn)(const uint8_t *row, size_t c, size_t n, float *ou
 typedef void (*wpi_apply_fn)(const float *const wr[], size_t nr, const float *x, size_t ldx,
                              size_t n_tok, size_t nc, float *y, size_t ldy);
 
+/* Several tokens straight from the stored weights: rows [0, n_rows) of w (row_bytes
+ * apart, cols weights each) against n_tok tokens (1 <= n_tok <= WPI_MULTI_TOK, token t
+ * at x + t * ldx); each 32-weight block of a row is decoded once and applied to every
+ * token; y[t * ldy + i] = row i dot token t. Each (row, token) sum is formed in an order
+ * that depends on n_tok and cols only, never on n_rows or on the other rows. */
+typedef void (*wpi_rows_multi_fn)(const uint8_t *w, size_t row_bytes, size_t n_rows,
+                                  const float *x, size_t ldx, size_t n_tok, size_t cols,
+                                  float *y, size_t ldy);
+
 typedef struct wpi_blocks {
     const char *name;                      /* "scalar", "avx2", "avx512", "neon" */
     size_t chunk;                          /* columns dequantized at a time (<= max) */
     wpi_row_dot_fn row_dot[WPI_SLOTS];     /* one token: every dtype */
     wpi_rows_dot_fn rows_dot[WPI_SLOTS];   /* optional: replaces the driver's row loop */
     wpi_dequant_fn dequant[WPI_SLOTS];     /* not called for f32: read in place */
-    wpi_apply_fn apply;                    /* several tokens */
+    wpi_apply_fn apply;                    /* many tokens */
+    /* Optional (NULL: the driver's tiled path): a multi kernel per dtype, used for
+     * 2 <= n_tok <= multi_max; a pointer so that a table may share another's. */
+    const wpi_rows_multi_fn *multi;
+    size_t multi_max;
     float (*dot_f32)(const float *a, const float *b, size_t n);
     void (*axpy_f32)(float a, const float *x, float *y, size_t n);
 } wpi_blocks;
@@ -165,5 +181,11 @@ extern const wpi_blocks wpi_blocks_ref;
 extern const wpi_blocks wpi_blocks_avx2;
 extern const wpi_blocks wpi_blocks_avx512;
 extern const wpi_blocks wpi_blocks_neon;
+
+/* The AVX2 multi kernels, which the AVX-512 table shares (x86-64 builds only), and the
+ * largest n_tok both tables send to them: at 16 tokens and more the tiled path, whose
+ * 2 x 4 tile needs fewer loads per FMA, was as fast or faster (AMD EPYC, Zen 2). */
+extern const wpi_rows_multi_fn wpi_avx2_multi[WPI_SLOTS];
+#define WPI_AVX2_MULTI_MAX 8
 
 #endif /* WP_KERNELS_BLOCKS_H */

@@ -346,6 +346,8 @@ const wpi_blocks wpi_blocks_avx512 = {
         [WPI_SLOT_Q4_1] = dequant_q4_1, [WPI_SLOT_MXFP4] = dequant_mxfp4,
     },
     .apply = apply_tiles,
+    .multi = wpi_avx2_multi, /* kernels_avx2.c's: AVX-512 CPUs run AVX2 */
+    .multi_max = WPI_AVX2_MULTI_MAX,
     .dot_f32 = dot_f32_avx512,
     .axpy_f32 = axpy_f32_avx512,
 };

@@ -426,6 +426,32 @@ static void tile_2x4_ref(const float *w0, const float *w1, const float *const xt
 
 WPI_APPLY_TILES(apply_tiles, tile_2x4_ref)
 
+/* Several tokens: each 32-weight span of a row is dequantized once, and every token's
+ * span sum is formed and added as row_dot does, so each result equals row_dot's bit for
+ * bit whatever the token count. */
+static void rows_multi(int dtype, const uint8_t *w, size_t rb, size_t n_rows, const float *x,
+                       size_t ldx, size_t n_tok, size_t cols, float *y, size_t ldy)
+{
+    for (size_t r = 0; r < n_rows; r++) {
+        const uint8_t *row = w + r * rb;
+        float acc[WPI_MULTI_TOK] = {0.0f};
+        for (size_t c = 0; c < cols; c += WPI_QK) {
+            float span[WPI_QK];
+            size_t n = cols - c < WPI_QK ? cols - c : WPI_QK;
+            dequant_span(dtype, row, c, n, span);
+            for (size_t t = 0; t < n_tok; t++) {
+                const float *xt = x + t * ldx + c;
+                float s = 0.0f;
+                for (size_t j = 0; j < n; j++)
+                    s += span[j] * xt[j];
+                acc[t] += s;
+            }
+        }
+        for (size_t t = 0; t < n_tok; t++)
+            y[t * ldy + r] = acc[t];
+    }
+}
+
 #define REF_DTYPE(sfx, dtype)                                                            \
     static float row_dot_##sfx(const uint8_t *row, const float *x, size_t cols)          \
     {                                                                                    \
@@ -434,6 +460,11 @@ WPI_APPLY_TILES(apply_tiles, tile_2x4_ref)
     static void dequant_##sfx(const uint8_t *row, size_t c, size_t n, float *out)        \
     {                                                                                    \
         dequant_span(dtype, row, c, n, out);                                             \
+    }                                                                                    \
+    static void multi_##sfx(const uint8_t *w, size_t rb, size_t n_rows, const float *x,   \
+                            size_t ldx, size_t n_tok, size_t cols, float *y, size_t ldy)  \
+    {                                                                                    \
+        rows_multi(dtype, w, rb, n_rows, x, ldx, n_tok, cols, y, ldy);                   \
     }
 
 REF_DTYPE(f32, WPI_F32)
@@ -443,6 +474,12 @@ REF_DTYPE(q8_0, WPI_Q8_0)
 REF_DTYPE(q4_0, WPI_Q4_0)
 REF_DTYPE(q4_1, WPI_Q4_1)
 REF_DTYPE(mxfp4, WPI_MXFP4)
+
+static const wpi_rows_multi_fn multi_ref[WPI_SLOTS] = {
+    [WPI_SLOT_F32] = multi_f32, [WPI_SLOT_F16] = multi_f16, [WPI_SLOT_BF16] = multi_bf16,
+    [WPI_SLOT_Q8_0] = multi_q8_0, [WPI_SLOT_Q4_0] = multi_q4_0, [WPI_SLOT_Q4_1] = multi_q4_1,
+    [WPI_SLOT_MXFP4] = multi_mxfp4,
+};
 
 static float dot_f32_ref(const float *a, const float *b, size_t n)
 {
@@ -474,6 +511,8 @@ const wpi_blocks wpi_blocks_ref = {
         [WPI_SLOT_MXFP4] = dequant_mxfp4,
     },
     .apply = apply_tiles,
+    .multi = multi_ref,
+    .multi_max = 16,
     .dot_f32 = dot_f32_ref,
     .axpy_f32 = axpy_f32_ref,
 };

@@ -5,10 +5,16 @@
  * block-kernel table (blocks.h) that an ISA file fills. Weights are never requantized.
  * With 8-bit activations (quantized once per call by the caller, wpi_quant_x8) each
  * row is read once and dotted with every token's blocks by the x8 table's row kernel.
- * Two paths with float32 activations:
+ * Three paths with float32 activations:
  *   n_tok == 1 (decode): each row of [r0, r1) is dotted with x straight from the stored
  *     weights by the table's row kernel of the dtype.
- *   n_tok >= 2 (prefill): a tile of up to WPI_TILE_ROWS rows is dequantized `chunk`
+ *   2 <= n_tok <= the table's multi_max (batched decode, short prefill): the tokens are
+ *     split into groups of at most WPI_MULTI_TOK, as even as possible (9 = 4 + 5), and
+ *     for each tile of WPI_TILE_ROWS rows the table's multi kernel applies every block
+ *     of a row, decoded once into registers, to each group in turn (a tile of about
+ *     64 KiB of weights, which stay in cache between groups). No token is padded and nothing is dequantized to
+ *     memory.
+ *   more tokens (prefill): a tile of up to WPI_TILE_ROWS rows is dequantized `chunk`
  *     columns at a time into a stack buffer (f32 rows are read in place), then the
  *     table's apply kernel adds every token's chunk sums into y (2 rows x 4 tokens per
  *     tile), so each weight is decoded once per call.
@@ -62,6 +68,25 @@ static void matmul_tiled(const wpi_blocks *b, int slot, const uint8_t *w, size_t
     }
 }
 
+static void matmul_multi(const wpi_blocks *b, int slot, const uint8_t *w, size_t rb,
+                         size_t cols, size_t r0, size_t r1, const float *x, size_t ldx,
+                         size_t n_tok, float *y, size_t ldy)
+{
+    wpi_rows_multi_fn multi = b->multi[slot];
+    size_t n_groups = (n_tok + WPI_MULTI_TOK - 1) / WPI_MULTI_TOK;
+    /* rows per tile: about 64 KiB of weights, which stay in cache between the groups */
+    size_t tile = rb ? (size_t)65536 / rb : WPI_TILE_ROWS;
+    tile = tile < WPI_TILE_ROWS ? WPI_TILE_ROWS : tile;
+    for (size_t rt = r0; rt < r1; rt += tile) {
+        size_t nr = r1 - rt < tile ? r1 - rt : tile;
+        for (size_t g = 0, t = 0; g < n_groups; g++) {
+            size_t nt = (n_tok - t) / (n_groups - g);
+            multi(w + rt * rb, rb, nr, x + t * ldx, ldx, nt, cols, y + t * ldy + rt, ldy);
+            t += nt;
+        }
+    }
+}
+
 static void matmul(const wpi_blocks *b, int slot, int dtype, const void *w, size_t cols,
                    size_t r0, size_t r1, const float *x, size_t ldx, size_t n_tok, float *y,
                    size_t ldy)
@@ -71,6 +96,8 @@ static void matmul(const wpi_blocks *b, int slot, int dtype, const void *w, size
         return;
     if (n_tok == 1)
         matvec(b, slot, w, rb, cols, r0, r1, x, y);
+    else if (b->multi && b->multi[slot] && n_tok <= b->multi_max)
+        matmul_multi(b, slot, w, rb, cols, r0, r1, x, ldx, n_tok, y, ldy);
     else
         matmul_tiled(b, slot, w, rb, cols, r0, r1, x, ldx, n_tok, y, ldy);
 }
