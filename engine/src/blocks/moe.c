@@ -131,7 +131,11 @@ static void apply_expert(wpi_model *m, const wpi_expert_view *v, int32_t p0, int
  * costs about what a 16-row block of a small expert does, so 2*top_k sections per layer
  * were a large share of a token (ENGINE_LESSONS section 8). Every row is computed by
  * the same kernel call on the same inputs as apply_expert's, so results are identical
- * and do not depend on the thread count.
+ * and do not depend on the thread count. On the 8-bit path (a model that is not exact,
+ * quantized experts, widths a multiple of 32) the token is quantized once for every
+ * expert's gate and up, and each gate/up task quantizes the 32-row blocks of silu(g) * u
+ * it produced, so down reads 8-bit inputs with no serial step between the sections
+ * (the same blocks wpi_swiglu's down would quantize).
  */
 #define GROUP_MAX 64
 
@@ -142,6 +146,9 @@ typedef struct group_ctx {
     float *g, *u;             /* [cnt, inter] */
     float *out[GROUP_MAX];    /* each expert's output row (H floats) */
     wpi_matmul_fn fn;
+    wpi_matmul_x8_fn fn8;     /* the 8-bit path where non-NULL */
+    const wpi_xq *xq;         /* x quantized (H / 32 blocks) */
+    wpi_xq *gq;               /* [cnt, inter / 32] silu(g) * u quantized */
     uint32_t blk, tasks_gu, tasks_down; /* tasks per expert */
     float lim;                /* wpi_swiglu_clamp */
 } group_ctx;
@@ -152,8 +159,13 @@ static void group_gu_task(void *arg, uint32_t t)
     const uint32_t e = t / c->tasks_gu, I = c->v[e].inter, H = c->v[e].hidden;
     size_t r0 = (size_t)(t % c->tasks_gu) * c->blk, r1 = r0 + c->blk < I ? r0 + c->blk : I;
     float *g = c->g + (size_t)e * I, *u = c->u + (size_t)e * I;
-    c->fn(c->v[e].gate, H, r0, r1, c->x, H, 1, g, I);
-    c->fn(c->v[e].up, H, r0, r1, c->x, H, 1, u, I);
+    if (c->fn8) {
+        c->fn8(c->v[e].gate, H, r0, r1, c->xq, H / WPI_QK, 1, g, I);
+        c->fn8(c->v[e].up, H, r0, r1, c->xq, H / WPI_QK, 1, u, I);
+    } else {
+        c->fn(c->v[e].gate, H, r0, r1, c->x, H, 1, g, I);
+        c->fn(c->v[e].up, H, r0, r1, c->x, H, 1, u, I);
+    }
     const float lim = c->lim;
     for (size_t r = r0; r < r1; r++) {
         float a = g[r], b = u[r];
@@ -163,6 +175,8 @@ static void group_gu_task(void *arg, uint32_t t)
         }
         g[r] = wpi_glu(c->m->hp, a, b);
     }
+    if (c->fn8) /* r0 and r1 are whole 32-row blocks here */
+        wpi_quant_x8(g + r0, r1 - r0, c->gq + ((size_t)e * I + r0) / WPI_QK);
 }
 
 static void group_down_task(void *arg, uint32_t t)
@@ -170,7 +184,11 @@ static void group_down_task(void *arg, uint32_t t)
     const group_ctx *c = arg;
     const uint32_t e = t / c->tasks_down, I = c->v[e].inter, H = c->v[e].hidden;
     size_t r0 = (size_t)(t % c->tasks_down) * c->blk, r1 = r0 + c->blk < H ? r0 + c->blk : H;
-    c->fn(c->v[e].down, I, r0, r1, c->g + (size_t)e * I, I, 1, c->out[e], H);
+    if (c->fn8)
+        c->fn8(c->v[e].down, I, r0, r1, c->gq + (size_t)e * I / WPI_QK, I / WPI_QK, 1,
+               c->out[e], H);
+    else
+        c->fn(c->v[e].down, I, r0, r1, c->g + (size_t)e * I, I, 1, c->out[e], H);
 }
 
 /* Whether apply_group_decode can take this group: one token, views of one dtype and
@@ -196,13 +214,23 @@ static void apply_group_decode(wpi_model *m, const wpi_expert_view *v, uint32_t 
     const size_t H = m->hp->hidden_size;
     const uint32_t I = v[0].inter, nt = wpi_pool_threads(m->pool);
     group_ctx c = {m, v, m->xn, m->ff_g, m->ff_u, {0}, wpi_kernels_matmul(m->k, v[0].dtype),
-                   0, 0, 0, wpi_swiglu_clamp(m->hp)};
+                   NULL, NULL, NULL, 0, 0, 0, wpi_swiglu_clamp(m->hp)};
     for (uint32_t s = 0; s < cnt; s++)
         c.out[s] = m->eo + (size_t)m->ex_pick[m->ex_start[s0 + s]] * H;
-    /* About four tasks per thread over all rows, in whole 16-row blocks. */
+    /* The 8-bit path: x's blocks first in xq, then each expert's silu(g) * u blocks. */
+    if (!m->exact && H % WPI_QK == 0 && I % WPI_QK == 0 &&
+        (uint64_t)(H + (size_t)cnt * I) / WPI_QK <= m->xq_blocks &&
+        (c.fn8 = wpi_kernels_matmul_x8(m->k, v[0].dtype)) != NULL) {
+        wpi_quant_x8(m->xn, H, m->xq);
+        c.xq = m->xq;
+        c.gq = m->xq + H / WPI_QK;
+    }
+    /* About four tasks per thread over all rows, in whole 16-row blocks (32 on the
+     * 8-bit path, so each gate/up task quantizes whole blocks of its rows). */
+    const uint64_t rb = c.fn8 ? WPI_QK : 16;
     uint64_t target = (uint64_t)nt * 4;
     uint64_t blk = ((uint64_t)cnt * I + target - 1) / target;
-    c.blk = (uint32_t)((blk + 15) / 16 * 16);
+    c.blk = (uint32_t)((blk + rb - 1) / rb * rb);
     c.tasks_gu = (I + c.blk - 1) / c.blk;
     wpi_parallel_for(m->pool, cnt * c.tasks_gu, group_gu_task, &c);
     blk = ((uint64_t)cnt * H + target - 1) / target;
