@@ -152,9 +152,10 @@ def test_int8_routed_experts(tmp_path, dtype):
     """exact=False sends the routed experts through the 8-bit kernels; exact=True does not.
 
     The trunk is float32 (float weights always run float32), so every difference between
-    the two paths comes from the experts. Decode at 1 thread runs each expert alone, at 2
-    threads all of a token's experts in one group: both quantize the same blocks, so
-    their logits are bit-identical on either path.
+    the two paths comes from the experts. At 1 thread each expert runs alone; at 2
+    threads a decoded token's experts run as one group and a prefill chunk's as batches
+    of experts in two parallel sections each. They compute the same rows from the same
+    (quantized) inputs, so 1 and 2 threads give bit-identical logits on either path.
     """
     from warp_providers import Engine
     from warp_providers.synth import MoeShape, make_moe_container
