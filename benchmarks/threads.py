@@ -54,8 +54,8 @@ def main() -> None:
     modes = {"yes": [True], "no": [False], "both": [True, False]}[args.exact]
     print(f"load average at start: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
     print("| model | path | prefill 1t | prefill 2t | prefill 2t/1t | decode 1t | decode 2t "
-          "| decode 2t/1t | CPU ms/token decode 1t / 2t |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "| decode 2t/1t | CPU ms/token prefill 1t / 2t | CPU ms/token decode 1t / 2t |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for c in args.containers:
         size = sum(f.stat().st_size for f in c.iterdir() if f.is_file())
         budget = int(size * 1.25) + (1 << 30)  # every expert resident
@@ -79,6 +79,7 @@ def main() -> None:
             print(f"| {c.name} | {'exact' if exact else 'int8'} | {med[1][0]:.1f} | "
                   f"{med[2][0]:.1f} | **{med[2][0] / med[1][0]:.2f}x** | {med[1][1]:.2f} | "
                   f"{med[2][1]:.2f} | **{med[2][1] / med[1][1]:.2f}x** | "
+                  f"{1e3 * med[1][2]:.1f} / {1e3 * med[2][2]:.1f} | "
                   f"{1e3 * med[1][3]:.1f} / {1e3 * med[2][3]:.1f} |", flush=True)
     print(f"load average at end: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
 
