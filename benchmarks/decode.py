@@ -14,8 +14,20 @@ PROMPT tokens (one eval call), then DECODE greedy steps of one token each (argma
 numpy for both). Reported: medians and [min-max] over the rounds. llama-cpp-python is a
 benchmark peer only, never a dependency.
 
+The comparison is only fair against a llama.cpp compiled for this CPU's instruction set.
+`python benchmarks/decode.py --cmake-args` prints the CMAKE_ARGS for this host (native
+detection off, each x86 extension the CPU has switched on explicitly, the rest and AMX
+off) to build llama-cpp-python with `pip install --no-cache-dir` (so no cached wheel
+built for another machine is reused); every run prints both engines' instruction sets.
+
+Each run also measures the machine's memory bandwidth (a streaming read over a buffer
+far larger than the last-level cache, with the row's thread count) and prints each row's
+decode speed as a share of the decode roofline: bandwidth / weight bytes read per token
+(the trunk's matrices plus top_k experts per MoE layer; one embedding row).
+
     python benchmarks/decode.py [--gguf /path/moe-q8_0.gguf ...] [--repeats 5]
         [--threads 1,2] [--work DIR] [--json out.json] [--markdown out.md]
+        [--smollm2-q8] [--cmake-args]
 """
 
 from __future__ import annotations
@@ -28,6 +40,7 @@ import shlex
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -57,6 +70,103 @@ def machine() -> str:
             mem = f"{int(line.split()[1]) / 2**20:.0f} GiB"
     return (f"{cpu}; {os.cpu_count()} vCPUs; {','.join(flags)}; RAM {mem}; "
             f"Python {platform.python_version()}")
+
+
+def cpu_flags() -> set[str]:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith(("flags", "Features")):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+# ggml's CMake switch for each x86 extension, and the /proc/cpuinfo flags it needs.
+GGML_X86 = [
+    ("GGML_AVX", ("avx",)), ("GGML_AVX2", ("avx2",)), ("GGML_FMA", ("fma",)),
+    ("GGML_F16C", ("f16c",)), ("GGML_BMI2", ("bmi2",)),
+    ("GGML_AVX_VNNI", ("avx_vnni",)),
+    ("GGML_AVX512", ("avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512cd")),
+    ("GGML_AVX512_VBMI", ("avx512vbmi",)), ("GGML_AVX512_VNNI", ("avx512_vnni",)),
+    ("GGML_AVX512_BF16", ("avx512_bf16",)),
+]
+
+
+def llama_cmake_args(flags: set[str]) -> str:
+    """CMAKE_ARGS that build llama.cpp's CPU backend for exactly this CPU's extensions.
+
+    GGML_NATIVE is off so the build does not depend on the compiler's -march=native
+    guess; AMX stays off (ggml's AMX path has crashed on the AMX CPUs tried).
+    """
+    args = ["-DGGML_NATIVE=OFF"]
+    for opt, need in GGML_X86:
+        args.append(f"-D{opt}={'ON' if all(f in flags for f in need) else 'OFF'}")
+    args += ["-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"]
+    return " ".join(args)
+
+
+def warp_isa() -> str:
+    from warp_providers import _engine
+
+    names = {1: "scalar", 2: "avx2", 3: "avx512", 4: "neon"}
+    mask = _engine.isa_supported()
+    return ",".join(n for i, n in names.items() if mask & (1 << i))
+
+
+def bandwidth(threads: int, nbytes: int = 1 << 30, repeats: int = 3) -> float:
+    """Bytes/s of a streaming read (float32 max-reduce, which numpy runs without the GIL)
+    over `nbytes`, far more than any last-level cache, split over `threads` threads;
+    the best of `repeats`."""
+    buf = np.ones(nbytes // 4, dtype=np.float32)
+    parts = np.array_split(buf, threads)
+    best = 0.0
+    for _ in range(repeats + 1):  # the first pass faults the pages in
+        ts = [threading.Thread(target=np.maximum.reduce, args=(p,)) for p in parts]
+        t0 = time.perf_counter()
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        best = max(best, nbytes / (time.perf_counter() - t0))
+    return best
+
+
+def active_bytes(container: Path) -> int:
+    """Weight bytes a decode step reads: every trunk tensor but the token embedding (one
+    row of it, or all of it when it is also the output matrix), plus top_k experts'
+    gate/up/down per MoE layer."""
+    man = json.loads((container / "manifest.json").read_text())
+    tensors = man["trunk"]["tensors"]
+    names = {t["name"] for t in tensors}
+    total = 0
+    for t in tensors:
+        if t["name"] == "token_embd.weight" and "output.weight" not in names:
+            total += t["bytes"]  # tied: the LM head reads it whole
+        elif t["name"] == "token_embd.weight":
+            total += t["bytes"] // t["shape"][0]
+        else:
+            total += t["bytes"]
+    hp = man.get("hparams", {})
+    k = hp.get("top_k") or hp.get("num_experts_per_tok") or 0
+    for bank in man.get("experts", []):
+        per = sum(t["bytes"] for t in bank["tensors"])
+        total += per * min(k, bank["n_experts"])
+    return total
+
+
+def smollm2_q8_0(src: Path, work: Path) -> Path:
+    """SmolLM2 at Q8_0, made from the Q4_1 GGUF by llama.cpp's own quantizer (every
+    tensor Q8_0: pure), so both engines read the same Q8_0 blocks."""
+    import llama_cpp
+
+    out = work / "smollm2-135m-q8_0.gguf"
+    if not out.exists():
+        p = llama_cpp.llama_model_quantize_default_params()
+        p.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0
+        p.allow_requantize = True
+        p.pure = True
+        rc = llama_cpp.llama_model_quantize(str(src).encode(), str(out).encode(), p)
+        if rc != 0:
+            raise SystemExit(f"llama_model_quantize failed ({rc})")
+    return out
 
 
 def load() -> str:
@@ -174,14 +284,17 @@ def fmt(s: dict[str, float], prec: int) -> str:
 
 def table(rows: list[dict[str, Any]]) -> str:
     out = ["| model | threads | warp decode | llama.cpp decode | decode ratio | warp prefill "
-           "| llama.cpp prefill | prefill ratio | logit corr |",
-           "|---|---|---|---|---|---|---|---|---|"]
+           "| llama.cpp prefill | prefill ratio | decode roofline (warp / llama.cpp) "
+           "| logit corr |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         out.append(
             f"| {r['model']} | {r['threads']} | {fmt(r['warp_decode'], 1)} | "
             f"{fmt(r['llama_decode'], 1)} | **{r['decode_ratio']:.2f}x** | "
             f"{fmt(r['warp_prefill'], 1)} | {fmt(r['llama_prefill'], 1)} | "
-            f"{r['prefill_ratio']:.2f}x | {r['logit_corr']:.4f} |")
+            f"{r['prefill_ratio']:.2f}x | {r['roofline_tok_s']:.0f} tok/s: "
+            f"{100 * r['warp_roofline']:.0f}% / {100 * r['llama_roofline']:.0f}% | "
+            f"{r['logit_corr']:.4f} |")
     return "\n".join(out)
 
 
@@ -196,14 +309,24 @@ def main() -> None:
                     "(reused when present; default: a temporary directory)")
     ap.add_argument("--int8", action="store_true",
                     help="also time warp with 8-bit activations (exact=False) as a third arm")
+    ap.add_argument("--smollm2-q8", action="store_true",
+                    help="also SmolLM2 at Q8_0 (requantized from the Q4_1 GGUF by llama.cpp)")
+    ap.add_argument("--cmake-args", action="store_true",
+                    help="print the CMAKE_ARGS for llama-cpp-python on this CPU and exit")
     ap.add_argument("--json", type=Path, help="also write the rows here")
     ap.add_argument("--markdown", type=Path, help="also write the table here")
     args = ap.parse_args()
+    cmake = llama_cmake_args(cpu_flags())
+    if args.cmake_args:
+        print(f'CMAKE_ARGS="{cmake}" pip install --no-cache-dir llama-cpp-python')
+        return
     work = args.work or Path(tempfile.mkdtemp(prefix="warp-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     models: dict[str, Path] = {}
     if not args.no_smollm2:
         models["smollm2-135m-q4_1"] = smollm2_gguf()
+    if args.smollm2_q8:
+        models["smollm2-135m-q8_0"] = smollm2_q8_0(smollm2_gguf(), work)
     for g in args.gguf:
         models[g.stem] = g
 
@@ -214,6 +337,8 @@ def main() -> None:
         f"date: {time.strftime('%Y-%m-%d %H:%M %Z')}; warp-providers + llama-cpp-python "
         f"{llama_cpp.__version__} (llama.cpp system info: "
         f"{llama_cpp.llama_print_system_info().decode().strip()})",
+        f"isa: warp kernel sets this CPU runs: {warp_isa()}; llama.cpp for this CPU: "
+        f'CMAKE_ARGS="{cmake}" pip install --no-cache-dir llama-cpp-python',
         f"method: prompt {PROMPT_TOKENS} tok (one eval), decode {DECODE_TOKENS} greedy steps; "
         f"median [min-max] of {args.repeats} interleaved rounds after a warm-up",
         "command: " + " ".join(f"{k}={os.environ[k]}" for k in ("OMP_WAIT_POLICY",)
@@ -221,6 +346,10 @@ def main() -> None:
         + " ".join(shlex.quote(a) for a in sys.argv),
         f"load average at start: {load()}",
     ]
+    threads_list = list(map(int, args.threads.split(",")))
+    bw = {t: bandwidth(t) for t in threads_list}
+    header.append("memory bandwidth (streaming read of 1 GiB): " + ", ".join(
+        f"{t} thread{'s' if t > 1 else ''} {b / 1e9:.1f} GB/s" for t, b in bw.items()))
     print("\n".join(header), flush=True)
     rows = []
     for name, gguf in models.items():
@@ -229,15 +358,26 @@ def main() -> None:
             convert(gguf, container)
         size = sum(f.stat().st_size for f in container.iterdir() if f.is_file())
         budget = int(size * 1.25) + (1 << 30)  # every expert stays resident, as in llama.cpp
-        for threads in map(int, args.threads.split(",")):
+        weights = active_bytes(container)
+        for threads in threads_list:
             row = bench_model(name, gguf, container, threads, args.repeats, budget,
                               args.int8)
+            # Decode roofline: tok/s if every weight byte a token needs came at the
+            # measured bandwidth.
+            row["active_bytes"] = weights
+            row["bandwidth"] = bw[threads]
+            roof = bw[threads] / weights
+            row["roofline_tok_s"] = roof
+            row["warp_roofline"] = row["warp_decode"]["median"] / roof
+            row["llama_roofline"] = row["llama_decode"]["median"] / roof
             rows.append(row)
             print(f"{name:<24} t={threads} [{row['isa']}] decode warp "
                   f"{fmt(row['warp_decode'], 2)} llama.cpp {fmt(row['llama_decode'], 2)} tok/s "
                   f"({row['decode_ratio']:.2f}x) | prefill warp {fmt(row['warp_prefill'], 1)} "
                   f"llama.cpp {fmt(row['llama_prefill'], 1)} ({row['prefill_ratio']:.2f}x) | "
-                  f"logit corr {row['logit_corr']:.4f}", flush=True)
+                  f"logit corr {row['logit_corr']:.4f} | roofline {roof:.1f} tok/s "
+                  f"({weights / 1e6:.0f} MB/token): warp {100 * row['warp_roofline']:.0f}%, "
+                  f"llama.cpp {100 * row['llama_roofline']:.0f}%", flush=True)
             if args.int8:
                 print(f"{'':<24}     warp int8 decode {fmt(row['int8_decode'], 2)} tok/s | "
                       f"prefill {fmt(row['int8_prefill'], 1)}", flush=True)

@@ -6,9 +6,12 @@ mean KL(int8 || exact) over the prompt's positions <= 5e-4, and SmolLM2's 64-tok
 replies to 10 fixed prompts are the same token for token. The tests measure both and
 fail if the default is the 8-bit path while either bound is broken; they also check the
 two paths really differ (the option is not ignored) and exact=True is the float32 path.
-Measured when the policy was set (x86-64, AVX512-VNNI): mean KL above 5e-4 on
-deepseek_v3, deepseek_v4, glm4_moe, gpt_oss (q4_0), kimi_linear and mixtral (q8_0), and
-9 of the 10 SmolLM2 replies changed, so exact=True is the default.
+Measured with the routed experts, dense FFNs and shared experts on the 8-bit path too
+(x86-64, AVX2): mean KL above 5e-4 on 7 of 11 architectures, deepseek_v3 (q8_0 3.99e-3,
+q4_0 3.72e-3), deepseek_v4 (6.52e-4, 5.93e-4), glm4_moe (4.12e-3, 1.22e-3), gpt_oss
+(q4_0 1.49e-3), kimi_linear (5.44e-4, 7.17e-3), mixtral (q8_0 7.35e-4) and qwen3_moe
+(q4_0 5.26e-4), and 9 of the 10 SmolLM2 replies changed, so exact=True is the default.
+test_int8_routed_experts checks that exact=False reaches the routed experts.
 """
 
 from __future__ import annotations
@@ -142,3 +145,48 @@ def test_int8_default_only_if_smollm2_replies_unchanged(tmp_path_factory):
     assert _default_is_exact(container, [int(t) for t in exact[0][:16]]) or all(same), (
         f"the 8-bit path is the default but {same.count(False)} of {len(same)} SmolLM2 "
         "replies changed")
+
+
+@pytest.mark.parametrize("dtype", ["q8_0", "q4_0"])
+def test_int8_routed_experts(tmp_path, dtype):
+    """exact=False sends the routed experts through the 8-bit kernels; exact=True does not.
+
+    The trunk is float32 (float weights always run float32), so every difference between
+    the two paths comes from the experts. At 1 thread each expert runs alone; at 2
+    threads a decoded token's experts run as one group and a prefill chunk's as batches
+    of experts in two parallel sections each. They compute the same rows from the same
+    (quantized) inputs, so 1 and 2 threads give bit-identical logits on either path.
+    """
+    from warp_providers import Engine
+    from warp_providers.synth import MoeShape, make_moe_container
+
+    c = make_moe_container(tmp_path / "m.warp", MoeShape(
+        hidden_size=256, num_hidden_layers=2, num_experts=8, num_experts_per_tok=2,
+        moe_intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=64), experts=dtype, trunk="f32")
+    prompt = [(17 * i + 5) % 250 + 3 for i in range(24)]
+    rows = {}
+    for exact in (True, False):
+        for threads in (1, 2):
+            with Engine.open(c, threads=threads, exact=exact) as eng:
+                pre = eng.eval(prompt, all_logits=True).copy()
+                dec = np.stack([eng.eval([t]).copy() for t in (7, 11, 13)])
+            rows[exact, threads] = (pre, dec)
+    for exact in (True, False):
+        for a, b in zip(rows[exact, 1], rows[exact, 2]):
+            assert np.array_equal(a, b), f"exact={exact}: 1 and 2 threads differ"
+    (pe, de), (pi, di) = rows[True, 1], rows[False, 1]
+    assert not np.array_equal(pe, pi), "exact=False left the routed experts float32"
+    assert not np.array_equal(de, di)
+    kl = mean_kl(np.concatenate([pi, di]), np.concatenate([pe, de]))
+    print(f"{dtype} experts, float32 trunk: mean KL(int8 || exact) {kl:.2e}")
+    assert kl <= KL_BOUND, f"{dtype}: the 8-bit experts' mean KL {kl:.2e} > {KL_BOUND:g}"
+
+
+def mean_kl(p_logits: np.ndarray, q_logits: np.ndarray) -> float:
+    def logsm(z: np.ndarray) -> np.ndarray:
+        z = z - z.max(-1, keepdims=True)
+        return z - np.log(np.exp(z).sum(-1, keepdims=True))
+
+    lp, lq = logsm(p_logits.astype(np.float64)), logsm(q_logits.astype(np.float64))
+    return float((np.exp(lp) * (lp - lq)).sum(-1).mean())

@@ -8,6 +8,9 @@
  *
  * gate and up run in one parallel section over blocks of their rows, each task also
  * applying silu(g) * u to its rows, so a SwiGLU costs two dispatches: gate/up and down.
+ * Unless the model is exact, quantized gate/up weights take the 8-bit path as
+ * wpi_matmul's do: the input is quantized once, before the section, for both of them
+ * (and down's input once by wpi_matmul).
  */
 #include <math.h>
 
@@ -26,6 +29,9 @@ float wpi_glu(const wpi_hparams *hp, float g, float u)
 typedef struct gu_ctx {
     const wpi_model *m;
     wpi_matmul_fn fg, fu;
+    wpi_matmul_x8_fn fg8, fu8; /* both set (8-bit path) or both NULL */
+    const wpi_xq *xq;          /* x quantized, token t at xq + t * ldq */
+    size_t ldq;
     const wpi_wmat *gate, *up;
     const float *x;
     size_t ldx;
@@ -40,8 +46,13 @@ static void gu_task(void *arg, uint32_t task)
     const size_t I = c->gate->rows;
     size_t r0 = (size_t)task * c->blk, r1 = r0 + c->blk < I ? r0 + c->blk : I;
     float *g = c->m->ff_g, *u = c->m->ff_u;
-    c->fg(c->gate->data, c->gate->cols, r0, r1, c->x, c->ldx, c->n_tok, g, I);
-    c->fu(c->up->data, c->up->cols, r0, r1, c->x, c->ldx, c->n_tok, u, I);
+    if (c->fg8) {
+        c->fg8(c->gate->data, c->gate->cols, r0, r1, c->xq, c->ldq, c->n_tok, g, I);
+        c->fu8(c->up->data, c->up->cols, r0, r1, c->xq, c->ldq, c->n_tok, u, I);
+    } else {
+        c->fg(c->gate->data, c->gate->cols, r0, r1, c->x, c->ldx, c->n_tok, g, I);
+        c->fu(c->up->data, c->up->cols, r0, r1, c->x, c->ldx, c->n_tok, u, I);
+    }
     const float lim = c->lim;
     for (uint32_t t = 0; t < c->n_tok; t++)
         for (size_t r = r0; r < r1; r++) {
@@ -66,8 +77,23 @@ static void swiglu(wpi_model *m, const wpi_wmat *gate, const wpi_wmat *up,
                    size_t ldx, uint32_t n_tok, float *out, size_t ldo)
 {
     gu_ctx c = {m, wpi_kernels_matmul(m->k, gate->dtype), wpi_kernels_matmul(m->k, up->dtype),
+                NULL, NULL, NULL, 0,
                 gate, up, x, ldx, n_tok, 0, m->hp ? wpi_swiglu_clamp(m->hp) : 0, bg, bu};
     const uint32_t I = gate->rows;
+    const size_t nb = gate->cols / WPI_QK;
+    if (!m->exact && gate->cols % WPI_QK == 0 && up->cols == gate->cols &&
+        (uint64_t)nb * n_tok <= m->xq_blocks) {
+        c.fg8 = wpi_kernels_matmul_x8(m->k, gate->dtype);
+        c.fu8 = wpi_kernels_matmul_x8(m->k, up->dtype);
+        if (c.fg8 && c.fu8) {
+            for (uint32_t t = 0; t < n_tok; t++)
+                wpi_quant_x8(x + t * ldx, gate->cols, m->xq + t * nb);
+            c.xq = m->xq;
+            c.ldq = nb;
+        } else {
+            c.fg8 = c.fu8 = NULL;
+        }
+    }
     const uint32_t nt = wpi_pool_threads(m->pool);
     uint64_t work = 2ull * I * gate->cols * n_tok;
     if (nt <= 1 || work < (1u << 16)) {

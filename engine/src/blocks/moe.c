@@ -10,7 +10,9 @@
  * router order at the end, so results do not depend on arrival order or cache state.
  * Decode only (one token, or one per sequence of a batched step): the next MoE layer's
  * router runs on this layer's output and its top-k is prefetched (timing only; the real
- * router still decides).
+ * router still decides). With 2 threads or more a group's experts share parallel
+ * sections: a decoded token's in two (apply_group_decode), a chunk's in two per batch of
+ * experts whose picks fit a chunk of rows (apply_group_chunk).
  */
 #include <math.h>
 #include <string.h>
@@ -131,7 +133,11 @@ static void apply_expert(wpi_model *m, const wpi_expert_view *v, int32_t p0, int
  * costs about what a 16-row block of a small expert does, so 2*top_k sections per layer
  * were a large share of a token (ENGINE_LESSONS section 8). Every row is computed by
  * the same kernel call on the same inputs as apply_expert's, so results are identical
- * and do not depend on the thread count.
+ * and do not depend on the thread count. On the 8-bit path (a model that is not exact,
+ * quantized experts, widths a multiple of 32) the token is quantized once for every
+ * expert's gate and up, and each gate/up task quantizes the 32-row blocks of silu(g) * u
+ * it produced, so down reads 8-bit inputs with no serial step between the sections
+ * (the same blocks wpi_swiglu's down would quantize).
  */
 #define GROUP_MAX 64
 
@@ -142,6 +148,9 @@ typedef struct group_ctx {
     float *g, *u;             /* [cnt, inter] */
     float *out[GROUP_MAX];    /* each expert's output row (H floats) */
     wpi_matmul_fn fn;
+    wpi_matmul_x8_fn fn8;     /* the 8-bit path where non-NULL */
+    const wpi_xq *xq;         /* x quantized (H / 32 blocks) */
+    wpi_xq *gq;               /* [cnt, inter / 32] silu(g) * u quantized */
     uint32_t blk, tasks_gu, tasks_down; /* tasks per expert */
     float lim;                /* wpi_swiglu_clamp */
 } group_ctx;
@@ -152,8 +161,13 @@ static void group_gu_task(void *arg, uint32_t t)
     const uint32_t e = t / c->tasks_gu, I = c->v[e].inter, H = c->v[e].hidden;
     size_t r0 = (size_t)(t % c->tasks_gu) * c->blk, r1 = r0 + c->blk < I ? r0 + c->blk : I;
     float *g = c->g + (size_t)e * I, *u = c->u + (size_t)e * I;
-    c->fn(c->v[e].gate, H, r0, r1, c->x, H, 1, g, I);
-    c->fn(c->v[e].up, H, r0, r1, c->x, H, 1, u, I);
+    if (c->fn8) {
+        c->fn8(c->v[e].gate, H, r0, r1, c->xq, H / WPI_QK, 1, g, I);
+        c->fn8(c->v[e].up, H, r0, r1, c->xq, H / WPI_QK, 1, u, I);
+    } else {
+        c->fn(c->v[e].gate, H, r0, r1, c->x, H, 1, g, I);
+        c->fn(c->v[e].up, H, r0, r1, c->x, H, 1, u, I);
+    }
     const float lim = c->lim;
     for (size_t r = r0; r < r1; r++) {
         float a = g[r], b = u[r];
@@ -163,6 +177,8 @@ static void group_gu_task(void *arg, uint32_t t)
         }
         g[r] = wpi_glu(c->m->hp, a, b);
     }
+    if (c->fn8) /* r0 and r1 are whole 32-row blocks here */
+        wpi_quant_x8(g + r0, r1 - r0, c->gq + ((size_t)e * I + r0) / WPI_QK);
 }
 
 static void group_down_task(void *arg, uint32_t t)
@@ -170,7 +186,11 @@ static void group_down_task(void *arg, uint32_t t)
     const group_ctx *c = arg;
     const uint32_t e = t / c->tasks_down, I = c->v[e].inter, H = c->v[e].hidden;
     size_t r0 = (size_t)(t % c->tasks_down) * c->blk, r1 = r0 + c->blk < H ? r0 + c->blk : H;
-    c->fn(c->v[e].down, I, r0, r1, c->g + (size_t)e * I, I, 1, c->out[e], H);
+    if (c->fn8)
+        c->fn8(c->v[e].down, I, r0, r1, c->gq + (size_t)e * I / WPI_QK, I / WPI_QK, 1,
+               c->out[e], H);
+    else
+        c->fn(c->v[e].down, I, r0, r1, c->g + (size_t)e * I, I, 1, c->out[e], H);
 }
 
 /* Whether apply_group_decode can take this group: one token, views of one dtype and
@@ -196,19 +216,168 @@ static void apply_group_decode(wpi_model *m, const wpi_expert_view *v, uint32_t 
     const size_t H = m->hp->hidden_size;
     const uint32_t I = v[0].inter, nt = wpi_pool_threads(m->pool);
     group_ctx c = {m, v, m->xn, m->ff_g, m->ff_u, {0}, wpi_kernels_matmul(m->k, v[0].dtype),
-                   0, 0, 0, wpi_swiglu_clamp(m->hp)};
+                   NULL, NULL, NULL, 0, 0, 0, wpi_swiglu_clamp(m->hp)};
     for (uint32_t s = 0; s < cnt; s++)
         c.out[s] = m->eo + (size_t)m->ex_pick[m->ex_start[s0 + s]] * H;
-    /* About four tasks per thread over all rows, in whole 16-row blocks. */
+    /* The 8-bit path: x's blocks first in xq, then each expert's silu(g) * u blocks. */
+    if (!m->exact && H % WPI_QK == 0 && I % WPI_QK == 0 &&
+        (uint64_t)(H + (size_t)cnt * I) / WPI_QK <= m->xq_blocks &&
+        (c.fn8 = wpi_kernels_matmul_x8(m->k, v[0].dtype)) != NULL) {
+        wpi_quant_x8(m->xn, H, m->xq);
+        c.xq = m->xq;
+        c.gq = m->xq + H / WPI_QK;
+    }
+    /* About four tasks per thread over all rows, in whole 16-row blocks (32 on the
+     * 8-bit path, so each gate/up task quantizes whole blocks of its rows). */
+    const uint64_t rb = c.fn8 ? WPI_QK : 16;
     uint64_t target = (uint64_t)nt * 4;
     uint64_t blk = ((uint64_t)cnt * I + target - 1) / target;
-    c.blk = (uint32_t)((blk + 15) / 16 * 16);
+    c.blk = (uint32_t)((blk + rb - 1) / rb * rb);
     c.tasks_gu = (I + c.blk - 1) / c.blk;
     wpi_parallel_for(m->pool, cnt * c.tasks_gu, group_gu_task, &c);
     blk = ((uint64_t)cnt * H + target - 1) / target;
     c.blk = (uint32_t)((blk + 15) / 16 * 16);
     c.tasks_down = (uint32_t)((H + c.blk - 1) / c.blk);
     wpi_parallel_for(m->pool, cnt * c.tasks_down, group_down_task, &c);
+}
+
+/*
+ * A chunk of several tokens: consecutive experts of a group whose picks fit the gather
+ * buffers (at most a chunk of rows) run as one batch in two parallel sections, gate/up
+ * over (expert, row block) tasks and then down, instead of two sections per expert.
+ * Each expert's rows go through the same kernel calls on the same gathered inputs as
+ * apply_expert's (its picks in order, n_tok = its pick count), so results are identical.
+ */
+typedef struct batch_ctx {
+    wpi_model *m;
+    const wpi_expert_view *v; /* [cnt] */
+    uint32_t row0[GROUP_MAX + 1]; /* expert e's gathered rows are [row0[e], row0[e + 1]) */
+    wpi_matmul_fn fn;
+    wpi_matmul_x8_fn fn8;     /* the 8-bit path where non-NULL */
+    wpi_xq *xq, *gq;          /* the gathered rows and silu(g) * u, quantized */
+    uint32_t blk, tasks_gu, tasks_down;
+    float lim;
+} batch_ctx;
+
+static void batch_gu_task(void *arg, uint32_t t)
+{
+    const batch_ctx *c = arg;
+    wpi_model *m = c->m;
+    const uint32_t e = t / c->tasks_gu, I = c->v[e].inter, H = c->v[e].hidden;
+    const uint32_t q0 = c->row0[e], nq = c->row0[e + 1] - q0;
+    size_t r0 = (size_t)(t % c->tasks_gu) * c->blk, r1 = r0 + c->blk < I ? r0 + c->blk : I;
+    float *g = m->ff_g + (size_t)q0 * I, *u = m->ff_u + (size_t)q0 * I;
+    if (c->fn8) {
+        const wpi_xq *xq = c->xq + (size_t)q0 * (H / WPI_QK);
+        c->fn8(c->v[e].gate, H, r0, r1, xq, H / WPI_QK, nq, g, I);
+        c->fn8(c->v[e].up, H, r0, r1, xq, H / WPI_QK, nq, u, I);
+    } else {
+        const float *x = m->xg + (size_t)q0 * H;
+        c->fn(c->v[e].gate, H, r0, r1, x, H, nq, g, I);
+        c->fn(c->v[e].up, H, r0, r1, x, H, nq, u, I);
+    }
+    const float lim = c->lim;
+    for (uint32_t q = 0; q < nq; q++) {
+        for (size_t r = r0; r < r1; r++) {
+            float a = g[(size_t)q * I + r], b = u[(size_t)q * I + r];
+            if (lim > 0) {
+                a = a < lim ? a : lim;
+                b = b < -lim ? -lim : b > lim ? lim : b;
+            }
+            g[(size_t)q * I + r] = wpi_glu(m->hp, a, b);
+        }
+        if (c->fn8) /* r0 and r1 are whole 32-row blocks here */
+            wpi_quant_x8(g + (size_t)q * I + r0, r1 - r0,
+                         c->gq + ((size_t)(q0 + q) * I + r0) / WPI_QK);
+    }
+}
+
+static void batch_down_task(void *arg, uint32_t t)
+{
+    const batch_ctx *c = arg;
+    wpi_model *m = c->m;
+    const uint32_t e = t / c->tasks_down, I = c->v[e].inter, H = c->v[e].hidden;
+    const uint32_t q0 = c->row0[e], nq = c->row0[e + 1] - q0;
+    size_t r0 = (size_t)(t % c->tasks_down) * c->blk, r1 = r0 + c->blk < H ? r0 + c->blk : H;
+    if (c->fn8)
+        c->fn8(c->v[e].down, I, r0, r1, c->gq + (size_t)q0 * (I / WPI_QK), I / WPI_QK, nq,
+               m->yg + (size_t)q0 * H, H);
+    else
+        c->fn(c->v[e].down, I, r0, r1, m->ff_g + (size_t)q0 * I, I, nq,
+              m->yg + (size_t)q0 * H, H);
+}
+
+/* Experts s0 .. s0 + cnt - 1 (views v, one dtype and shape), all picks within cap. */
+static void apply_batch(wpi_model *m, const wpi_expert_view *v, uint32_t s0, uint32_t cnt,
+                        int x8)
+{
+    const size_t H = m->hp->hidden_size, K = m->hp->top_k;
+    const uint32_t I = v[0].inter, nt = wpi_pool_threads(m->pool);
+    batch_ctx c = {m, v, {0}, wpi_kernels_matmul(m->k, v[0].dtype),
+                   x8 ? wpi_kernels_matmul_x8(m->k, v[0].dtype) : NULL, NULL, NULL, 0, 0, 0,
+                   wpi_swiglu_clamp(m->hp)};
+    uint32_t rows = 0;
+    for (uint32_t s = 0; s < cnt; s++) {
+        c.row0[s] = rows;
+        for (int32_t p = m->ex_start[s0 + s]; p < m->ex_start[s0 + s + 1]; p++, rows++)
+            memcpy(m->xg + (size_t)rows * H, m->xn + (size_t)(m->ex_pick[p] / K) * H,
+                   H * sizeof(float));
+    }
+    c.row0[cnt] = rows;
+    if (c.fn8) {
+        c.xq = m->xq;
+        c.gq = m->xq + (size_t)rows * (H / WPI_QK);
+        for (uint32_t q = 0; q < rows; q++)
+            wpi_quant_x8(m->xg + (size_t)q * H, H, c.xq + (size_t)q * (H / WPI_QK));
+    }
+    const uint64_t rb = c.fn8 ? WPI_QK : 16, target = (uint64_t)nt * 4;
+    uint64_t blk = ((uint64_t)cnt * I + target - 1) / target;
+    c.blk = (uint32_t)((blk + rb - 1) / rb * rb);
+    c.tasks_gu = (I + c.blk - 1) / c.blk;
+    wpi_parallel_for(m->pool, cnt * c.tasks_gu, batch_gu_task, &c);
+    blk = ((uint64_t)cnt * H + target - 1) / target;
+    c.blk = (uint32_t)((blk + 15) / 16 * 16);
+    c.tasks_down = (uint32_t)((H + c.blk - 1) / c.blk);
+    wpi_parallel_for(m->pool, cnt * c.tasks_down, batch_down_task, &c);
+    rows = 0;
+    for (uint32_t s = 0; s < cnt; s++)
+        for (int32_t p = m->ex_start[s0 + s]; p < m->ex_start[s0 + s + 1]; p++, rows++)
+            memcpy(m->eo + (size_t)m->ex_pick[p] * H, m->yg + (size_t)rows * H,
+                   H * sizeof(float));
+}
+
+/* A group of a multi-token chunk: batches of consecutive experts through apply_batch
+ * where the views allow it (one dtype and shape), one expert at a time otherwise. */
+static void apply_group_chunk(wpi_model *m, const wpi_expert_view *v, uint32_t g0,
+                              uint32_t cnt)
+{
+    const size_t H = m->hp->hidden_size;
+    const uint32_t I = v[0].inter;
+    int same = wpi_kernels_matmul(m->k, v[0].dtype) != NULL;
+    for (uint32_t s = 1; same && s < cnt; s++)
+        same = v[s].dtype == v[0].dtype && v[s].inter == I && v[s].hidden == v[0].hidden;
+    const int x8 = same && !m->exact && H % WPI_QK == 0 && I % WPI_QK == 0 &&
+                   wpi_kernels_matmul_x8(m->k, v[0].dtype) != NULL;
+    uint64_t cap = m->chunk; /* rows of xg, yg, ff_g and ff_u */
+    if (x8 && (uint64_t)m->xq_blocks * WPI_QK / (H + I) < cap)
+        cap = (uint64_t)m->xq_blocks * WPI_QK / (H + I);
+    for (uint32_t s = 0; s < cnt;) {
+        uint32_t e = s;
+        uint64_t rows = 0;
+        while (same && e < cnt) {
+            const uint64_t picks = (uint64_t)(m->ex_start[g0 + e + 1] - m->ex_start[g0 + e]);
+            if (rows + picks > cap) break;
+            rows += picks;
+            e++;
+        }
+        if (e - s >= 2) {
+            apply_batch(m, v + s, g0 + s, e - s, x8);
+            s = e;
+        } else {
+            apply_expert(m, &v[s], m->ex_start[g0 + s], m->ex_start[g0 + s + 1]);
+            s++;
+        }
+    }
 }
 
 uint32_t wpi_moe_distinct_experts(wpi_model *m, uint32_t n)
@@ -308,14 +477,15 @@ wp_status wpi_moe_block(wpi_model *m, uint32_t l, uint32_t n)
         wp_status st = g0 == 0 ? WP_OK
                                : wpi_experts_request(m->experts, l, m->ex_ids + g0, cnt, m->err,
                                                      m->err_cap);
-        if (st == WP_OK && n == 1 && cnt >= 2 && cnt <= GROUP_MAX &&
-            wpi_pool_threads(m->pool) >= 2) {
+        if (st == WP_OK && cnt >= 2 && cnt <= GROUP_MAX && wpi_pool_threads(m->pool) >= 2) {
             wpi_expert_view vs[GROUP_MAX];
             for (uint32_t s = 0; st == WP_OK && s < cnt; s++)
                 st = wpi_experts_acquire(m->experts, l, m->ex_ids[g0 + s], &vs[s], m->err,
                                          m->err_cap);
-            if (st == WP_OK && group_decode_ok(m, vs, cnt)) {
+            if (st == WP_OK && n == 1 && group_decode_ok(m, vs, cnt)) {
                 apply_group_decode(m, vs, g0, cnt);
+            } else if (st == WP_OK && n > 1) {
+                apply_group_chunk(m, vs, g0, cnt);
             } else {
                 for (uint32_t s = 0; st == WP_OK && s < cnt; s++)
                     apply_expert(m, &vs[s], m->ex_start[g0 + s], m->ex_start[g0 + s + 1]);
