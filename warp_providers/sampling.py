@@ -108,10 +108,8 @@ class Sampler:
             tok = int(np.argmax(logits))
             return tok, float(_log_softmax_at(logits, tok))
         x = logits.astype(np.float64) / p.temperature
-        order = np.argsort(-x, kind="stable")
-        if p.top_k > 0:
-            order = order[: p.top_k]
-        vals = x[order]
+        neg = -x
+        order, vals = _ranked(neg, p.top_k)
         probs = np.exp(vals - vals[0])
         probs /= probs.sum()
         keep = int(np.count_nonzero(probs > 0.0))  # masked ids (-inf) carry no mass
@@ -120,12 +118,12 @@ class Sampler:
         if p.min_p > 0.0:
             keep = min(keep, int(np.count_nonzero(probs >= p.min_p * probs[0])))
         keep = max(keep, 1)
-        order, probs = order[:keep], probs[:keep]
-        probs = probs / probs.sum()
+        probs = probs[:keep] / probs[:keep].sum()
         # Scale the coin instead of normalising the cumulative sum twice.
         idx = int(np.searchsorted(np.cumsum(probs), self._rng.random() * 0.999999999))
         idx = min(idx, keep - 1)
-        return int(order[idx]), float(np.log(probs[idx]))
+        tok = int(order[idx]) if order is not None else _id_at_rank(neg, -vals[idx], idx)
+        return tok, float(np.log(probs[idx]))
 
     def _penalize(self, logits: np.ndarray, generated: Sequence[int]) -> None:
         p = self.params
@@ -140,6 +138,39 @@ class Sampler:
                 logits[seen] = np.where(
                     vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty
                 )
+
+
+def _ranked(neg: np.ndarray, top_k: int) -> tuple[np.ndarray | None, np.ndarray]:
+    """The candidates by rank: ids and values of -neg in descending order, ties to the
+    lower id (the order of a stable argsort of neg), the first top_k of them (0: all).
+
+    Without a full argsort: top_k candidates come from a partition (the ties at the k-th
+    value taken by lowest id, as the stable sort takes them), then only they are sorted;
+    every id (top_k 0 or >= the vocabulary) is only a sort of the values, ids None, the
+    drawn rank mapped back to its id by `_id_at_rank`.
+    """
+    n = neg.size
+    if top_k <= 0 or top_k >= n:
+        return None, -np.sort(neg)
+    kth = np.partition(neg, top_k - 1)[top_k - 1]
+    better = np.flatnonzero(neg < kth)
+    tied = np.flatnonzero(neg == kth)[: top_k - better.size]
+    cand = np.sort(np.concatenate([better, tied]))
+    if cand.size != top_k:  # NaN among the k best: no order to reproduce cheaply
+        order = np.argsort(neg, kind="stable")[:top_k]
+    else:
+        order = cand[np.argsort(neg[cand], kind="stable")]
+    return order, -neg[order]
+
+
+def _id_at_rank(neg: np.ndarray, value: float, rank: int) -> int:
+    """The id at `rank` of a stable argsort of neg, whose value there is `value`: the ids
+    before it are those below value, then the tied ids in id order."""
+    tied = np.flatnonzero(neg == value)
+    at = rank - int(np.count_nonzero(neg < value))
+    if 0 <= at < tied.size:
+        return int(tied[at])
+    return int(np.argsort(neg, kind="stable")[rank])  # NaN: as the stable sort puts it
 
 
 def _log_softmax_at(logits: np.ndarray, tok: int) -> float:

@@ -46,6 +46,14 @@ struct wpi_arch {
      * (hyper-connections mix several streams) it evaluates the sequences one by one. */
     void (*mixer)(wpi_model *mdl, uint32_t layer, uint32_t n, uint32_t pos);
     wp_status (*ffn)(wpi_model *mdl, uint32_t layer, uint32_t n);
+    /* Optional with mixer, both or neither: the stateless parts of the mixer, on n rows of
+     * any sequences, so a batched step projects every sequence's rows in one matmul.
+     * mix_in before it (the norm and input projections of every row, each at its own
+     * position's RoPE; mixer then reads its rows of them), mix_out after it (the output
+     * projection into the residual stream). With them, mixer is only the part that reads
+     * or writes a sequence's state; layer_forward is mix_in, mixer, mix_out, ffn. */
+    void (*mix_in)(wpi_model *mdl, uint32_t layer, uint32_t n);
+    void (*mix_out)(wpi_model *mdl, uint32_t layer, uint32_t n);
     /* Its image tower, or NULL (a container with a vision object is then refused when
      * opened with the vision option). */
     const struct wpi_vision *vision;

@@ -34,10 +34,15 @@ wp_status wpi_hparam_bool(const struct wpi_json *h, const char *key, int32_t *ou
  * unnormalized sum of exp(score - *mx) v; returns the sum of those weights. */
 float wpi_attend_keys(const wpi_model *m, const float *q, const float *kc, const float *vc,
                       size_t kvd, uint32_t lo, uint32_t end, float *out, float *mx);
-/* The two halves every attention variant shares: attn_norm, q/k/v projections into the
- * KV cache at pos (biases, q/k norm, clip, rope) -- and the output projection (+ bias)
- * added to the residual stream. */
-void wpi_attention_project(wpi_model *mdl, uint32_t layer, uint32_t n, uint32_t pos);
+/* The parts every attention variant shares. Stateless, on n rows of any sequences (the
+ * arch's mix_in / mix_out): attn_norm, q/k/v projections into q and kv_rows (biases, q/k
+ * norm, clip, rope at each row's position) -- and the output projection (+ bias) of att
+ * added to the residual stream. Per sequence: its n rows of kv_rows into its cache at pos
+ * (store), then (attend) the causal attention of its q rows into att.
+ * wpi_attention_block: the three in order on one sequence. */
+void wpi_attention_project(wpi_model *mdl, uint32_t layer, uint32_t n);
+void wpi_attention_store(wpi_model *mdl, uint32_t layer, uint32_t n, uint32_t pos);
+void wpi_attention_attend(wpi_model *mdl, uint32_t layer, uint32_t n, uint32_t pos);
 void wpi_attention_output(wpi_model *mdl, uint32_t layer, uint32_t n);
 void wpi_attention_block(wpi_model *mdl, uint32_t layer, uint32_t n, uint32_t pos);
 void wpi_ffn_block(wpi_model *mdl, uint32_t layer, uint32_t n);
@@ -60,18 +65,24 @@ wp_status wpi_moe_for_each_expert(wpi_model *mdl, uint32_t layer, const float *x
  * layers and wpi_ffn_block on dense ones; the arch's hparams decide routing, shared
  * expert and qk norm. */
 wp_status wpi_moe_decoder_layer(wpi_model *mdl, uint32_t layer, uint32_t n, uint32_t pos);
-/* Its two halves for wp_eval_batch (arch.h mixer / ffn): the attention of the layer's
- * kind; the dense FFN or the MoE block (also the ffn of the MLA and KDA decoders). */
+/* Its parts for wp_eval_batch (arch.h mix_in / mixer / mix_out / ffn): the attention of
+ * the layer's kind (wpi_attention_project, the attend of its kind, wpi_attention_output);
+ * the dense FFN or the MoE block (also the ffn of the MLA and KDA decoders). */
 void wpi_moe_decoder_mixer(wpi_model *mdl, uint32_t layer, uint32_t n, uint32_t pos);
 wp_status wpi_moe_decoder_ffn(wpi_model *mdl, uint32_t layer, uint32_t n);
-/* The hooks of a layer that is wpi_moe_decoder_mixer then _ffn. */
+/* The hooks of a layer that is wpi_moe_decoder_mixer's parts then _ffn. */
 #define WPI_MOE_DECODER_HOOKS                                                         \
-    .layer_forward = wpi_moe_decoder_layer, .mixer = wpi_moe_decoder_mixer,            \
+    .layer_forward = wpi_moe_decoder_layer, .mix_in = wpi_attention_project,           \
+    .mixer = wpi_moe_decoder_mixer, .mix_out = wpi_attention_output,                   \
     .ffn = wpi_moe_decoder_ffn
 /* attention_sw.c: attention with per-head sinks (layer's attn_sinks, if any) over keys
  * p-window+1..p of each position p (window 0: all); biases, RoPE, no qk norm. */
 void wpi_attention_sw_block(wpi_model *mdl, uint32_t layer, uint32_t n, uint32_t pos,
                             uint32_t window);
+/* Its per-sequence part (between wpi_attention_project and _output): store, then attend
+ * with the window and the sinks. */
+void wpi_attention_sw_attend(wpi_model *mdl, uint32_t layer, uint32_t n, uint32_t pos,
+                             uint32_t window);
 /* out[t] = down(silu(gate x_t) * up x_t) for m tokens (ffn.c). */
 void wpi_swiglu(wpi_model *mdl, const wpi_wmat *gate, const wpi_wmat *up,
                 const wpi_wmat *down, const float *x, size_t ldx, uint32_t m,
@@ -95,6 +106,12 @@ void wpi_topk(const float *probs, uint32_t n, uint32_t k, int32_t *ids, float *w
 /* kda.c: Kimi Delta Attention block (recurrent state zeroed at pos 0); its state floats
  * per KDA layer; the number of KDA layers; its scratch floats for chunks of `chunk`. */
 void wpi_kda_block(wpi_model *mdl, uint32_t layer, uint32_t n, uint32_t pos);
+/* Its three parts: project and output stateless on n rows of any sequences (the arch's
+ * mix_in / mix_out), attend (conv window and recurrence) per sequence at pos. Each row's
+ * values are one slice of kda_buf, so a sequence's rows are a slice from its first row. */
+void wpi_kda_project(wpi_model *mdl, uint32_t layer, uint32_t n);
+void wpi_kda_attend(wpi_model *mdl, uint32_t layer, uint32_t n, uint32_t pos);
+void wpi_kda_output(wpi_model *mdl, uint32_t layer, uint32_t n);
 uint64_t wpi_kda_state_floats(const wpi_hparams *hp);
 uint32_t wpi_kda_layers(const wpi_hparams *hp);
 uint64_t wpi_kda_scratch_floats(const wpi_hparams *hp, uint32_t chunk);
@@ -122,11 +139,22 @@ size_t wpi_mla_state_part(const wpi_model *m, uint32_t l, int v, uint32_t pos, f
  * kv_a_norm, kv_b, output and their optional biases. */
 wp_status wpi_mla_check_layer(const wpi_container *c, uint32_t l, char *err, size_t cap);
 void wpi_mla_block(wpi_model *mdl, uint32_t layer, uint32_t n, uint32_t pos);
-/* Its two halves: attn_norm, q (q_a rmsnorm'd into mla_qa, then q), the latent row into the
- * cache -- and the attention plus output projection, into xn and added to x. pools (NULL:
- * every key): each token attends only to its selected key pools (an indexer's choice) and,
- * with tail, its incomplete pool. */
-void wpi_mla_project(wpi_model *mdl, uint32_t layer, uint32_t n, uint32_t pos);
+/* The parts of a layer that is MLA or KDA by hparams.layer_attn (each the part of its
+ * kind), and those as the mixer hooks of a wpi_arch initializer. */
+void wpi_mla_kda_project(wpi_model *mdl, uint32_t layer, uint32_t n);
+void wpi_mla_kda_attend(wpi_model *mdl, uint32_t layer, uint32_t n, uint32_t pos);
+void wpi_mla_kda_output(wpi_model *mdl, uint32_t layer, uint32_t n);
+#define WPI_MLA_KDA_MIXER_HOOKS                                                        \
+    .mix_in = wpi_mla_kda_project, .mixer = wpi_mla_kda_attend,                       \
+    .mix_out = wpi_mla_kda_output
+/* Its three parts. Stateless, on n rows of any sequences (the arch's mix_in / mix_out):
+ * project: attn_norm, q (q_a rmsnorm'd into mla_qa, then q), the latent rows into kv_rows
+ * (rope at each row's position), the absorbed query into mla_q -- and output: W_uv of
+ * mla_o into att, the gate, the output projection into xn, added to x. Per sequence,
+ * attend: its latent rows into its cache at pos, then the attention of its rows into
+ * mla_o. pools (NULL: every key): each token attends only to its selected key pools (an
+ * indexer's choice) and, with tail, its incomplete pool. */
+void wpi_mla_project(wpi_model *mdl, uint32_t layer, uint32_t n);
 typedef struct wpi_mla_pools {
     const int32_t *sel;      /* [n][per] selected pools of each token, ascending */
     const int32_t *nsel;     /* [n] how many of them */
@@ -136,7 +164,8 @@ typedef struct wpi_mla_pools {
 #define WPI_MLA_MAX_POOLS 1024
 void wpi_mla_attend(wpi_model *mdl, uint32_t layer, uint32_t n, uint32_t pos,
                     const wpi_mla_pools *pools);
-/* (With the layer's attn_gate, wpi_mla_attend gates the heads' output by sigmoid of
+void wpi_mla_output(wpi_model *mdl, uint32_t layer, uint32_t n);
+/* (With the layer's attn_gate, wpi_mla_output gates the heads' output by sigmoid of
  * attn_gate times the normed input, computed into mdl->q: n_heads * v_head_dim must not
  * exceed n_heads * head_dim, which the arch checks.) */
 /* Rotates rope_dim dims of n_heads heads, head_dim apart, in GPT-J pairs (2i, 2i+1). */

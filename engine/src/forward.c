@@ -78,6 +78,9 @@ static uint64_t layout(const wpi_arch *arch, const wpi_hparams *hp, uint32_t chu
     const uint64_t QD = (uint64_t)hp->n_heads * hp->head_dim;
     /* MLA writes v_head_dim floats per head into att, which may exceed head_dim */
     const uint64_t AD = (uint64_t)hp->n_heads * umax(hp->head_dim, hp->v_head_dim);
+    /* the rows a block projects before a sequence stores them: MLA's latent, else k|v */
+    const uint64_t KVR = hp->kv_lora_rank ? (uint64_t)hp->kv_lora_rank + hp->rope_dim
+                                          : 2ull * hp->n_kv_heads * hp->head_dim;
     const uint64_t FF = umax(hp->intermediate_size,
                              umax(hp->moe_intermediate_size,
                                   hp->shared_expert_intermediate_size));
@@ -88,6 +91,7 @@ static uint64_t layout(const wpi_arch *arch, const wpi_hparams *hp, uint32_t chu
     CARVE(xq, wpi_xq, xq_blocks(hp, chunk));
     CARVE(q, float, C * QD);
     CARVE(att, float, C * AD);
+    CARVE(kv_rows, float, C * KVR);
     CARVE(rope_cos, float, C * (hp->rope_dim / 2));
     CARVE(rope_sin, float, C * (hp->rope_dim / 2));
     CARVE(ff_g, float, C * FF);
@@ -420,21 +424,40 @@ static void batch_logits(wpi_model *b, const uint32_t *n, uint32_t n_seqs, float
     wpi_matmul(b, &job, 1, b->xn, H, j);
 }
 
+/* The per-row buffers a sequence's mixer reads and writes: its slice of base's, from
+ * row r (r = 0 and m == base: the scratch's own). */
+static void slice_rows(wpi_model *m, const wpi_model *b, uint32_t r)
+{
+    const wpi_hparams *hp = b->hp;
+    const size_t H = hp->hidden_size, QD = (size_t)hp->n_heads * hp->head_dim;
+    const size_t AD = (size_t)hp->n_heads * umax(hp->head_dim, hp->v_head_dim);
+    const size_t NH = hp->n_heads, R = hp->kv_lora_rank, half = hp->rope_dim / 2;
+    const size_t KVR = R ? R + hp->rope_dim : 2 * (size_t)hp->n_kv_heads * hp->head_dim;
+    m->x = b->x + r * H;
+    m->xn = b->xn + r * H;
+    m->q = b->q + r * QD;
+    m->att = b->att + r * AD;
+    m->kv_rows = b->kv_rows + r * KVR;
+    m->rope_cos = b->rope_cos + r * half;
+    m->rope_sin = b->rope_sin + r * half;
+    m->mla_q = b->mla_q + (R ? r * NH * (R + hp->rope_dim) : 0);
+    m->mla_o = b->mla_o + r * NH * R;
+    m->kda_buf = b->kda_buf + r * wpi_kda_scratch_floats(hp, 1);
+}
+
 wp_status wpi_model_forward_batch(wpi_model *b, const wpi_arch *arch, wpi_model *const *ms,
                                   const int32_t *const *tok, const uint32_t *n,
                                   const uint32_t *pos, uint32_t n_seqs, float *logits,
                                   const uint8_t *want)
 {
     const wpi_hparams *hp = b->hp;
-    const size_t H = hp->hidden_size, half = hp->rope_dim / 2;
+    const size_t H = hp->hidden_size;
     const size_t row_bytes = wpi_row_bytes(b->tok_embd.dtype, H);
     uint32_t rows = 0;
     /* Each sequence's rows and rope tables are its slice of the shared ones. */
     for (uint32_t i = 0; i < n_seqs; i++) {
         wpi_model *m = ms[i];
-        m->x = b->x + (size_t)rows * H;
-        m->rope_cos = b->rope_cos + (size_t)rows * half;
-        m->rope_sin = b->rope_sin + (size_t)rows * half;
+        slice_rows(m, b, rows);
         m->tokens = tok[i];
         for (uint32_t t = 0; t < n[i]; t++) embed_row(m, tok[i][t], row_bytes, m->x + t * H);
         wpi_rope_prepare(m, n[i], pos[i]);
@@ -448,14 +471,15 @@ wp_status wpi_model_forward_batch(wpi_model *b, const wpi_arch *arch, wpi_model 
     for (uint32_t i = 0; i < n_seqs; i++)
         if (n[i] != 1) b->la_rows = 0;
     wp_status st = WP_OK;
+    /* base's rope tables hold every row's own position: the sequences' slices */
     for (uint32_t l = 0; l < hp->n_layers && st == WP_OK; l++) {
+        if (arch->mix_in) arch->mix_in(b, l, rows);
         for (uint32_t i = 0; i < n_seqs; i++) arch->mixer(ms[i], l, n[i], pos[i]);
+        if (arch->mix_out) arch->mix_out(b, l, rows);
         st = arch->ffn(b, l, rows);
     }
     for (uint32_t i = 0; i < n_seqs; i++) {
-        ms[i]->x = b->x;
-        ms[i]->rope_cos = b->rope_cos;
-        ms[i]->rope_sin = b->rope_sin;
+        slice_rows(ms[i], b, 0);
         ms[i]->trace_cursor += n[i];
     }
     if (st == WP_OK && logits) batch_logits(b, n, n_seqs, logits, want);

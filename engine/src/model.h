@@ -80,6 +80,9 @@ typedef struct wpi_model {
     uint64_t xq_blocks;          /* C * (widest matmul input / 32) */
     float *q;                    /* [C, n_heads*head_dim] */
     float *att;                  /* [C, n_heads*head_dim] attention output */
+    float *kv_rows;              /* [C, 2*n_kv_heads*head_dim] projected k|v of each row
+                                    (MLA: [C, kv_lora_rank+rope_dim] latent rows) before a
+                                    sequence copies them into its cache */
     float *rope_cos, *rope_sin;  /* [C, rope_dim/2] at the chunk's positions */
     float *ff_g, *ff_u;          /* [C, max ffn width] gate and up / hidden */
     float *moe_out;              /* [C, hidden] routed + shared expert sum */

@@ -3,7 +3,9 @@
 Batched equals alone (greedy tokens, logits within 1e-4 on F32 containers) on a tiny MoE,
 a tiny dense llama, a tiny kimi_linear (KDA + MLA layers), a tiny kimi_k3 (its Attention
 Residuals' block sums kept per row across the mixer and FFN halves of a batched step), a
-tiny deepseek_v4 and a tiny glm5_next (these two batched one sequence after another);
+tiny gpt_oss (sliding window and sinks), a tiny deepseek_v3 (MLA with q_lora), where
+each step projects every sequence's rows at once, and a tiny deepseek_v4 and a tiny
+glm5_next (these two batched one sequence after another);
 sequences are isolated from each other's reset, truncate, copy and load; a bad input
 anywhere in a batch changes no sequence; the sequences are a bounded, typed resource; the plan's floor grows by one
 sequence's bytes per sequence; and one batched step reads the union of the sequences'
@@ -74,13 +76,39 @@ def _kimi_linear():
     return tf.KimiLinearConfig(**base, **moe_kw, **mla_kw, linear_attn_config=attn)
 
 
+def _gpt_oss():
+    """A sliding layer (window 8, shorter than most prompts) and a full one, with sinks."""
+    import transformers as tf
+
+    return tf.GptOssConfig(**{**_COMMON, **dict(
+        head_dim=16, intermediate_size=64, num_local_experts=8, num_experts_per_tok=2,
+        sliding_window=8, layer_types=["sliding_attention", "full_attention"],
+        swiglu_limit=1.0, max_position_embeddings=512)})
+
+
+def _deepseek_v3():
+    """MLA with q_lora and interleaved RoPE, a dense layer, then grouped routing."""
+    import transformers as tf
+
+    return tf.DeepseekV3Config(**{**_COMMON, **dict(
+        num_hidden_layers=3, num_key_value_heads=4, intermediate_size=128,
+        moe_intermediate_size=32, n_routed_experts=16, n_group=4, topk_group=2,
+        num_experts_per_tok=4, n_shared_experts=1, first_k_dense_replace=1, q_lora_rank=32,
+        kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+        routed_scaling_factor=2.5, norm_topk_prob=True, rope_interleave=True)})
+
+
+_HF_CONFIGS = {"llama": _llama, "kimi_linear": _kimi_linear, "gpt_oss": _gpt_oss,
+               "deepseek_v3": _deepseek_v3}
+
+
 @pytest.fixture(scope="module")
 def moe(tmp_path_factory) -> Path:
     return tiny_moe(tmp_path_factory.mktemp("bmoe"), experts="f32", trunk="f32")
 
 
 @pytest.fixture(scope="module", params=["qwen3_moe", "llama", "kimi_linear", "kimi_k3",
-                                                   "deepseek_v4", "glm5_next"])
+                                        "gpt_oss", "deepseek_v3", "deepseek_v4", "glm5_next"])
 def any_model(request, tmp_path_factory) -> Path:
     """deepseek_v4 and glm5_next have no mixer / ffn split (hyper-connections): their batch
     runs sequence after sequence, each on its own state and layer table, sharing the
@@ -94,8 +122,8 @@ def any_model(request, tmp_path_factory) -> Path:
     if request.param == "kimi_k3":
         return tiny_kimi_k3(tmp_path_factory.mktemp("bk3"), experts="f32")
     requires(has_module("torch") and has_module("transformers"),
-             "torch and transformers (the tiny dense and kimi_linear models)")
-    make = _llama if request.param == "llama" else _kimi_linear
+             "torch and transformers (the tiny llama, kimi_linear, gpt_oss and deepseek_v3)")
+    make = _HF_CONFIGS[request.param]
     return _hf_container(tmp_path_factory.mktemp(request.param), make(), request.param)
 
 

@@ -187,3 +187,66 @@ def test_everything_masked_is_refused():
 def test_out_of_range_knobs_are_refused(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
         SamplingParams(**bad)
+
+
+def _sorted_reference(params: SamplingParams, logits: np.ndarray, coin: float) -> tuple[int, float]:
+    """The filters and the draw over a full stable argsort, as the sampler defines them:
+    the ranking the partition-based sampler must reproduce exactly."""
+    x = logits.astype(np.float64) / params.temperature
+    order = np.argsort(-x, kind="stable")
+    if params.top_k > 0:
+        order = order[: params.top_k]
+    vals = x[order]
+    probs = np.exp(vals - vals[0])
+    probs /= probs.sum()
+    keep = int(np.count_nonzero(probs > 0.0))
+    if params.top_p < 1.0:
+        keep = min(keep, int(np.searchsorted(np.cumsum(probs), params.top_p) + 1))
+    if params.min_p > 0.0:
+        keep = min(keep, int(np.count_nonzero(probs >= params.min_p * probs[0])))
+    keep = max(keep, 1)
+    order, probs = order[:keep], probs[:keep]
+    probs = probs / probs.sum()
+    idx = min(int(np.searchsorted(np.cumsum(probs), coin * 0.999999999)), keep - 1)
+    return int(order[idx]), float(np.log(probs[idx]))
+
+
+def _tied_logits(rng: np.random.Generator, vocab: int, levels: int) -> np.ndarray:
+    """Logits on a few levels (many exact ties, ties at every rank boundary), some masked."""
+    x = rng.integers(0, levels, vocab).astype(np.float32) * np.float32(0.75)
+    x[rng.random(vocab) < 0.1] = -np.inf
+    return x
+
+
+@pytest.mark.parametrize("top_k", [0, 1, 2, 5, 40, 299, 300, 1000])
+@pytest.mark.parametrize("top_p, min_p", [(1.0, 0.0), (0.9, 0.0), (0.5, 0.05), (1.0, 0.2)])
+def test_ranking_without_a_full_sort_draws_what_the_full_sort_draws(top_k, top_p, min_p):
+    # Same seed, same logits: the same token and the bit-identical logprob as the full
+    # stable argsort gives, ties (at the top-k boundary too) going to the lower id.
+    vocab, steps = 300, 60
+    params = SamplingParams(temperature=0.7, top_k=top_k, top_p=top_p, min_p=min_p, seed=11)
+    sampler = Sampler(params)
+    coins = np.random.default_rng(11)
+    rng = np.random.default_rng(top_k * 7 + int(top_p * 10))
+    for step in range(steps):
+        logits = _tied_logits(rng, vocab, levels=4 if step % 2 else 40)
+        want = _sorted_reference(params, logits, coins.random())
+        got = sampler.sample(logits.copy(), [])
+        assert got[0] == want[0], (step, got, want)
+        assert got[1] == want[1], (step, got, want)
+
+
+def test_ranking_on_a_large_vocabulary_matches_the_full_sort():
+    # A 49k vocabulary with real-valued logits (few ties) and a top-k, a nucleus and the
+    # whole distribution: each draw equal to the full sort's.
+    vocab = 49152
+    rng = np.random.default_rng(3)
+    for params in (SamplingParams(temperature=0.8, top_k=50, seed=5),
+                   SamplingParams(temperature=1.0, top_p=0.95, seed=5),
+                   SamplingParams(temperature=1.3, seed=5)):
+        sampler, coins = Sampler(params), np.random.default_rng(5)
+        for _ in range(10):
+            logits = (rng.standard_normal(vocab) * 4).astype(np.float32)
+            logits[rng.integers(0, vocab, 8)] = logits.max()  # ties at the top
+            assert sampler.sample(logits.copy(), []) == _sorted_reference(
+                params, logits, coins.random())

@@ -43,6 +43,6 @@ const wpi_arch wpi_arch_deepseek_v3 = {
     .check = check,
     WPI_MLA_HOOKS,
     .layer_forward = layer_forward,
-    .mixer = wpi_mla_block,
+    WPI_MLA_KDA_MIXER_HOOKS, /* every layer MLA */
     .ffn = wpi_moe_decoder_ffn,
 };

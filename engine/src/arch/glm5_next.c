@@ -364,12 +364,13 @@ static wp_status layer_forward(wpi_model *m, uint32_t l, uint32_t n, uint32_t po
     if (hp->layer_attn[l] == WPI_ATTN_KDA) {
         wpi_kda_block(m, l, n, pos);
     } else {
-        wpi_mla_project(m, l, n, pos);
+        wpi_mla_project(m, l, n);
         if (own_hp(hp)->layer_index[l] == INDEX_FULL) dsa_index(m, l, n, pos);
         const glm5_hp *o = own_hp(hp);
         const wpi_mla_pools ps = {own(m)->idx_sel, own(m)->idx_nsel, o->index_kpool,
                                   hp->index_topk / o->index_kpool, o->index_tail};
         wpi_mla_attend(m, l, n, pos, &ps);
+        wpi_mla_output(m, l, n);
     }
     wpi_hc_post(m->pool, &d, own(m)->hc_x, m->xn, H, own(m)->hc_post, own(m)->hc_comb, n);
 

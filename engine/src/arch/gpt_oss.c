@@ -197,13 +197,15 @@ static wp_status check(const wpi_container *c, char *err, size_t cap)
 static void mixer(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
 {
     const wpi_hparams *hp = m->hp;
-    wpi_attention_sw_block(m, l, n, pos,
-                           hp->layer_attn[l] == WPI_ATTN_SLIDING ? hp->sliding_window : 0);
+    wpi_attention_sw_attend(m, l, n, pos,
+                            hp->layer_attn[l] == WPI_ATTN_SLIDING ? hp->sliding_window : 0);
 }
 
 static wp_status layer_forward(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
 {
+    wpi_attention_project(m, l, n);
     mixer(m, l, n, pos);
+    wpi_attention_output(m, l, n);
     return moe_block(m, l, n);
 }
 
@@ -232,6 +234,8 @@ const wpi_arch wpi_arch_gpt_oss = {
     .scratch = scratch,
     .bind = bind,
     .layer_forward = layer_forward,
+    .mix_in = wpi_attention_project,
     .mixer = mixer,
+    .mix_out = wpi_attention_output,
     .ffn = moe_block,
 };

@@ -16,10 +16,11 @@
  * expert_hidden_size]) run on lat = ffn_lat_down xn; y = sum of weighted outputs in router
  * order, rmsnorm'd by ffn_lat_norm when latent_moe_norm; ffn = ffn_lat_up y + shared(xn),
  * the shared experts on the full hidden state.
- * A layer is its mixer part (AttnRes before attention, the attention block), then its FFN
- * part (the FFN, AttnRes bookkeeping, the output aggregation after the last layer), set as
- * the mixer / ffn hooks: ps and the blocks are kept per row of the step (a sequence's rows
- * are its slice of x, so its row offset into them is its x's offset from the scratch's).
+ * A layer is its mixer part (AttnRes before attention and the attention's projections,
+ * the attention over a sequence's state, the output projection and AttnRes before the
+ * FFN), then its FFN part (the FFN, AttnRes bookkeeping, the output aggregation after the
+ * last layer), set as the mix_in / mixer / mix_out / ffn hooks: ps and the blocks are kept
+ * per row of the step (rows are offsets of x from the scratch's).
  * State: MLA's latent rows and KDA's recurrent state (mla.c); AttnRes keeps none across
  * tokens. Scratch (buf): ps, lat, shared output and the blocks, [chunk][hidden] each.
  */
@@ -264,9 +265,11 @@ static wp_status latent_moe(wpi_model *m, uint32_t l, uint32_t n)
     return WP_OK;
 }
 
-/* AttnRes before attention, the attention block, AttnRes before the FFN: on this
- * sequence's n rows of x, its rows of ps and the blocks at its offset. */
-static void mixer(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
+/* The mixer's stateless parts around the attention (arch.h mix_in / mix_out), on n rows
+ * of x, their rows of ps and the blocks at the same offset: AttnRes before attention and
+ * the block's projections; the block's output projection (into xn and x) and AttnRes
+ * before the FFN. */
+static void mix_in(wpi_model *m, uint32_t l, uint32_t n)
 {
     const wpi_hparams *hp = m->hp;
     const k3_model *a = own(m);
@@ -275,24 +278,30 @@ static void mixer(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
     const size_t off = (size_t)(m->x - a->x0);
     const uint32_t B = own_hp(hp)->attn_res_block_size;
     float *ps = a->buf + off, *blocks = a->buf + 3 * CH + off;
-    uint32_t nb = blocks_before(hp, l);
-    int fresh = 0; /* ps is none: it starts a block */
+    const uint32_t nb = blocks_before(hp, l);
     if (B) {
         memcpy(ps, m->x, NH * sizeof(float));
         if (nb) attn_res(m, ps, blocks, nb, n, A->res_attn_norm, A->res_attn_proj, m->x);
-        if (l % B == 0) {
-            memcpy(blocks + nb++ * CH, ps, NH * sizeof(float));
-            fresh = 1;
-        }
+        if (l % B == 0) memcpy(blocks + nb * CH, ps, NH * sizeof(float)); /* ps: none */
     }
-    if (hp->layer_attn[l] == WPI_ATTN_KDA)
-        wpi_kda_block(m, l, n, pos);
-    else
-        wpi_mla_block(m, l, n, pos);
-    if (B) { /* the block left its output in xn */
-        for (size_t i = 0; i < NH; i++) ps[i] = fresh ? m->xn[i] : ps[i] + m->xn[i];
-        attn_res(m, ps, blocks, nb, n, A->res_ffn_norm, A->res_ffn_proj, m->x);
-    }
+    wpi_mla_kda_project(m, l, n);
+}
+
+static void mix_out(wpi_model *m, uint32_t l, uint32_t n)
+{
+    const wpi_hparams *hp = m->hp;
+    const k3_model *a = own(m);
+    const k3_layer *A = &a->layers[l];
+    const size_t H = hp->hidden_size, CH = (size_t)m->chunk * H, NH = (size_t)n * H;
+    const size_t off = (size_t)(m->x - a->x0);
+    const uint32_t B = own_hp(hp)->attn_res_block_size;
+    float *ps = a->buf + off, *blocks = a->buf + 3 * CH + off;
+    wpi_mla_kda_output(m, l, n);
+    if (!B) return;
+    const int fresh = l % B == 0; /* ps was none: the block's output starts it */
+    const uint32_t nb = blocks_before(hp, l) + (uint32_t)fresh;
+    for (size_t i = 0; i < NH; i++) ps[i] = fresh ? m->xn[i] : ps[i] + m->xn[i];
+    attn_res(m, ps, blocks, nb, n, A->res_ffn_norm, A->res_ffn_proj, m->x);
 }
 
 /* The FFN (its output in moe_out), then ps += it and x = ps, or after the last layer the
@@ -319,7 +328,9 @@ static wp_status ffn(wpi_model *m, uint32_t l, uint32_t n)
 
 static wp_status layer_forward(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
 {
-    mixer(m, l, n, pos);
+    mix_in(m, l, n);
+    wpi_mla_kda_attend(m, l, n, pos);
+    mix_out(m, l, n);
     return ffn(m, l, n);
 }
 
@@ -333,6 +344,8 @@ const wpi_arch wpi_arch_kimi_k3 = {
     .state_part = wpi_mla_state_part,
     .no_truncate = wpi_kda_no_truncate,
     .layer_forward = layer_forward,
-    .mixer = mixer,
+    .mix_in = mix_in,
+    .mixer = wpi_mla_kda_attend,
+    .mix_out = mix_out,
     .ffn = ffn,
 };

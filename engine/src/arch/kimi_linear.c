@@ -42,17 +42,11 @@ static wp_status check(const wpi_container *c, char *err, size_t cap)
     return WP_OK;
 }
 
-static void mixer(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
-{
-    if (m->hp->layer_attn[l] == WPI_ATTN_KDA)
-        wpi_kda_block(m, l, n, pos);
-    else
-        wpi_mla_block(m, l, n, pos);
-}
-
 static wp_status layer_forward(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
 {
-    mixer(m, l, n, pos);
+    wpi_mla_kda_project(m, l, n);
+    wpi_mla_kda_attend(m, l, n, pos);
+    wpi_mla_kda_output(m, l, n);
     return wpi_moe_decoder_ffn(m, l, n);
 }
 
@@ -61,6 +55,6 @@ const wpi_arch wpi_arch_kimi_linear = {
     .check = check,
     WPI_MLA_HOOKS,
     .layer_forward = layer_forward,
-    .mixer = mixer,
+    WPI_MLA_KDA_MIXER_HOOKS,
     .ffn = wpi_moe_decoder_ffn,
 };

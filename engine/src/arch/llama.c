@@ -33,6 +33,8 @@ const wpi_arch wpi_arch_llama = {
     .name = "llama",
     .check = check,
     .layer_forward = layer_forward,
-    .mixer = wpi_attention_block,
+    .mix_in = wpi_attention_project,
+    .mixer = wpi_attention_attend,
+    .mix_out = wpi_attention_output,
     .ffn = ffn,
 };

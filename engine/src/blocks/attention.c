@@ -1,10 +1,13 @@
 /*
  * attention.c -- grouped-query attention over the f32 KV cache, with RoPE.
  *
- * One block: h = x + o(attn(rmsnorm(x))) over a chunk of tokens. q/k/v are projected in
- * one parallel matmul, k and v straight into the cache rows at the chunk's positions;
- * then biases, q/k norm ("head" or "full"), clip_qkv, and RoPE (HF rotate_half on the
- * first rope_dim dims, cos and sin scaled by rope_attn_factor). Each (token, head) is
+ * One block: h = x + o(attn(rmsnorm(x))) over a chunk of tokens, in three parts so that a
+ * batched step runs the stateless two over every sequence's rows at once: the projection
+ * (q/k/v in one parallel matmul into q and kv_rows, then biases, q/k norm ("head" or
+ * "full"), clip_qkv, and RoPE (HF rotate_half on the first rope_dim dims, cos and sin
+ * scaled by rope_attn_factor, each row at its own position)); per sequence, k and v
+ * copied into the cache rows at its positions and the attention over its cache; the
+ * output projection into the residual stream. Each (token, head) is
  * one task: causal softmax in blocks of keys with a running maximum, so no buffer grows
  * with the context, and thread count never changes a result.
  */
@@ -111,24 +114,22 @@ static void attn_task(void *arg, uint32_t task)
     for (uint32_t i = 0; i < hd; i++) out[i] *= inv;
 }
 
-void wpi_attention_project(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
+void wpi_attention_project(wpi_model *m, uint32_t l, uint32_t n)
 {
     const wpi_hparams *hp = m->hp;
     const wpi_layer *L = &m->layers[l];
     const size_t H = hp->hidden_size, hd = hp->head_dim;
     const size_t qd = (size_t)hp->n_heads * hd, kvd = (size_t)hp->n_kv_heads * hd;
-    const size_t layer_rows = (size_t)l * m->ctx;
-    float *kc = m->kcache + (layer_rows + pos) * kvd;
-    float *vc = m->vcache + (layer_rows + pos) * kvd;
+    float *kr = m->kv_rows, *vr = m->kv_rows + kvd; /* rows 2 * kvd apart */
     const uint32_t half = hp->rope_dim / 2;
 
     for (uint32_t t = 0; t < n; t++)
         wpi_rmsnorm(m->xn + t * H, m->x + t * H, L->attn_norm, H, hp->rms_norm_eps);
-    wpi_mm qkv[3] = {{&L->wq, m->q, qd}, {&L->wk, kc, kvd}, {&L->wv, vc, kvd}};
+    wpi_mm qkv[3] = {{&L->wq, m->q, qd}, {&L->wk, kr, 2 * kvd}, {&L->wv, vr, 2 * kvd}};
     wpi_matmul(m, qkv, 3, m->xn, H, n);
 
     for (uint32_t t = 0; t < n; t++) {
-        float *q = m->q + t * qd, *k = kc + t * kvd, *v = vc + t * kvd;
+        float *q = m->q + t * qd, *k = kr + t * 2 * kvd, *v = vr + t * 2 * kvd;
         if (L->bq) add(q, L->bq, qd);
         if (L->bk) add(k, L->bk, kvd);
         if (L->bv) add(v, L->bv, kvd);
@@ -146,11 +147,21 @@ void wpi_attention_project(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
             clamp(k, kvd, hp->clip_qkv);
             clamp(v, kvd, hp->clip_qkv);
         }
-        if (half) {
+        if (half) { /* each row's own position: its sequence's slice of the tables */
             const float *c = m->rope_cos + t * half, *s = m->rope_sin + t * half;
             wpi_rope_apply(q, hp->n_heads, hd, hp->rope_dim, c, s);
             wpi_rope_apply(k, hp->n_kv_heads, hd, hp->rope_dim, c, s);
         }
+    }
+}
+
+void wpi_attention_store(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
+{
+    const size_t kvd = (size_t)m->hp->n_kv_heads * m->hp->head_dim;
+    const size_t at = (size_t)l * m->ctx + pos;
+    for (uint32_t t = 0; t < n; t++) {
+        memcpy(m->kcache + (at + t) * kvd, m->kv_rows + t * 2 * kvd, kvd * sizeof(float));
+        memcpy(m->vcache + (at + t) * kvd, m->kv_rows + t * 2 * kvd + kvd, kvd * sizeof(float));
     }
 }
 
@@ -168,14 +179,13 @@ void wpi_attention_output(wpi_model *m, uint32_t l, uint32_t n)
     }
 }
 
-void wpi_attention_block(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
+void wpi_attention_attend(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
 {
     const wpi_hparams *hp = m->hp;
     const size_t hd = hp->head_dim, kvd = (size_t)hp->n_kv_heads * hd;
     const size_t layer_rows = (size_t)l * m->ctx;
 
-    wpi_attention_project(m, l, n, pos);
-
+    wpi_attention_store(m, l, n, pos);
     attn_ctx a = {m, m->kcache + layer_rows * kvd, m->vcache + layer_rows * kvd,
                   hp->n_heads, pos};
     uint32_t tasks = n * hp->n_heads;
@@ -185,6 +195,11 @@ void wpi_attention_block(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
     } else {
         wpi_parallel_for(m->pool, tasks, attn_task, &a);
     }
+}
 
+void wpi_attention_block(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
+{
+    wpi_attention_project(m, l, n);
+    wpi_attention_attend(m, l, n, pos);
     wpi_attention_output(m, l, n);
 }

@@ -52,16 +52,15 @@ static void sw_task(void *arg, uint32_t task)
     for (uint32_t i = 0; i < hd; i++) out[i] *= inv;
 }
 
-void wpi_attention_sw_block(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos,
-                            uint32_t window)
+void wpi_attention_sw_attend(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos,
+                             uint32_t window)
 {
     const wpi_hparams *hp = m->hp;
     const wpi_layer *L = &m->layers[l];
     const size_t hd = hp->head_dim, kvd = (size_t)hp->n_kv_heads * hd;
     const size_t layer_rows = (size_t)l * m->ctx;
 
-    wpi_attention_project(m, l, n, pos);
-
+    wpi_attention_store(m, l, n, pos);
     sw_ctx a = {m, m->kcache + layer_rows * kvd, m->vcache + layer_rows * kvd, L->sinks, pos,
                 window};
     uint32_t tasks = n * hp->n_heads;
@@ -72,6 +71,12 @@ void wpi_attention_sw_block(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos,
     } else {
         wpi_parallel_for(m->pool, tasks, sw_task, &a);
     }
+}
 
+void wpi_attention_sw_block(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos,
+                            uint32_t window)
+{
+    wpi_attention_project(m, l, n);
+    wpi_attention_sw_attend(m, l, n, pos, window);
     wpi_attention_output(m, l, n);
 }

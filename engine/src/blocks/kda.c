@@ -17,7 +17,10 @@
  * State per layer, constant in context (the memory plan's "recurrent state"):
  *   S [heads][d][d] then the conv window [kda_conv - 1][3D] (oldest first), f32.
  * At position 0 the state starts from zero. Heads are independent tasks, so the thread
- * count never changes a result.
+ * count never changes a result. In three parts, so that a batched step runs the
+ * stateless two over every sequence's rows at once: the projections (q/k/v, gates, beta),
+ * per sequence the convolution and the recurrence through its state, and the gated norm
+ * with the output projection.
  */
 #include <math.h>
 #include <stdio.h>
@@ -56,9 +59,17 @@ typedef struct kda_ctx {
     const wpi_model *m;
     const wpi_layer *L;
     float *S;               /* [heads][d][d] */
-    float *mixed, *g, *o, *beta;
+    float *mixed, *g, *o, *beta; /* row 0 of each, rows `ld` floats apart */
+    size_t ld;
     uint32_t n;
 } kda_ctx;
+
+/* A row's parts in kda_buf, rows row_floats() apart: mixed [3D], g [D], gate [D], o [D],
+ * fa [d], ga [d], beta [heads], so a sequence's rows are one slice of the buffer. */
+static size_t row_floats(const wpi_hparams *hp)
+{
+    return (size_t)wpi_kda_scratch_floats(hp, 1);
+}
 
 /* Head h over the chunk's tokens in order. */
 static void head_task(void *arg, uint32_t h)
@@ -72,10 +83,10 @@ static void head_task(void *arg, uint32_t h)
     float *S = a->S + (size_t)h * d * d;
     float q[WPI_KDA_MAX_HEAD_DIM], k[WPI_KDA_MAX_HEAD_DIM], delta[WPI_KDA_MAX_HEAD_DIM];
     for (uint32_t t = 0; t < a->n; t++) {
-        const float *mx = a->mixed + t * 3 * D;
+        const float *mx = a->mixed + t * a->ld;
         const float *qi = mx + (size_t)h * d, *ki = mx + D + (size_t)h * d;
         const float *vi = mx + 2 * D + (size_t)h * d;
-        const float *gi = a->g + t * D + (size_t)h * d;
+        const float *gi = a->g + t * a->ld + (size_t)h * d;
         float sq = 0, sk = 0;
         for (uint32_t i = 0; i < d; i++) {
             sq += qi[i] * qi[i];
@@ -102,9 +113,9 @@ static void head_task(void *arg, uint32_t h)
                 delta[j] += row[j] * k[i];
             }
         }
-        const float b = a->beta[t * nh + h];
+        const float b = a->beta[t * a->ld + h];
         for (uint32_t j = 0; j < d; j++) delta[j] = (vi[j] - delta[j]) * b;
-        float *o = a->o + t * D + (size_t)h * d;
+        float *o = a->o + t * a->ld + (size_t)h * d;
         for (uint32_t j = 0; j < d; j++) o[j] = 0;
         for (uint32_t i = 0; i < d; i++) {
             float *row = S + (size_t)i * d;
@@ -116,37 +127,51 @@ static void head_task(void *arg, uint32_t h)
     }
 }
 
-void wpi_kda_block(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
+void wpi_kda_project(wpi_model *m, uint32_t l, uint32_t n)
 {
     const wpi_hparams *hp = m->hp;
     const wpi_layer *L = &m->layers[l];
-    const size_t H = hp->hidden_size;
-    const uint32_t d = hp->kda_head_dim, nh = hp->kda_heads, K = hp->kda_conv;
+    const size_t H = hp->hidden_size, S = row_floats(hp);
+    const uint32_t d = hp->kda_head_dim, nh = hp->kda_heads;
     const size_t D = (size_t)nh * d;
-    float *S = m->kda_state + (size_t)L->kv_slot * wpi_kda_state_floats(hp);
-    float *conv = S + (size_t)nh * d * d; /* [K-1][3D], oldest first */
-    float *mixed = m->kda_buf, *g = mixed + (size_t)n * 3 * D, *gate = g + (size_t)n * D;
-    float *o = gate + (size_t)n * D, *fa = o + (size_t)n * D, *ga = fa + (size_t)n * d;
-    float *beta = ga + (size_t)n * d;
+    float *mixed = m->kda_buf, *g = mixed + 3 * D, *gate = g + D;
+    float *fa = gate + 2 * D, *ga = fa + d, *beta = ga + d;
 
-    if (pos == 0) memset(S, 0, wpi_kda_state_floats(hp) * sizeof(float));
     for (uint32_t t = 0; t < n; t++)
         wpi_rmsnorm(m->xn + t * H, m->x + t * H, L->attn_norm, H, hp->rms_norm_eps);
     const int full = L->kda_g.data != NULL;
-    wpi_mm in[6] = {{&L->wq, mixed, 3 * D},      {&L->wk, mixed + D, 3 * D},
-                    {&L->wv, mixed + 2 * D, 3 * D}, {&L->kda_f_a, fa, d},
-                    {&L->kda_b, beta, nh},
-                    full ? (wpi_mm){&L->kda_g, gate, D} : (wpi_mm){&L->kda_g_a, ga, d}};
+    wpi_mm in[6] = {{&L->wq, mixed, S},      {&L->wk, mixed + D, S},
+                    {&L->wv, mixed + 2 * D, S}, {&L->kda_f_a, fa, S},
+                    {&L->kda_b, beta, S},
+                    full ? (wpi_mm){&L->kda_g, gate, S} : (wpi_mm){&L->kda_g_a, ga, S}};
     wpi_matmul(m, in, 3, m->xn, H, n);
     wpi_matmul(m, in + 3, 3, m->xn, H, n);
-    wpi_mm up[2] = {{&L->kda_f_b, g, D}, {&L->kda_g_b, gate, D}};
-    wpi_matmul(m, up, 1, fa, d, n);
-    if (!full) wpi_matmul(m, up + 1, 1, ga, d, n);
+    wpi_mm up[2] = {{&L->kda_f_b, g, S}, {&L->kda_g_b, gate, S}};
+    wpi_matmul(m, up, 1, fa, S, n);
+    if (!full) wpi_matmul(m, up + 1, 1, ga, S, n);
+    for (uint32_t t = 0; t < n; t++) {
+        for (size_t i = 0; i < D; i++) g[t * S + i] += L->kda_dt_bias[i];
+        for (uint32_t h = 0; h < nh; h++)
+            beta[t * S + h] = 1.0f / (1.0f + expf(-beta[t * S + h]));
+    }
+}
 
+void wpi_kda_attend(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
+{
+    const wpi_hparams *hp = m->hp;
+    const wpi_layer *L = &m->layers[l];
+    const size_t S = row_floats(hp);
+    const uint32_t d = hp->kda_head_dim, nh = hp->kda_heads, K = hp->kda_conv;
+    const size_t D = (size_t)nh * d;
+    float *St = m->kda_state + (size_t)L->kv_slot * wpi_kda_state_floats(hp);
+    float *conv = St + (size_t)nh * d * d; /* [K-1][3D], oldest first */
+    float *mixed = m->kda_buf, *g = mixed + 3 * D, *o = g + 2 * D, *beta = o + D + 2 * d;
+
+    if (pos == 0) memset(St, 0, wpi_kda_state_floats(hp) * sizeof(float));
     /* short convolution + silu, token by token through the window */
     const size_t C3 = 3 * D;
     for (uint32_t t = 0; t < n; t++) {
-        float *x = mixed + t * C3;
+        float *x = mixed + t * S;
         for (size_t c = 0; c < C3; c++) {
             const float *w = L->kda_conv + c * K;
             float s = w[K - 1] * x[c];
@@ -157,34 +182,46 @@ void wpi_kda_block(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
             x[c] = s / (1.0f + expf(-s));
         }
     }
-    for (uint32_t t = 0; t < n; t++) {
-        for (size_t i = 0; i < D; i++) g[t * D + i] += L->kda_dt_bias[i];
-        for (uint32_t h = 0; h < nh; h++)
-            beta[t * nh + h] = 1.0f / (1.0f + expf(-beta[t * nh + h]));
-    }
 
-    kda_ctx a = {m, L, S, mixed, g, o, beta, n};
+    kda_ctx a = {m, L, St, mixed, g, o, beta, S, n};
     if ((uint64_t)n * nh * d * d < (1u << 14) || wpi_pool_threads(m->pool) <= 1) {
         for (uint32_t h = 0; h < nh; h++) head_task(&a, h);
     } else {
         wpi_parallel_for(m->pool, nh, head_task, &a);
     }
+}
+
+void wpi_kda_output(wpi_model *m, uint32_t l, uint32_t n)
+{
+    const wpi_hparams *hp = m->hp;
+    const wpi_layer *L = &m->layers[l];
+    const size_t H = hp->hidden_size, S = row_floats(hp);
+    const uint32_t d = hp->kda_head_dim, nh = hp->kda_heads;
+    const size_t D = (size_t)nh * d;
+    float *gate = m->kda_buf + 4 * D, *o = gate + D;
 
     /* gated per-head RMSNorm, then the output projection */
     for (uint32_t t = 0; t < n; t++)
         for (uint32_t h = 0; h < nh; h++) {
-            float *oh = o + t * D + (size_t)h * d;
-            const float *gh = gate + t * D + (size_t)h * d;
+            float *oh = o + t * S + (size_t)h * d;
+            const float *gh = gate + t * S + (size_t)h * d;
             wpi_rmsnorm(oh, oh, L->kda_o_norm, d, hp->rms_norm_eps);
             for (uint32_t i = 0; i < d; i++) oh[i] *= 1.0f / (1.0f + expf(-gh[i]));
         }
     wpi_mm out = {&L->wo, m->xn, H};
-    wpi_matmul(m, &out, 1, o, D, n);
+    wpi_matmul(m, &out, 1, o, S, n);
     for (uint32_t t = 0; t < n; t++) {
         float *x = m->x + t * H;
         const float *y = m->xn + t * H;
         for (size_t i = 0; i < H; i++) x[i] += y[i];
     }
+}
+
+void wpi_kda_block(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
+{
+    wpi_kda_project(m, l, n);
+    wpi_kda_attend(m, l, n, pos);
+    wpi_kda_output(m, l, n);
 }
 
 wp_status wpi_kda_check_layer(const wpi_container *c, uint32_t l, char *err, size_t cap)

@@ -5,6 +5,10 @@
  *   q      = q_b(rmsnorm(q_a x)) per head [nope | rope]   (or q = wq x without q_lora)
  *   latent = kv_a x = [c (kv_lora_rank) | k_rope (rope_dim)], c = rmsnorm(c), k_rope
  *            rotated, written to the cache row of its position (the only KV state)
+ * In three parts, so that a batched step runs the stateless two over every sequence's
+ * rows at once: the projection (norms, q and the latent rows into kv_rows, RoPE, the
+ * absorbed query); per sequence, its latent rows into its cache and the attention over
+ * it; the output (W_uv, the gate, the output projection into the residual stream).
  *   kv_b   = [n_heads * (nope + v), kv_lora_rank]: per head, nope rows W_uk then v rows W_uv
  * Absorbed form, the same for prefill and decode (exact up to f32 reassociation):
  *   score(t, h, j) = (W_uk_h^T q_nope + q_rope) . [c_j | k_rope_j] * attn_scale
@@ -185,15 +189,14 @@ static void run(wpi_model *m, uint32_t tasks, uint64_t work, wpi_task_fn fn, voi
     }
 }
 
-void wpi_mla_project(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
+void wpi_mla_project(wpi_model *m, uint32_t l, uint32_t n)
 {
     const wpi_hparams *hp = m->hp;
     const wpi_layer *L = &m->layers[l];
     const size_t H = hp->hidden_size, NH = hp->n_heads;
     const uint32_t R = hp->kv_lora_rank, RD = hp->rope_dim, QL = hp->q_lora_rank;
     const size_t W = (size_t)R + RD, qd = NH * hp->head_dim;
-    /* kv_slot: the layer's block of latent rows (kimi_linear's KDA layers have none) */
-    float *lat = m->kcache + ((size_t)L->kv_slot * m->ctx + pos) * W;
+    float *lat = m->kv_rows; /* the latent rows, stored per sequence by wpi_mla_attend */
     const uint32_t half = RD / 2;
     const float eps = hp->lora_norm_eps > 0 ? hp->lora_norm_eps : LORA_EPS;
 
@@ -217,12 +220,14 @@ void wpi_mla_project(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
         float *c = lat + t * W;
         if (L->bkv_a) add(c, L->bkv_a, W);
         wpi_rmsnorm(c, c, L->kv_a_norm, R, eps);
-        if (half) {
+        if (half) { /* each row at its own position */
             const float *cs = m->rope_cos + t * half, *sn = m->rope_sin + t * half;
             rope(hp, c + R, 1, (uint32_t)W, cs, sn);
             rope(hp, m->q + t * qd + hp->qk_nope_head_dim, hp->n_heads, hp->head_dim, cs, sn);
         }
     }
+    mla_ctx a = {m, L, NULL, n, 0, NULL, NULL};
+    run(m, hp->n_heads, (uint64_t)n * NH * hp->qk_nope_head_dim * R, absorb_task, &a);
 }
 
 void wpi_mla_attend(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos,
@@ -230,13 +235,24 @@ void wpi_mla_attend(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos,
 {
     const wpi_hparams *hp = m->hp;
     const wpi_layer *L = &m->layers[l];
-    const size_t H = hp->hidden_size, NH = hp->n_heads;
+    const size_t NH = hp->n_heads;
     const uint32_t R = hp->kv_lora_rank, RD = hp->rope_dim;
-    const size_t W = (size_t)R + RD, od = NH * hp->v_head_dim;
-    const float *cache = m->kcache + (size_t)L->kv_slot * m->ctx * W;
-    mla_ctx a = {m, L, cache, n, pos, wpi_kernels_matmul(m->k, L->wkv_b.dtype), pools};
-    run(m, hp->n_heads, (uint64_t)n * NH * hp->qk_nope_head_dim * R, absorb_task, &a);
+    const size_t W = (size_t)R + RD;
+    /* kv_slot: the layer's block of latent rows (kimi_linear's KDA layers have none) */
+    float *cache = m->kcache + (size_t)L->kv_slot * m->ctx * W;
+    memcpy(cache + (size_t)pos * W, m->kv_rows, (size_t)n * W * sizeof(float));
+    mla_ctx a = {m, L, cache, n, pos, NULL, pools};
     run(m, n * hp->n_heads, (uint64_t)n * NH * (pos + n) * (W + R), attn_task, &a);
+}
+
+void wpi_mla_output(wpi_model *m, uint32_t l, uint32_t n)
+{
+    const wpi_hparams *hp = m->hp;
+    const wpi_layer *L = &m->layers[l];
+    const size_t H = hp->hidden_size, NH = hp->n_heads;
+    const uint32_t R = hp->kv_lora_rank;
+    const size_t od = NH * hp->v_head_dim;
+    mla_ctx a = {m, L, NULL, n, 0, wpi_kernels_matmul(m->k, L->wkv_b.dtype), NULL};
     run(m, hp->n_heads, (uint64_t)n * NH * hp->v_head_dim * R, up_task, &a);
     if (L->attn_gate.data) { /* out *= sigmoid(gate xn), xn still the normed input; q is free */
         wpi_mm g = {&L->attn_gate, m->q, od};
@@ -254,8 +270,35 @@ void wpi_mla_attend(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos,
 
 void wpi_mla_block(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
 {
-    wpi_mla_project(m, l, n, pos);
+    wpi_mla_project(m, l, n);
     wpi_mla_attend(m, l, n, pos, NULL);
+    wpi_mla_output(m, l, n);
+}
+
+/* The decoders whose layers are MLA or KDA by hparams.layer_attn: each part of the
+ * layer's kind. */
+void wpi_mla_kda_project(wpi_model *m, uint32_t l, uint32_t n)
+{
+    if (m->hp->layer_attn[l] == WPI_ATTN_KDA)
+        wpi_kda_project(m, l, n);
+    else
+        wpi_mla_project(m, l, n);
+}
+
+void wpi_mla_kda_attend(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
+{
+    if (m->hp->layer_attn[l] == WPI_ATTN_KDA)
+        wpi_kda_attend(m, l, n, pos);
+    else
+        wpi_mla_attend(m, l, n, pos, NULL);
+}
+
+void wpi_mla_kda_output(wpi_model *m, uint32_t l, uint32_t n)
+{
+    if (m->hp->layer_attn[l] == WPI_ATTN_KDA)
+        wpi_kda_output(m, l, n);
+    else
+        wpi_mla_output(m, l, n);
 }
 
 /* ---- buffers and state --------------------------------------------------------------- */

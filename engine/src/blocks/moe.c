@@ -525,9 +525,9 @@ void wpi_moe_decoder_mixer(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
     /* a layer hparams.attn_kinds marks "sliding" (mixtral, qwen2_moe, qwen3_moe) sees
      * only the last sliding_window keys; no sinks there, so it is plain attention within */
     if (m->hp->layer_attn[l] == WPI_ATTN_SLIDING)
-        wpi_attention_sw_block(m, l, n, pos, m->hp->sliding_window);
+        wpi_attention_sw_attend(m, l, n, pos, m->hp->sliding_window);
     else
-        wpi_attention_block(m, l, n, pos);
+        wpi_attention_attend(m, l, n, pos);
 }
 
 wp_status wpi_moe_decoder_ffn(wpi_model *m, uint32_t l, uint32_t n)
@@ -541,7 +541,9 @@ wp_status wpi_moe_decoder_ffn(wpi_model *m, uint32_t l, uint32_t n)
 
 wp_status wpi_moe_decoder_layer(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
 {
+    wpi_attention_project(m, l, n);
     wpi_moe_decoder_mixer(m, l, n, pos);
+    wpi_attention_output(m, l, n);
     return wpi_moe_decoder_ffn(m, l, n);
 }
 

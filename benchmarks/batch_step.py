@@ -1,0 +1,91 @@
+"""One batched decode step of the engine alone: ms per step at 1, 2, 4, 8 sequences.
+
+Per sequence count N, one context opened with max_sequences = N prefills N different
+16-token prompts in one `eval_batch`, runs 4 warm-up decode steps, then times --steps
+decode steps (one token per sequence, the greedy token of its last logits) with
+`time.perf_counter` and `time.process_time` around each `Context.eval_batch`: no
+tokenizer, sampler or scheduler in the figure. Reported per N: the median and the best
+wall ms per step, the median CPU ms per step (all the process's threads: on a machine
+shared with other jobs the steadier figure of work done, with --threads 1 exactly the
+step's work), aggregate tok/s (N / median wall step) and its ratio to one sequence. With --resident every expert is read at
+open (a hotlist naming them all; give a --budget that holds the container) and the run
+waits for that preload, so no expert is read while timing.
+
+    python benchmarks/batch_step.py --container model.warp --budget 2G --resident \
+        [--streams 1,2,4,8] [--steps 32] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+PROMPT_TOKENS = 16
+WARM_STEPS = 4
+
+
+def measure(a: argparse.Namespace, n: int) -> dict:
+    from concurrency import every_expert_hotlist
+    from warp_providers import _engine
+    from warp_providers.engine import parse_size
+
+    opts: dict = {"n_threads": a.threads, "max_sequences": n, "ctx_tokens": 512}
+    if a.budget:
+        opts["budget_bytes"] = parse_size(a.budget)
+    if a.resident:
+        opts["hotlist_path"] = every_expert_hotlist(a.container)
+    ctx = _engine.Context(str(a.container), opts)
+    if a.resident:  # the hotlist's preload runs in the background: wait for its end
+        last, t_end = -1, time.monotonic() + 120
+        while ctx.stats()["cache_bytes"] != last and time.monotonic() < t_end:
+            last = ctx.stats()["cache_bytes"]
+            time.sleep(1.0)
+    vocab = ctx.vocab_size
+    seqs = [None] + [ctx.seq_open() for _ in range(n - 1)]
+    prompts = [np.array([(97 * s + 13 * i) % (vocab - 10) + 5 for i in range(PROMPT_TOKENS)],
+                        np.int32) for s in range(n)]
+    logits = np.zeros((n, vocab), np.float32)
+    ctx.eval_batch(seqs, prompts, logits)
+    times, cpu = [], []
+    for step in range(WARM_STEPS + a.steps):
+        toks = [np.array([int(np.argmax(logits[i]))], np.int32) for i in range(n)]
+        t0, c0 = time.perf_counter(), time.process_time()
+        ctx.eval_batch(seqs, toks, logits)
+        if step >= WARM_STEPS:
+            times.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
+    ctx.close()
+    med = statistics.median(times)
+    return {"streams": n, "ms_median": med * 1e3, "ms_best": min(times) * 1e3,
+            "cpu_ms": statistics.median(cpu) * 1e3, "tok_s": n / med}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--container", required=True, type=Path)
+    ap.add_argument("--budget", default=None)
+    ap.add_argument("--resident", action="store_true")
+    ap.add_argument("--streams", default="1,2,4,8")
+    ap.add_argument("--steps", type=int, default=32)
+    ap.add_argument("--threads", type=int, default=2)
+    a = ap.parse_args(argv)
+    print(f"{a.container.name}; load {os.getloadavg()}; threads {a.threads}")
+    print("streams  ms/step (median)   best  cpu ms/step  tok/s  vs 1")
+    base = None
+    for n in (int(s) for s in a.streams.split(",")):
+        r = measure(a, n)
+        base = base or r["tok_s"]
+        print(f"{n:7d}  {r['ms_median']:16.2f}  {r['ms_best']:6.2f}  {r['cpu_ms']:11.2f}  "
+              f"{r['tok_s']:5.1f}  {r['tok_s'] / base:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
