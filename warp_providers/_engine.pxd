@@ -34,6 +34,7 @@ cdef extern from "wp.h" nogil:
         const char *route_trace_path
         uint64_t route_trace_offset
         uint64_t route_trace_stride
+        uint32_t experts_per_token
 
     void wp_cfg_init(wp_cfg *cfg)
 

@@ -18,6 +18,7 @@ DEF ERR_CAP = 1024
 _CFG_INT_FIELDS = (
     "ctx_tokens", "n_threads", "reader_threads", "prefill_chunk", "cache_policy",
     "direct_io", "verify", "lookahead", "isa", "max_sequences", "exact",
+    "experts_per_token",
 )
 
 
@@ -102,6 +103,8 @@ cdef class _Cfg:
                 self.cfg.max_sequences = <uint32_t>value
             elif key == "exact":
                 self.cfg.exact = <int32_t>value
+            elif key == "experts_per_token":
+                self.cfg.experts_per_token = <uint32_t>value
             else:
                 raise TypeError(f"unknown engine option {key!r}")
 

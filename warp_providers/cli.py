@@ -65,6 +65,9 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--exact", action=argparse.BooleanOptionalAction, default=None,
                    help="float32 activations in every matmul (--no-exact: 8-bit "
                         "activations against quantized weights; default: the engine's)")
+    p.add_argument("--experts-per-token", type=int, metavar="N",
+                   help="routed experts per token, 1..the model's top-k (default: as "
+                        "shipped): fewer expert reads per token, at some loss of fidelity")
 
 
 def _open(a: argparse.Namespace) -> Engine:
@@ -77,6 +80,8 @@ def _open(a: argparse.Namespace) -> Engine:
         opts["verify"] = True
     if a.exact is not None:
         opts["exact"] = a.exact
+    if a.experts_per_token is not None:
+        opts["experts_per_token"] = a.experts_per_token
     return Engine.open(a.model, budget=a.budget, threads=a.threads, ctx=a.ctx, **opts)
 
 
@@ -146,7 +151,8 @@ def cmd_convert(a: argparse.Namespace) -> int:
 
 
 def cmd_plan(a: argparse.Namespace) -> int:
-    plan = plan_memory(a.model, budget=a.budget, ctx=a.ctx, max_sequences=a.sequences)
+    plan = plan_memory(a.model, budget=a.budget, ctx=a.ctx, max_sequences=a.sequences,
+                       experts_per_token=a.experts_per_token)
     if a.json:
         _out(plan)
         return 0
@@ -384,6 +390,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ctx", type=int)
     p.add_argument("--sequences", type=int, default=1,
                    help="concurrent sequences to plan for (each state counted in the floor)")
+    p.add_argument("--experts-per-token", type=int, metavar="N",
+                   help="plan for N routed experts per token (default: the model's top-k)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_plan)
 
