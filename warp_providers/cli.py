@@ -380,7 +380,8 @@ def build_parser() -> argparse.ArgumentParser:
                    choices=["q4_0", "q8_0", "mxfp4", "f16", "bf16", "f32"],
                    help="routed experts' dtype (default: mxfp4 experts as shipped, else q4_0)")
     p.add_argument("--trunk", default="q8_0", choices=["q4_0", "q8_0", "f16", "bf16", "f32"])
-    p.add_argument("--resume", action="store_true", help="restart an interrupted conversion")
+    p.add_argument("--resume", action="store_true",
+                   help="continue an interrupted conversion from its last intact tensor")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_convert)
 
