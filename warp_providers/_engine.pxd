@@ -35,6 +35,7 @@ cdef extern from "wp.h" nogil:
         uint64_t route_trace_offset
         uint64_t route_trace_stride
         int32_t vision
+        uint32_t experts_per_token
 
     void wp_cfg_init(wp_cfg *cfg)
 

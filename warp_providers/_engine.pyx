@@ -18,6 +18,7 @@ DEF ERR_CAP = 1024
 _CFG_INT_FIELDS = (
     "ctx_tokens", "n_threads", "reader_threads", "prefill_chunk", "cache_policy",
     "direct_io", "verify", "lookahead", "isa", "max_sequences", "exact", "vision",
+    "experts_per_token",
 )
 
 
@@ -104,6 +105,8 @@ cdef class _Cfg:
                 self.cfg.exact = <int32_t>value
             elif key == "vision":
                 self.cfg.vision = <int32_t>(1 if value else 0)
+            elif key == "experts_per_token":
+                self.cfg.experts_per_token = <uint32_t>value
             else:
                 raise TypeError(f"unknown engine option {key!r}")
 

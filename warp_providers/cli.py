@@ -65,6 +65,9 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--exact", action=argparse.BooleanOptionalAction, default=None,
                    help="float32 activations in every matmul (--no-exact: 8-bit "
                         "activations against quantized weights; default: the engine's)")
+    p.add_argument("--experts-per-token", type=int, metavar="N",
+                   help="routed experts per token, 1..the model's top-k (default: as "
+                        "shipped): fewer expert reads per token, at some loss of fidelity")
 
 
 def _open(a: argparse.Namespace, *, vision: bool = False) -> Engine:
@@ -79,6 +82,8 @@ def _open(a: argparse.Namespace, *, vision: bool = False) -> Engine:
         opts["verify"] = True
     if a.exact is not None:
         opts["exact"] = a.exact
+    if a.experts_per_token is not None:
+        opts["experts_per_token"] = a.experts_per_token
     return Engine.open(a.model, budget=a.budget, threads=a.threads, ctx=a.ctx, **opts)
 
 
@@ -149,7 +154,7 @@ def cmd_convert(a: argparse.Namespace) -> int:
 
 def cmd_plan(a: argparse.Namespace) -> int:
     plan = plan_memory(a.model, budget=a.budget, ctx=a.ctx, max_sequences=a.sequences,
-                       vision=a.vision)
+                       vision=a.vision, experts_per_token=a.experts_per_token)
     if a.json:
         _out(plan)
         return 0
@@ -419,7 +424,8 @@ def build_parser() -> argparse.ArgumentParser:
                    choices=["q4_0", "q8_0", "mxfp4", "f16", "bf16", "f32"],
                    help="routed experts' dtype (default: mxfp4 experts as shipped, else q4_0)")
     p.add_argument("--trunk", default="q8_0", choices=["q4_0", "q8_0", "f16", "bf16", "f32"])
-    p.add_argument("--resume", action="store_true", help="restart an interrupted conversion")
+    p.add_argument("--resume", action="store_true",
+                   help="continue an interrupted conversion from its last intact tensor")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_convert)
 
@@ -431,6 +437,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="concurrent sequences to plan for (each state counted in the floor)")
     p.add_argument("--vision", action="store_true",
                    help="plan the image tower too (its weights and one image's work)")
+    p.add_argument("--experts-per-token", type=int, metavar="N",
+                   help="plan for N routed experts per token (default: the model's top-k)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_plan)
 

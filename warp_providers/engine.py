@@ -115,6 +115,12 @@ def _options(
         elif key == "exact":
             if value is not None:
                 opts[key] = int(bool(value))
+        elif key == "experts_per_token":  # the range (1..the model's top_k) is the engine's
+            if value is not None:
+                if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                    raise ValueError(
+                        f"experts_per_token must be a non-negative int, got {value!r}")
+                opts[key] = value
         elif key in ("reader_threads", "prefill_chunk"):
             if not isinstance(value, int) or value < 0:
                 raise ValueError(f"{key} must be a non-negative int")
@@ -333,6 +339,11 @@ class Engine:
                 per step while others decode), isa ("auto"/"scalar"/"avx2"/"avx512"/"neon"),
                 exact (True: float32 activations in every matmul; False: 8-bit
                 activations against quantized weights; None: the engine's default),
+                experts_per_token (routed experts per token, 1..the model's top_k: the
+                router keeps the N highest-scoring experts and weights them as the model's
+                routing weights its top_k, so the model runs as its top-N variant; fewer
+                expert reads per token, at a measured loss (docs/BENCHMARKS.md); None or 0:
+                as shipped; out of range raises ValueError naming it),
                 hotlist (True: warm the cache from the hotlist `save_hotlist()` wrote
                 in the container; no file yet is a first run, not an error),
                 hotlist_path (a hotlist file elsewhere), usable_ram, cgroup_root,

@@ -84,6 +84,14 @@ typedef struct wp_cfg {
     uint64_t route_trace_offset; /* trace token read by sequence 0's first token */
     uint64_t route_trace_stride; /* trace tokens between consecutive sequences' starts */
     int32_t vision;             /* 1 = load the image tower (wp_encode_image; default 0) */
+    /* Routed experts per token, 1..the model's top_k (else WP_E_ARG, naming the field);
+     * 0 = as shipped. The router keeps the N highest-scoring experts and weights them as
+     * the model's own routing weights its top_k (renormalized over the N exactly when it
+     * renormalizes over the top_k), so the model runs as its top-N variant; the plan's
+     * working set and the expert cache's minimum shrink with it. A route trace replayed
+     * with it must have top_k N. deepseek_v4's hash-routed layers refuse it
+     * (WP_E_UNSUPPORTED): their experts are a table per token id, not a ranking. */
+    uint32_t experts_per_token;
 } wp_cfg;
 
 /* Fills every field with its default. Never fails. */

@@ -596,6 +596,7 @@ static wp_status parse_hparams(ectx *e, const wpi_json *h, wpi_hparams *hp)
     }
     if ((st = wpi_hparams_check(hp, e->err, e->cap)) != WP_OK)
         return st;
+    hp->top_k_shipped = hp->top_k;
     return wpi_arch_hparams(hp->model_type, h, hp, e->err, e->cap);
 }
 

@@ -23,7 +23,8 @@ typedef struct wpi_hparams {
     uint32_t vocab_size, hidden_size, n_layers;
     uint32_t n_heads, n_kv_heads, head_dim;
     uint32_t intermediate_size, moe_intermediate_size;
-    uint32_t n_experts, top_k;
+    uint32_t n_experts, top_k;             /* top_k: the routing of this open (experts_per_token) */
+    uint32_t top_k_shipped;                 /* top_k as the container states it */
     uint32_t shared_expert_intermediate_size;
     int32_t shared_expert_gate;             /* bool */
     int32_t norm_topk_prob;                 /* bool */

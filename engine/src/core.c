@@ -123,12 +123,31 @@ static void vision_reserve(const wpi_arch *arch, wpi_container *c)
                                   : 0;
 }
 
+/* experts_per_token (wp.h): this open routes to N experts per token, the container's
+ * top_k becoming N for everything sized or looped by it (routing, buffers, plan, cache). */
+static wp_status apply_experts_per_token(wpi_container *c, const wp_cfg *cfg, char *err,
+                                         size_t cap)
+{
+    const uint32_t n = cfg->experts_per_token;
+    if (n == 0) return WP_OK;
+    if (c->hp.n_experts == 0)
+        return wpi_fail(err, cap, WP_E_ARG, "experts_per_token %u: the model has no routed experts",
+                        n);
+    if (n > c->hp.top_k_shipped)
+        return wpi_fail(err, cap, WP_E_ARG,
+                        "experts_per_token %u is out of range [1, the model's top_k %u]", n,
+                        c->hp.top_k_shipped);
+    c->hp.top_k = n;
+    return WP_OK;
+}
+
 static wp_status open_ctx(wp_ctx *ctx, const char *path, const wp_cfg *cfg)
 {
     char *err = ctx->err;
     const size_t cap = sizeof ctx->err;
     wp_status st = wpi_container_open(path, &ctx->c, err, cap);
     if (st != WP_OK) return st;
+    if ((st = apply_experts_per_token(ctx->c, cfg, err, cap)) != WP_OK) return st;
     const wpi_hparams *hp = &ctx->c->hp;
     ctx->arch = wpi_arch_find(hp->model_type);
     if (!ctx->arch)
@@ -414,6 +433,10 @@ wp_status wp_plan_memory(const char *path, const wp_cfg *cfg, wp_plan *out, char
     wp_status st = wpi_container_open(path, &c, err, err_cap);
     if (st != WP_OK)
         return st;
+    if ((st = apply_experts_per_token(c, cfg, err, err_cap)) != WP_OK) {
+        wpi_container_close(c, NULL);
+        return st;
+    }
     const wpi_arch *arch = wpi_arch_find(c->hp.model_type);
     if (!arch) {
         st = wpi_fail(err, err_cap, WP_E_UNSUPPORTED,

@@ -147,6 +147,27 @@ def test_exact_option(smol):
     assert top("--no-exact") != exact
 
 
+def test_experts_per_token_option(model):
+    """--experts-per-token N: info reports top_k N, eval's logits move, plan's working set
+    is N/top_k of the shipped one, and a value past the model's top-k is one line naming
+    the option (eval and run alike)."""
+    def top(*opts: str) -> list[float]:
+        p = warp("eval", str(model), "--ids", "10,11,12", "--json", *opts)
+        assert p.returncode == 0, p.stderr
+        return [t["logit"] for t in json.loads(p.stdout)["top"]]
+
+    info = json.loads(warp("info", str(model), "--json", "--experts-per-token", "2").stdout)
+    assert info["top_k"] == 2
+    assert top("--experts-per-token", "4") == top()  # TINY's own top-4
+    assert top("--experts-per-token", "1") != top()
+    plans = [json.loads(warp("plan", str(model), "--json", *o).stdout)
+             for o in ((), ("--experts-per-token", "1"))]
+    assert plans[1]["working_set_bytes"] * 4 == plans[0]["working_set_bytes"]
+    for cmd in (["eval", str(model), "--ids", "1"], ["run", str(model), "hi", "-n", "1"]):
+        _one_line_error(warp(*cmd, "--experts-per-token", "5"),
+                        "experts_per_token 5 is out of range [1, the model's top_k 4]")
+
+
 def test_bench_json(model):
     r = json.loads(warp("bench", str(model), "--prompt-tokens", "8", "--gen-tokens", "4",
                         "--json").stdout)

@@ -86,11 +86,15 @@ def convert(
         embedding: dtype of ``token_embd``; default q8_0 when ``trunk`` is quantized,
             else the same as ``trunk``.
         output: dtype of the LM head; same default as ``embedding``.
-        resume: after an interrupted run: remove its leftover ``<out>.partial-*``
-            directories and convert again from the start; if ``out`` already holds a
-            complete container made from the same kind of source with the same
-            quantization, return it unchanged. Without ``resume`` an existing ``out`` is
-            an error. Conversion is deterministic, so a restart gives the same bytes.
+        resume: after an interrupted run (killed, Ctrl-C, out of disk): continue the
+            newest ``<out>.partial-*`` directory whose journal names this conversion
+            (the same source files, sizes and times, request and plan) from its last
+            intact tensor or expert record, and remove the other partials; if ``out``
+            already holds a complete container made from the same kind of source with
+            the same quantization, return it unchanged. Without ``resume`` an existing
+            ``out`` is an error. Conversion is deterministic, so a resumed run gives the
+            bytes of an uninterrupted one; a partial directory never opens as a
+            container (it has no manifest until the final rename).
         progress: called as ``progress(done_bytes, total_bytes, label)`` after each
             tensor or expert, in source bytes.
         tensors: the checkpoint's tensors in place of its safetensors shards (an HF
@@ -112,7 +116,13 @@ def convert(
         ("output", output),
     ):
         _check_choice(arg, value)
-    from .writer import Quantization, shipped_experts, write_container
+    from .writer import (
+        Quantization,
+        plan_fingerprint,
+        read_journal,
+        shipped_experts,
+        write_container,
+    )
 
     edge = "q8_0" if trunk in ("q4_0", "q8_0", "mxfp4") else trunk
     src_p = Path(src)
@@ -142,13 +152,28 @@ def convert(
         experts=experts or shipped_experts(plan), trunk=trunk, embedding=embedding or edge,
         output=output or edge,
     )
+    fingerprint = None if tensors is not None else json.loads(json.dumps(
+        plan_fingerprint(plan, q, _source_files(src_p))))
+    partial = None
     if resume:
-        for p in _stale_partials(out_p):
-            shutil.rmtree(p, ignore_errors=True)
         if out_p.exists():
             if _same_conversion(out_p, q.as_dict(), source):
                 return out_p
             raise ConvertError(
                 f"{out_p}: exists and is not a finished container of this conversion; remove it"
             )
-    return write_container(plan, out_p, q, progress)
+        for p in reversed(_stale_partials(out_p)):  # the newest journal of this conversion
+            j = read_journal(p)
+            if partial is None and fingerprint is not None and j is not None and \
+                    j.get("fingerprint") == fingerprint:
+                partial = p
+            else:
+                shutil.rmtree(p, ignore_errors=True)
+    return write_container(plan, out_p, q, progress, fingerprint=fingerprint, resume=partial)
+
+
+def _source_files(src: Path) -> list[list[Any]]:
+    """Names, sizes and modification times of the source's files (a resumed run's
+    source must be the interrupted run's)."""
+    files = [src] if src.is_file() else sorted(p for p in src.iterdir() if p.is_file())
+    return [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in files]

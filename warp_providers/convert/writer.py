@@ -26,6 +26,7 @@ import os
 import secrets
 import shutil
 import struct
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -220,6 +221,27 @@ def pack_record_header(
     return head + struct.pack("<I", crc32c(head))
 
 
+def _valid_records(path: Path, layer: int, record_bytes: int, n_experts: int) -> int:
+    """How many leading records of a bank file are whole and intact (header CRC, layer,
+    expert number and payload CRC), the first torn or unwritten one ending the count."""
+    n = 0
+    with open(path, "rb") as f:
+        while n < n_experts:
+            rec = f.read(record_bytes)
+            if len(rec) < record_bytes:
+                break
+            head = rec[:HEADER_BYTES]
+            fields = _HEADER_STRUCT.unpack(head[: _HEADER_STRUCT.size])
+            (payload_crc,) = struct.unpack_from("<I", head, _HEADER_STRUCT.size)
+            (head_crc,) = struct.unpack_from("<I", head, _HEADER_STRUCT.size + 4)
+            if (fields[0] != _RECORD_MAGIC or fields[2] != layer or fields[3] != n
+                    or head_crc != crc32c(head[: _HEADER_STRUCT.size + 4])
+                    or payload_crc != crc32c(rec[HEADER_BYTES : HEADER_BYTES + fields[6]])):
+                break
+            n += 1
+    return n
+
+
 def _as_bytes(data: bytes | np.ndarray) -> np.ndarray:
     if isinstance(data, np.ndarray):
         return np.ascontiguousarray(data).reshape(-1).view(np.uint8)
@@ -247,8 +269,19 @@ class ExpertBankWriter:
         self.record_bytes = -(-(HEADER_BYTES + payload) // ALIGN_RECORD) * ALIGN_RECORD
         self._pad = bytes(self.record_bytes - HEADER_BYTES - payload)
         self._path = path
-        self._f = open(path, "wb")  # noqa: SIM115 - closed in close()
         self._next = 0
+        if path.exists():  # an interrupted run's bank: keep its leading valid records
+            self._next = _valid_records(path, layer, self.record_bytes, n_experts)
+            self._f = open(path, "r+b")  # noqa: SIM115 - closed in close()
+            self._f.truncate(self._next * self.record_bytes)
+            self._f.seek(self._next * self.record_bytes)
+        else:
+            self._f = open(path, "wb")  # noqa: SIM115 - closed in close()
+
+    @property
+    def written(self) -> int:
+        """Experts already in the bank (an interrupted run's, when resumed)."""
+        return self._next
 
     def write(
         self,
@@ -328,23 +361,37 @@ class ExpertBankWriter:
 # --------------------------------------------------------------------------- container
 
 
+JOURNAL: Final[str] = "journal.json"
+_JOURNAL_SECONDS: Final[float] = 1.0  # trunk progress is journaled at most this often
+
+
 class ContainerWriter:
     """Builds a container in ``<out>.partial-<random>`` and renames it to ``out`` on commit.
 
     Use as a context manager: leaving the block by an exception removes the partial
-    directory. ``out`` must not exist, checked at construction and again at commit.
+    directory, except an interruption (KeyboardInterrupt, SystemExit), which keeps it for
+    a resumed run. ``out`` must not exist, checked at construction and again at commit.
+
+    Resumption: with a ``fingerprint`` (what identifies the conversion: source files,
+    request, plan), the partial directory holds ``journal.json``: the fingerprint, the
+    trunk tensors written (with their offsets and CRCs), the finished banks. It is
+    replaced atomically after the trunk was flushed, at most once a second for trunk
+    tensors and at every bank boundary. ``resume`` reopens such a directory: trunk
+    entries whose bytes still match their CRC are kept (the file cut after the last one),
+    finished banks are kept, and the interrupted bank keeps its leading intact records;
+    the caller skips what `has_trunk` / `has_bank` / `ExpertBankWriter.written` report.
+    The partial directory never holds a manifest, so it never opens as a container.
     """
 
-    def __init__(self, out: str | os.PathLike[str]) -> None:
+    def __init__(self, out: str | os.PathLike[str], *, fingerprint: Any = None,
+                 resume: Path | None = None) -> None:
         self.out = Path(out)
         if self.out.exists():
             raise ConvertError(f"{self.out}: already exists")
         parent = self.out.parent
         if not parent.is_dir():
             raise ConvertError(f"{parent}: output directory's parent does not exist")
-        self.tmp = parent / f"{self.out.name}.partial-{secrets.token_hex(6)}"
-        self.tmp.mkdir()
-        self._trunk = open(self.tmp / "trunk.bin", "wb")  # noqa: SIM115 - closed in commit/abort
+        self._fingerprint = fingerprint
         self._trunk_pos = 0
         self._trunk_entries: list[dict[str, Any]] = []
         self._names: set[str] = set()
@@ -352,6 +399,59 @@ class ContainerWriter:
         self._open_bank: ExpertBankWriter | None = None
         self._files: set[str] = set()
         self._done = False
+        self._journaled = 0.0
+        if resume is not None:
+            self.tmp = resume
+            self._reopen()
+        else:
+            self.tmp = parent / f"{self.out.name}.partial-{secrets.token_hex(6)}"
+            self.tmp.mkdir()
+            self._trunk = open(self.tmp / "trunk.bin", "wb")  # noqa: SIM115 - commit/abort
+        self._journal(force=True)
+
+    def _reopen(self) -> None:
+        j = read_journal(self.tmp)
+        trunk = self.tmp / "trunk.bin"
+        if j is None or not trunk.is_file():
+            raise ConvertError(f"{self.tmp}: no journal of an interrupted conversion")
+        with open(trunk, "rb") as f:
+            for e in j["trunk"]:
+                f.seek(e["offset"])
+                data = f.read(e["bytes"])
+                if len(data) != e["bytes"] or crc32c(data) != e["crc32c"]:
+                    break
+                self._trunk_entries.append(e)
+                self._names.add(e["name"])
+                self._trunk_pos = e["offset"] + e["bytes"]
+        for b in j["banks"]:
+            if (self.tmp / b["file"]).stat().st_size != b["n_experts"] * b["record_bytes"]:
+                break  # finished banks were fsynced before they were journaled
+            self._banks.append(b)
+        self._trunk = open(trunk, "r+b")  # noqa: SIM115 - closed in commit/abort
+        self._trunk.truncate(self._trunk_pos)
+        self._trunk.seek(self._trunk_pos)
+        kept = {b["file"] for b in self._banks}
+        for p in self.tmp.iterdir():  # side files are rewritten; unfinished banks resumed
+            if p.name not in kept and p.name not in ("trunk.bin", JOURNAL) and \
+                    not p.name.startswith("experts-L"):
+                p.unlink()
+
+    def _journal(self, force: bool = False) -> None:
+        if self._fingerprint is None:
+            return
+        now = time.monotonic()
+        if not force and now - self._journaled < _JOURNAL_SECONDS:
+            return
+        self._journaled = now
+        self._trunk.flush()
+        tmp = self.tmp / (JOURNAL + ".new")
+        tmp.write_text(json.dumps({"fingerprint": self._fingerprint,
+                                   "trunk": self._trunk_entries, "banks": self._banks}))
+        os.replace(tmp, self.tmp / JOURNAL)
+
+    def has_bank(self, layer: int) -> bool:
+        """Whether the bank of ``layer`` is finished (a resumed run's)."""
+        return any(b["layer"] == layer for b in self._banks)
 
     def __enter__(self) -> ContainerWriter:
         return self
@@ -362,8 +462,15 @@ class ContainerWriter:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if not self._done:
-            self.abort()
+        if self._done:
+            return
+        if exc_type is not None and not issubclass(exc_type, Exception) and \
+                self._fingerprint is not None:  # interrupted: kept for a resumed run
+            if self._open_bank is not None:
+                self._open_bank.discard()
+            self._trunk.close()
+            return
+        self.abort()
 
     # -- trunk
     def add_trunk(
@@ -395,6 +502,7 @@ class ContainerWriter:
         )
         self._names.add(name)
         self._trunk_pos += int(buf.size)
+        self._journal()
 
     def has_trunk(self, name: str) -> bool:
         """Whether a trunk tensor of that name was written."""
@@ -415,6 +523,7 @@ class ContainerWriter:
             )
         if any(b["layer"] == layer for b in self._banks):
             raise ConvertError(f"layer {layer}: expert bank written twice")
+        self._journal(force=True)  # the trunk so far, before the bank's records
         self._open_bank = ExpertBankWriter(
             self.tmp / f"experts-L{layer}.bin",
             layer=layer,
@@ -430,6 +539,7 @@ class ContainerWriter:
             raise ConvertError("no expert bank is open")
         bank, self._open_bank = self._open_bank, None
         self._banks.append(bank.close())
+        self._journal(force=True)
 
     # -- side files
     def write_file(self, name: str, data: bytes | str) -> None:
@@ -488,6 +598,8 @@ class ContainerWriter:
             if k not in full:
                 full[k] = v
         text = json.dumps(full, indent=1, ensure_ascii=False, allow_nan=False) + "\n"
+        for name in (JOURNAL, JOURNAL + ".new"):
+            (self.tmp / name).unlink(missing_ok=True)
         with open(self.tmp / "manifest.json", "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
@@ -622,10 +734,36 @@ def shipped_experts(plan: Plan, otherwise: str = "q4_0") -> str:
     return otherwise
 
 
+def read_journal(partial: Path) -> dict[str, Any] | None:
+    """The journal of an interrupted conversion's partial directory, or None."""
+    try:
+        j = json.loads((partial / JOURNAL).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    ok = isinstance(j, dict) and isinstance(j.get("trunk"), list) and \
+        isinstance(j.get("banks"), list)
+    return j if ok else None
+
+
+def plan_fingerprint(plan: Plan, q: Quantization, source: Any) -> dict[str, Any]:
+    """What a resumed run must share with the interrupted one: the source (its files'
+    names, sizes and modification times), the request and the plan's tensors."""
+    layout = [[t.name, list(t.shape), t.kind] for t in plan.trunk]
+    layout += [[x.layer, x.n_experts, [list(s) for s in x.shapes]] for x in plan.experts]
+    return {"version": _VERSION, "source": source, "quantization": q.as_dict(),
+            "model_type": plan.model_type, "hparams": plan.hparams, "layout": layout}
+
+
 def write_container(
-    plan: Plan, out: str | os.PathLike[str], q: Quantization, progress: Progress | None
+    plan: Plan, out: str | os.PathLike[str], q: Quantization, progress: Progress | None,
+    *, fingerprint: Any = None, resume: Path | None = None,
 ) -> Path:
     """Encode and write ``plan`` as a container at ``out`` (atomically).
+
+    ``fingerprint`` journals the conversion so an interrupted run can be resumed;
+    ``resume`` is such a run's partial directory (its journal's fingerprint equal to
+    ``fingerprint``): what it finished is kept and skipped, the rest written as an
+    uninterrupted run writes it, so the container is byte for byte the same.
 
     Raises:
         ConvertError: ``out`` exists, or a tensor cannot be encoded as planned.
@@ -640,16 +778,24 @@ def write_container(
         if progress is not None:
             progress(done, total, label)
 
-    with ContainerWriter(out) as w:
+    with ContainerWriter(out, fingerprint=fingerprint, resume=resume) as w:
         for t in plan.trunk:
+            if w.has_trunk(t.name):  # a resumed run's
+                tick(t.nbytes, t.name)
+                continue
             dtype, copy_raw = choose_dtype(t, q.for_kind(t.kind))
             w.add_trunk(t.name, dtype, t.shape, encode_tensor(t, dtype, copy_raw))
             tick(t.nbytes, t.name)
         for layer in plan.experts:
+            if w.has_bank(layer.layer):
+                tick(layer.nbytes, f"blk.{layer.layer}.experts")
+                continue
             first = layer.expert(0)
             dtype, copy_raw = _expert_dtype(first, q.experts)
             bank = w.expert_bank(layer.layer, layer.n_experts, dtype, layer.shapes)
-            for e in range(layer.n_experts):
+            if bank.written:
+                tick(bank.written * sum(t.nbytes for t in first), f"blk.{layer.layer}.experts")
+            for e in range(bank.written, layer.n_experts):
                 ts = first if e == 0 else layer.expert(e)
                 if tuple(tuple(t.shape) for t in ts) != layer.shapes:
                     raise ConvertError(

@@ -741,6 +741,10 @@ static wp_status check(const wpi_container *c, char *err, size_t cap)
         }
         TRY(wpi_need_f32_matrix(c, NAME("ffn_gate_inp.weight"), hp->n_experts, H, err, cap));
         if (own_hp(hp)->layer_hash[l]) {
+            if (hp->top_k != hp->top_k_shipped)
+                return wpi_fail(err, cap, WP_E_UNSUPPORTED,
+                                "experts_per_token %u: layer %u routes by a table of token ids "
+                                "(hash_layers), not by a ranking of experts", hp->top_k, l);
             TRY(wpi_need_f32_matrix(c, NAME("ffn_hash_ids"), hp->vocab_size, hp->top_k, err, cap));
             const float *t = wpi_container_tensor(c, NAME("ffn_hash_ids"))->data;
             if (t) /* resident once loaded: every id names an expert */

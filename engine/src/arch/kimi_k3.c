@@ -265,6 +265,26 @@ static wp_status latent_moe(wpi_model *m, uint32_t l, uint32_t n)
     return WP_OK;
 }
 
+/* Decode (one row, or one per sequence of a batched step): layer l + 1's likely experts,
+ * routed as its latent MoE routes (sigmoid, biased top-k) on rmsnorm of this layer's output
+ * (layer l + 1's attention and AttnRes not applied yet), prefetched. Timing only: the
+ * router of layer l + 1 still decides, so results are unchanged. */
+static void lookahead(wpi_model *m, uint32_t l, uint32_t n)
+{
+    const wpi_hparams *hp = m->hp;
+    const wpi_layer *N = &m->layers[l + 1];
+    const size_t H = hp->hidden_size, E = hp->n_experts;
+    for (uint32_t t = 0; t < n; t++) {
+        wpi_rmsnorm(m->xg, m->x + t * H, N->ffn_norm, H, hp->rms_norm_eps);
+        wpi_wmat r = {N->router, WPI_F32, hp->n_experts, hp->hidden_size};
+        wpi_mm job = {&r, m->la_probs, E};
+        wpi_matmul(m, &job, 1, m->xg, H, 1);
+        for (size_t e = 0; e < E; e++) m->la_probs[e] = 1.0f / (1.0f + expf(-m->la_probs[e]));
+        wpi_route_noaux(hp, m->la_probs, N->exp_bias, m->route_tmp, m->la_ids, m->la_w);
+        wpi_experts_prefetch(m->experts, l + 1, m->la_ids, hp->top_k);
+    }
+}
+
 /* The mixer's stateless parts around the attention (arch.h mix_in / mix_out), on n rows
  * of x, their rows of ps and the blocks at the same offset: AttnRes before attention and
  * the block's projections; the block's output projection (into xn and x) and AttnRes
@@ -315,14 +335,19 @@ static wp_status ffn(wpi_model *m, uint32_t l, uint32_t n)
         TRY(latent_moe(m, l, n));
     else
         wpi_ffn_block(m, l, n);
-    if (!own_hp(hp)->attn_res_block_size) return WP_OK;
-    float *ps = a->buf + (size_t)(m->x - a->x0), *blocks = ps + 3 * CH;
-    for (size_t i = 0; i < NH; i++) ps[i] += m->moe_out[i];
-    if (l + 1 < hp->n_layers)
-        memcpy(m->x, ps, NH * sizeof(float));
-    else
-        attn_res(m, ps, blocks, blocks_before(hp, l + 1), n, a->out_res_norm, a->out_res_proj,
-                 m->x);
+    if (own_hp(hp)->attn_res_block_size) {
+        float *ps = a->buf + (size_t)(m->x - a->x0), *blocks = ps + 3 * CH;
+        for (size_t i = 0; i < NH; i++) ps[i] += m->moe_out[i];
+        if (l + 1 < hp->n_layers)
+            memcpy(m->x, ps, NH * sizeof(float));
+        else
+            attn_res(m, ps, blocks, blocks_before(hp, l + 1), n, a->out_res_norm,
+                     a->out_res_proj, m->x);
+    }
+    /* a replayed trace is not applied by latent_moe, so there is nothing to prefetch */
+    if (m->lookahead && !m->trace && (n == 1 || n == m->la_rows) && l + 1 < hp->n_layers &&
+        m->layers[l + 1].is_moe)
+        lookahead(m, l, n);
     return WP_OK;
 }
 

@@ -123,11 +123,14 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-sequences", type=int, metavar="N",
                    help="requests generated at once, batched (default: 4, or what the "
                         "budget holds)")
+    p.add_argument("--experts-per-token", type=int, metavar="N",
+                   help="routed experts per token, 1..the model's top-k (default: as shipped)")
 
 
 def _engine_opts(a: argparse.Namespace) -> dict[str, Any]:
     opts: dict[str, Any] = {"budget": a.budget, "threads": a.threads, "ctx": a.ctx,
-                            "max_sequences": a.max_sequences}
+                            "max_sequences": a.max_sequences,
+                            "experts_per_token": a.experts_per_token}
     return {k: v for k, v in opts.items() if v is not None}
 
 

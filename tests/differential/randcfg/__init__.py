@@ -12,6 +12,10 @@ One module per architecture, `randcfg/<model_type>.py`, defines:
   config.json spelling such as Kimi-K2's `model_type` that transformers does not write);
 - optionally `reference(model, prompt, steps)`: the reference trace (default: transformers'
   full forward recomputed for every step, no cache, the plainest reference there is);
+- optionally `checkpoint(config, seed, hf_dir)`, for a model transformers does not have:
+  writes the checkpoint itself and returns (reference model, hf_dir, vocab size), the
+  reference model being what the module's `reference` runs (instead of `build`);
+- optionally `EXAMPLES`: draws per CI run when fewer than the default fit its cost;
 - optionally `refusal(config)`: for a valid config the engine cannot run, the config key
   the refusal must name (else None). `check` then asserts that converting or opening the
   checkpoint raises ConvertError or a WarpError whose message names that key. Kept for
@@ -37,7 +41,7 @@ from hypothesis import strategies as st
 
 ARCHES = [
     "llama", "qwen2_moe", "qwen3_moe", "mixtral", "olmoe", "deepseek_v3", "kimi_k2",
-    "glm4_moe", "gpt_oss", "kimi_linear", "glm5_next", "deepseek_v4",
+    "glm4_moe", "gpt_oss", "kimi_linear", "glm5_next", "deepseek_v4", "kimi_k3",
 ]
 STEPS = 16
 TOL = 1e-4
@@ -176,8 +180,12 @@ def check(draw: Draw, workdir: Path) -> float:
     from warp_providers import Engine
 
     mod = module(draw.arch)
-    model = mod.build(dict(draw.config), draw.seed)
-    hf = save(model, workdir / "hf")
+    if hasattr(mod, "checkpoint"):
+        model, hf, vocab = mod.checkpoint(dict(draw.config), draw.seed, workdir / "hf")
+    else:
+        model = mod.build(dict(draw.config), draw.seed)
+        hf = save(model, workdir / "hf")
+        vocab = int(model.config.get_text_config().vocab_size)
     if hasattr(mod, "postsave"):
         mod.postsave(hf, dict(draw.config))
     refused = mod.refusal(dict(draw.config)) if hasattr(mod, "refusal") else None
@@ -185,7 +193,6 @@ def check(draw: Draw, workdir: Path) -> float:
         _check_refusal(draw, hf, workdir, refused)
         return 0.0
     out = convert_to(hf, workdir / "m.warp", experts="f32", trunk="f32")
-    vocab = int(model.config.get_text_config().vocab_size)
     prompt = prompt_ids(draw, vocab)
     reference = getattr(mod, "reference", full_forward_reference)
     ref_all, ref_tokens, ref_steps = reference(model, prompt, STEPS)
