@@ -182,6 +182,7 @@ class EngineLike(Protocol):
         stop_ids: Sequence[int] | None = ...,
         processors: Sequence[LogitsProcessor] = ...,
         should_stop: Callable[[], bool] | None = ...,
+        prefixes: Sequence[int] = ...,
     ) -> Iterator[TokenEvent]:
         """Yield TokenEvents; see `Engine.stream` (the keywords are the ones it takes)."""
         ...
@@ -523,6 +524,7 @@ class Engine:
         stop_ids: Sequence[int] | None = None,
         processors: Sequence[LogitsProcessor] = (),
         should_stop: Callable[[], bool] | None = None,
+        prefixes: Sequence[int] = (),
     ) -> Iterator[TokenEvent]:
         """Generates tokens, yielding one `TokenEvent` each.
 
@@ -545,6 +547,12 @@ class Engine:
                 thread, one request at a time.
             should_stop: polled before each token (on the scheduler's thread); True
                 cancels (finish "cancelled").
+            prefixes: lengths of prompt prefixes later requests may share (the end of a
+                system prompt and tool list, of the turns so far): the prefill stops at
+                each, and its state is kept as a snapshot in a free sequence, so a later
+                prompt starting with it prefills only what follows (on recurrent states
+                too). Snapshots use only free sequences, inside the budget; the least
+                recently used is replaced first. Lengths outside the prompt are ignored.
         """
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
@@ -562,7 +570,8 @@ class Engine:
         ids = [int(i) for i in self._checked(ids)]
         stops = set(self.tokenizer.eos_ids if stop_ids is None else stop_ids)
         req = Request(ids, min(max_tokens, ctx_tokens - len(ids)), sampling or SamplingParams(),
-                      list(stop), stops, processors, should_stop, self.tokenizer)
+                      list(stop), stops, processors, should_stop, self.tokenizer,
+                      prefixes)
         events = self._sched.submit(req)
         try:
             yield from events
