@@ -33,6 +33,9 @@ Options:
   --prefill N      also, in each 1-stream run, prefill one N-token prompt (one generated
                    token) after the decode streams, and report its prefill tok/s beside
                    the decode rate.
+  --prefill-chunk C  the engine's `prefill_chunk` (rows per prefill step; default 64):
+                   a step reads the union of its rows' experts once, so beyond RAM a
+                   whole 512-token prompt in one chunk reads each expert about once.
 
 The engine opens with max_sequences = the stream count, so the scheduler behind
 `Engine.stream` decodes all the streams together, one batched step at a time.
@@ -91,11 +94,11 @@ def every_expert_hotlist(container: Path) -> str:
     return str(path)
 
 
-def working_sets_budget(container: Path, n: int, k: float, ctx: int) -> int:
+def working_sets_budget(container: Path, n: int, k: float, ctx: int, chunk: int) -> int:
     """The budget whose expert cache holds k working sets, for n sequences."""
     from warp_providers import plan_memory
 
-    p = plan_memory(container, ctx=ctx, max_sequences=n)
+    p = plan_memory(container, ctx=ctx, max_sequences=n, **({"prefill_chunk": chunk} if chunk else {}))
     return max(p["floor_bytes"],
                p["floor_bytes"] - p["min_cache_bytes"] + int(k * p["working_set_bytes"]))
 
@@ -108,6 +111,8 @@ def child(a: argparse.Namespace) -> dict:
     if a.resident:
         opts["hotlist_path"] = every_expert_hotlist(a.container)
     ctx = max(512, a.prefill + 64)
+    if a.prefill_chunk:
+        opts["prefill_chunk"] = a.prefill_chunk
     eng = Engine.open(a.container, budget=a.budget, threads=a.threads, ctx=ctx,
                       max_sequences=n, **opts)
     vocab = eng.vocab_size
@@ -167,6 +172,8 @@ def run_child(a: argparse.Namespace, n: int, cgroup: MemCgroup | None) -> dict:
         cmd.append("--resident")
     if a.prefill:
         cmd += ["--prefill", str(a.prefill)]
+    if a.prefill_chunk:
+        cmd += ["--prefill-chunk", str(a.prefill_chunk)]
     r = run_json_child(cmd, cgroup)
     r.setdefault("streams", n)
     return r
@@ -198,6 +205,7 @@ def main() -> None:
     ap.add_argument("--resident", action="store_true")
     ap.add_argument("--working-sets", default=None)
     ap.add_argument("--prefill", type=int, default=0)
+    ap.add_argument("--prefill-chunk", type=int, default=0)
     ap.add_argument("--no-disk", action="store_true", help="skip the disk measurement")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
@@ -238,7 +246,8 @@ def main() -> None:
                   "peak RSS  budget")
             for n in (int(s) for s in a.streams.split(",")):
                 if k is not None:
-                    a.budget = str(working_sets_budget(a.container, n, k, max(512, a.prefill + 64)))
+                    a.budget = str(working_sets_budget(a.container, n, k, max(512, a.prefill + 64),
+                                                          a.prefill_chunk))
                 r = summarize(run_child(a, n, cg), bw)
                 r["working_sets"] = k
                 out["runs"].append(r)
