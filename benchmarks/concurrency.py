@@ -98,7 +98,8 @@ def working_sets_budget(container: Path, n: int, k: float, ctx: int, chunk: int)
     """The budget whose expert cache holds k working sets, for n sequences."""
     from warp_providers import plan_memory
 
-    p = plan_memory(container, ctx=ctx, max_sequences=n, **({"prefill_chunk": chunk} if chunk else {}))
+    extra = {"prefill_chunk": chunk} if chunk else {}
+    p = plan_memory(container, ctx=ctx, max_sequences=n, **extra)
     return max(p["floor_bytes"],
                p["floor_bytes"] - p["min_cache_bytes"] + int(k * p["working_set_bytes"]))
 

@@ -300,7 +300,8 @@ class Scheduler:
 
         A snapshot is kept: its state is copied into the least recently used other free
         slot, which the request takes instead (the snapshot itself only when no other slot
-        is free, or when the request shares nothing with it). Called under the condition with `slot` already marked busy.
+        is free, or when the request shares nothing with it). Called under the condition
+        with `slot` already marked busy.
         """
         if not slot.snapshot:
             return slot, common
