@@ -25,6 +25,17 @@ Options:
   --resident       warm the cache with every expert at open (a hotlist naming them all;
                    give a --budget that holds the whole container), so no expert is read
                    while decoding.
+  --working-sets K1,K2,...
+                   run every stream count at each expert cache size of K working sets
+                   (one token's experts: top-k x MoE layers x record bytes, from
+                   `plan_memory`): the budget is the floor for the stream count less its
+                   minimum cache, plus K working sets (inside --cap's cgroup if given).
+  --prefill N      also, in each 1-stream run, prefill one N-token prompt (one generated
+                   token) after the decode streams, and report its prefill tok/s beside
+                   the decode rate.
+  --prefill-chunk C  the engine's `prefill_chunk` (rows per prefill step; default 64):
+                   a step reads the union of its rows' experts once, so beyond RAM a
+                   whole 512-token prompt in one chunk reads each expert about once.
 
 The engine opens with max_sequences = the stream count, so the scheduler behind
 `Engine.stream` decodes all the streams together, one batched step at a time.
@@ -32,6 +43,7 @@ The engine opens with max_sequences = the stream count, so the scheduler behind
     python benchmarks/concurrency.py --container moe.warp \
         --trace ../shared/data/routing-traces/olmoe_299.jsonl --cap 0.25 \
         [--streams 1,2,4,8] [--decode-tokens 32] [--threads 2] [--json out.json]
+        [--working-sets 1,2,4] [--prefill 512]
 
 """
 
@@ -82,6 +94,16 @@ def every_expert_hotlist(container: Path) -> str:
     return str(path)
 
 
+def working_sets_budget(container: Path, n: int, k: float, ctx: int, chunk: int) -> int:
+    """The budget whose expert cache holds k working sets, for n sequences."""
+    from warp_providers import plan_memory
+
+    extra = {"prefill_chunk": chunk} if chunk else {}
+    p = plan_memory(container, ctx=ctx, max_sequences=n, **extra)
+    return max(p["floor_bytes"],
+               p["floor_bytes"] - p["min_cache_bytes"] + int(k * p["working_set_bytes"]))
+
+
 def child(a: argparse.Namespace) -> dict:
     from warp_providers import Engine
 
@@ -89,7 +111,10 @@ def child(a: argparse.Namespace) -> dict:
     opts: dict = {"route_trace": a.trace} if a.trace else {}
     if a.resident:
         opts["hotlist_path"] = every_expert_hotlist(a.container)
-    eng = Engine.open(a.container, budget=a.budget, threads=a.threads, ctx=512,
+    ctx = max(512, a.prefill + 64)
+    if a.prefill_chunk:
+        opts["prefill_chunk"] = a.prefill_chunk
+    eng = Engine.open(a.container, budget=a.budget, threads=a.threads, ctx=ctx,
                       max_sequences=n, **opts)
     vocab = eng.vocab_size
     prompts = [[(97 * s + 13 * i) % (vocab - 10) + 5 for i in range(PROMPT_TOKENS)]
@@ -121,13 +146,19 @@ def child(a: argparse.Namespace) -> dict:
     wall = time.perf_counter() - t0
     s1 = eng.stats()
     info = eng.info()
+    prefill = None
+    if a.prefill and n == 1:
+        long = [(31 * i + 7) % (vocab - 10) + 5 for i in range(a.prefill)]
+        st = eng.generate(long, max_tokens=1, stop_ids=[]).stats
+        prefill = {"tokens": st["prompt_tokens_evaluated"], "seconds": st["prefill_seconds"],
+                   "tok_s": st["prefill_tok_s"], "bytes_read": st["bytes_read"]}
     eng.close()
     d = {k: s1[k] - s0[k] for k in ("expert_lookups", "expert_hits", "expert_misses",
                                    "prefetch_issued", "prefetch_hits", "bytes_read")}
     tokens = sum(done)
     return {"streams": n, "tokens": tokens, "wall_s": wall, "tok_s": tokens / wall,
             "errors": errors, "stats": d, "budget_bytes": info["plan"]["budget_bytes"],
-            "cache_bytes": s1["cache_bytes"], "peak_rss": peak_rss()}
+            "cache_bytes": s1["cache_bytes"], "peak_rss": peak_rss(), "prefill": prefill}
 
 
 def run_child(a: argparse.Namespace, n: int, cgroup: MemCgroup | None) -> dict:
@@ -140,6 +171,10 @@ def run_child(a: argparse.Namespace, n: int, cgroup: MemCgroup | None) -> dict:
         cmd += ["--budget", str(a.budget)]
     if a.resident:
         cmd.append("--resident")
+    if a.prefill:
+        cmd += ["--prefill", str(a.prefill)]
+    if a.prefill_chunk:
+        cmd += ["--prefill-chunk", str(a.prefill_chunk)]
     r = run_json_child(cmd, cgroup)
     r.setdefault("streams", n)
     return r
@@ -169,6 +204,9 @@ def main() -> None:
     ap.add_argument("--cap", type=float, default=None)
     ap.add_argument("--budget", default=None)
     ap.add_argument("--resident", action="store_true")
+    ap.add_argument("--working-sets", default=None)
+    ap.add_argument("--prefill", type=int, default=0)
+    ap.add_argument("--prefill-chunk", type=int, default=0)
     ap.add_argument("--no-disk", action="store_true", help="skip the disk measurement")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
@@ -199,21 +237,36 @@ def main() -> None:
             print(f"cgroup {cg.kind} = {cg.limit / GIB:.2f} GiB ({a.cap} x container)")
         except OSError as e:
             sys.exit(f"cannot create the memory cgroup ({e}); run as root or drop --cap")
+    sizes = [None] if not a.working_sets else [float(k) for k in a.working_sets.split(",")]
     try:
-        base = None
-        print("streams  tok/s  vs 1  hit rate  prefetched  bytes/token  of disk bound  peak RSS")
-        for n in (int(s) for s in a.streams.split(",")):
-            r = summarize(run_child(a, n, cg), bw)
-            out["runs"].append(r)
-            if "error" in r:
-                print(f"{n:7d}  error: {r['error']}")
-                continue
-            base = base or r["tok_s"]
-            bound = f"{r['of_disk_bound']:.0%}" if r["of_disk_bound"] is not None else "-"
-            print(f"{n:7d}  {r['tok_s']:5.2f}  {r['tok_s'] / base:4.2f}x  {r['hit_rate']:8.1%}  "
-                  f"{r['prefetched']:10.1%}  {r['bytes_per_token'] / (1 << 20):8.2f} MiB  {bound:>13}  "
-                  f"{r['peak_rss'] / GIB:.2f} GiB" + (f"  errors {r['errors']}" if r["errors"]
-                                                      else ""), flush=True)
+        for k in sizes:
+            if k is not None:
+                print(f"expert cache of {k:g} working sets")
+            base = None
+            print("streams  tok/s  vs 1  hit rate  prefetched  bytes/token  of disk bound  "
+                  "peak RSS  budget")
+            for n in (int(s) for s in a.streams.split(",")):
+                if k is not None:
+                    a.budget = str(working_sets_budget(a.container, n, k, max(512, a.prefill + 64),
+                                                          a.prefill_chunk))
+                r = summarize(run_child(a, n, cg), bw)
+                r["working_sets"] = k
+                out["runs"].append(r)
+                if "error" in r:
+                    print(f"{n:7d}  error: {r['error']}")
+                    continue
+                base = base or r["tok_s"]
+                bound = f"{r['of_disk_bound']:.0%}" if r["of_disk_bound"] is not None else "-"
+                print(f"{n:7d}  {r['tok_s']:5.2f}  {r['tok_s'] / base:4.2f}x  "
+                      f"{r['hit_rate']:8.1%}  {r['prefetched']:10.1%}  "
+                      f"{r['bytes_per_token'] / (1 << 20):8.2f} MiB  {bound:>13}  "
+                      f"{r['peak_rss'] / GIB:.2f} GiB  {r['budget_bytes'] / GIB:.2f} GiB"
+                      + (f"  errors {r['errors']}" if r["errors"] else ""), flush=True)
+                if r.get("prefill"):
+                    p = r["prefill"]
+                    print(f"         prefill of {p['tokens']} tokens: {p['tok_s']:.2f} tok/s "
+                          f"({p['tok_s'] / r['tok_s']:.1f}x this decode rate), "
+                          f"{p['bytes_read'] / GIB:.2f} GiB read", flush=True)
     finally:
         if cg:
             cg.remove()

@@ -197,6 +197,7 @@ class EngineLike(Protocol):
         stop_ids: Sequence[int] | None = ...,
         processors: Sequence[LogitsProcessor] = ...,
         should_stop: Callable[[], bool] | None = ...,
+        prefixes: Sequence[int] = ...,
     ) -> Iterator[TokenEvent]:
         """Yield TokenEvents; see `Engine.stream` (the keywords are the ones it takes; an
         engine with a vision tower also takes `images=`)."""
@@ -586,6 +587,7 @@ class Engine:
         processors: Sequence[LogitsProcessor] = (),
         should_stop: Callable[[], bool] | None = None,
         images: Sequence[Any] = (),
+        prefixes: Sequence[int] = (),
     ) -> Iterator[TokenEvent]:
         """Generates tokens, yielding one `TokenEvent` each.
 
@@ -611,6 +613,12 @@ class Engine:
             images: `vision.PreparedImage`s, one per placeholder run of the prompt ids, in
                 order (`vision.expand_placeholders` makes the runs); the tower runs on
                 each before the prompt is queued.
+            prefixes: lengths of prompt prefixes later requests may share (the end of a
+                system prompt and tool list, of the turns so far): the prefill stops at
+                each, and its state is kept as a snapshot in a free sequence, so a later
+                prompt starting with it prefills only what follows (on recurrent states
+                too). Snapshots use only free sequences, inside the budget; the least
+                recently used is replaced first. Lengths outside the prompt are ignored.
         """
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
@@ -632,7 +640,8 @@ class Engine:
             # a placeholder the model writes has no image row: it ends the reply instead
             stops.add(int(info["placeholder_token_id"]))
         req = Request(ids, min(max_tokens, ctx_tokens - len(ids)), sampling or SamplingParams(),
-                      list(stop), stops, processors, should_stop, self.tokenizer)
+                      list(stop), stops, processors, should_stop, self.tokenizer,
+                      prefixes)
         if images:
             self._attach_images(req, list(images))
         elif info is not None and info["placeholder_token_id"] in ids:

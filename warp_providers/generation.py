@@ -89,14 +89,21 @@ class Request:
         processors: Sequence[LogitsProcessor],
         should_stop: Callable[[], bool] | None,
         tokenizer: Tokenizer,
+        prefixes: Sequence[int] = (),
     ) -> None:
-        """A request for `limit` tokens at most after the prompt `ids` (not yet queued)."""
+        """A request for `limit` tokens at most after the prompt `ids` (not yet queued).
+
+        `prefixes`: lengths of prompt prefixes worth a snapshot (the scheduler's prefix
+        cache); the prefill stops at each one not already reused.
+        """
         self.ids = ids
         self.key: list[Any] = ids
         """What prefix reuse compares: `ids`, each image position replaced by its image's
         pixel digest and index, so different images never share a cached prefix."""
         self.embeds: list[tuple[int, np.ndarray]] = []
         """(start position, rows) of each image's placeholder run in `ids`."""
+        self.prefixes = tuple(prefixes)
+        self.marks: list[int] = []  # prefix lengths still to reach in this prefill
         self.limit = limit
         self._params, self._processors = params, processors
         self.stop, self.stop_ids, self.should_stop = stop, stop_ids, should_stop
@@ -126,6 +133,7 @@ class Request:
         """Admitted on a sequence that already holds `cached` tokens of the prompt."""
         self.cached = cached
         self.todo = self.ids[cached:]
+        self.marks = sorted({int(b) for b in self.prefixes if cached < b < len(self.ids)})
         self._t_start = time.perf_counter()
         self._sampler = Sampler(self._params, self._processors, self.ids)
         self._decoder = self._tokenizer.incremental_decoder()
@@ -147,6 +155,8 @@ class Request:
     def take(self, chunk: int | None) -> list[int]:
         """The tokens it evaluates this step (a bounded prefill chunk, or its last token)."""
         n = len(self.todo) if chunk is None or not self.prefilling else min(chunk, len(self.todo))
+        if self.prefilling and self.marks:  # stop at the next prefix boundary
+            n = min(n, self.marks[0] - (len(self.ids) - len(self.todo)))
         return self.todo[:n]
 
     def feed(self, n: int, row: np.ndarray) -> None:

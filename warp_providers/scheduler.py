@@ -4,7 +4,13 @@ Owns: the sequence slots of one context (slot 0 is the context's own state, the 
 from `Context.seq_open()`), the FIFO of requests waiting for a slot, prefix reuse across
 slots (an idle slot keeps its tokens; a new request takes the idle slot sharing the longest
 token prefix with its prompt, the least recently used among equals, or copies the state of
-a running sequence that shares more), the step (every ready
+a running sequence that shares more), prefix snapshots (a request's prefill stops at the
+prefix boundaries it names, such as the end of a system prompt and tool list or of the
+turns before its last, and each boundary's state is copied into a free slot: a later
+request whose prompt starts with that prefix copies it instead of prefilling it, which
+also serves recurrent states, whose longest common prefix cannot be rewound; snapshots
+live only in free slots, so they are inside the budget, and the least recently used goes
+first when a request or a newer snapshot needs its slot), the step (every ready
 request contributes its next prefill chunk or its one decode token; one `eval_batch`; each
 request samples from its row), the split of the engine counters among a step's requests,
 and the lock every call into the context holds.
@@ -51,6 +57,7 @@ class Slot:
         self.ids: list[int] | None = []
         self.busy = False
         self.used = 0.0  # when a request last left it (LRU)
+        self.snapshot = False  # holds a prefix snapshot: copied from, kept while others are free
 
 
 class Scheduler:
@@ -154,7 +161,7 @@ class Scheduler:
         with self._cv:
             for s in self.slots[1:]:
                 if not s.busy:
-                    s.ids = None
+                    s.ids, s.snapshot = None, False
 
     @contextmanager
     def seq0(self) -> Iterator[Slot]:
@@ -254,6 +261,8 @@ class Scheduler:
             slot.busy = True
             req.slot = slot
             try:
+                slot, common = self._keep_snapshot(slot, common)
+                req.slot = slot
                 donor, shared = self._donor(req.key, slot, common)
                 if donor is not None:
                     common = self._copy(slot, donor, shared)
@@ -268,7 +277,8 @@ class Scheduler:
             self._active.append(req)
 
     def _pick(self, ids: list[int]) -> tuple[Slot | None, int]:
-        """The free slot with the longest reusable prefix of ids (LRU among equals)."""
+        """The free slot with the longest reusable prefix of ids (LRU among equals, sequence
+        0 after the others)."""
         best, best_key = None, None
         for s in self.slots:
             if s.busy or (s.index == 0 and self._wanted0):
@@ -276,10 +286,64 @@ class Scheduler:
             common = _common(s.ids, ids) if s.ids is not None else 0
             if not self._can_truncate and s.ids is not None and common < len(s.ids):
                 common = 0  # a recurrent state keeps a prefix only when nothing follows it
-            key = (common, -s.used)
+            # among equals: one that needs no rewind first, sequence 0 last (it has no
+            # handle, so it can give no snapshot), a snapshot after a sequence that only
+            # holds a past request's tokens, then the least recently used
+            exact = s.ids is None or common == len(s.ids)
+            key = (common, exact, s.seq is not None, not s.snapshot, -s.used)
             if best_key is None or key > best_key:
                 best, best_key = s, key
         return best, (best_key[0] if best_key else 0)
+
+    def _keep_snapshot(self, slot: Slot, common: int) -> tuple[Slot, int]:
+        """The slot a request runs on when `_pick` chose `slot` for its `common` tokens.
+
+        A snapshot is kept: its state is copied into the least recently used other free
+        slot, which the request takes instead (the snapshot itself only when no other slot
+        is free, or when the request shares nothing with it). Called under the condition
+        with `slot` already marked busy.
+        """
+        if not slot.snapshot:
+            return slot, common
+        target = self._victim(exclude=slot)
+        if target is None or common == 0:
+            slot.snapshot = False  # taken over: no longer a snapshot
+            return slot, common
+        slot.busy = False
+        target.busy = True
+        slot.used = time.monotonic()  # a hit makes it recent
+        self._copy(target, slot, common)
+        return target, common
+
+    def _victim(self, exclude: Slot | None = None) -> Slot | None:
+        """The free slot with a handle to overwrite (None when none is free): the least
+        recently used of those holding a past request's tokens, else of the snapshots
+        (a prefix chosen as shared outlives what one request left)."""
+        free = [s for s in self.slots[1:] if not s.busy and s is not exclude]
+        return min(free, key=lambda s: (s.snapshot, s.used), default=None)
+
+    def _snapshot(self, slot: Slot) -> None:
+        """Copies the state of a running request's slot into a free slot, as a snapshot of
+        the prefix it holds (nothing when no slot is free or one already holds it)."""
+        assert slot.ids is not None
+        with self._cv:
+            if any(s.snapshot and s.ids == slot.ids for s in self.slots[1:]):
+                return
+            target = self._victim()
+            if target is None:
+                return
+            target.busy = True
+        try:
+            with self.ctx_lock:
+                target.ids = None
+                target.seq.copy_from(slot.seq)
+                target.ids = list(slot.ids)
+        finally:
+            with self._cv:
+                target.busy = False
+                target.snapshot = target.ids is not None
+                target.used = time.monotonic()
+                self._cv.notify_all()
 
     def _donor(self, ids: list[int], target: Slot, have: int) -> tuple[Slot | None, int]:
         """A running sequence sharing at least `COPY_MIN` more prompt tokens than `have`.
@@ -327,7 +391,7 @@ class Scheduler:
 
     def _step(self, ready: list[Request]) -> None:
         chunk = self.chunk if len(ready) > 1 or self._waiting else None
-        plan = [(r, r.take(chunk)) for r in ready]
+        plan = [(r, r.take(chunk)) for r in ready]  # a prefill stops at its next boundary
         starts = {r: len(r.ids) - len(r.todo) if r.prefilling else None for r in ready}
         with self.ctx_lock:
             before = self._ctx.stats()
@@ -347,6 +411,13 @@ class Scheduler:
                 r.share[k] += (after[k] - before[k]) * len(toks) / total
             at = starts[r]
             r.slot.ids.extend(toks if at is None else r.key[at:at + len(toks)])
+            held = len(r.slot.ids)
+            while r.marks and r.marks[0] <= held:
+                if r.marks.pop(0) == held and r.slot.seq is not None:
+                    try:
+                        self._snapshot(r.slot)
+                    except BaseException:  # a snapshot is only a cache: the request goes on
+                        pass
             try:
                 r.feed(len(toks), rows[r])
             except BaseException as exc:  # a processor or should_stop raising

@@ -33,11 +33,15 @@ from warp_providers.chat.base import (
     Prompt,
     ReplyParser,
     apply_named_tool_choice,
+    request_dict,
 )
 from warp_providers.engine import EngineLike
 from warp_providers.errors import ContextOverflowError
 from warp_providers.sampling import LogitsProcessor, SamplingParams
 from warp_providers.types import AssistantMessage, ChatRequest, Usage
+
+PREFIX_MIN = 32
+"""Shortest prompt prefix worth a snapshot (a shorter one is cheaper to prefill again)."""
 
 __all__ = ["ChatChunk", "ChatResult", "ChatSession", "PreparedChat", "format_capabilities"]
 
@@ -243,7 +247,35 @@ class ChatSession:
             constrain.processor_for_request(self.format, prompt, request)
             if constrain_output else None
         )
-        return PreparedChat(prompt, ids, limit, processor, images)
+        return PreparedChat(prompt, ids, limit, processor, images,
+                            self._prefixes(request, ids))
+
+    def _prefixes(self, request: Any, ids: list[int]) -> tuple[int, ...]:
+        """Prompt prefixes later requests are likely to share, as token counts of `ids`.
+
+        The leading system messages with the tools (what requests of one application
+        share), and the whole conversation before the hand-over to the assistant (what the
+        next turn of this conversation starts with, whatever the reply's tokens become).
+        Each is rendered alone and kept only when its ids begin `ids` exactly.
+        """
+        try:
+            req = request_dict(request)
+        except (ChatFormatError, ValueError, TypeError):
+            return ()
+        msgs = list(req.get("messages") or [])
+        lead = next((i for i, m in enumerate(msgs) if m.get("role") != "system"), len(msgs))
+        parts = [msgs[:lead]] if 0 < lead < len(msgs) else []
+        out: list[int] = []
+        for part in parts + [msgs]:
+            try:
+                got = self.format.encode(self.format.render(
+                    {**req, "messages": part}, add_generation_prompt=False))
+            except (ChatFormatError, ValueError, TypeError):
+                continue
+            n = len(got)
+            if PREFIX_MIN <= n < len(ids) and ids[:n] == got and n not in out:
+                out.append(n)
+        return tuple(out)
 
     def _render(self, request: Any, constrain_output: bool,
                 images: list[ImageInfo] | None = None) -> Prompt:
@@ -294,6 +326,8 @@ class ChatSession:
         procs = ([prep.processor] if prep.processor is not None else []) + list(processors)
         parser = self.format.new_parser(prep.prompt)
         kw: dict[str, Any] = {"images": prep.images} if prep.images else {}
+        if prep.prefixes:
+            kw["prefixes"] = prep.prefixes
         events = self.engine.stream(
             prep.ids, max_tokens=prep.max_tokens, sampling=sampling, stop_ids=self.stop_ids,
             processors=procs, should_stop=should_stop, **kw,
@@ -462,6 +496,8 @@ class PreparedChat:
         processor: the request's output constraint, or None.
         images: the request's images (`vision.PreparedImage`), one per placeholder run
             of `ids`, in order.
+        prefixes: lengths of the prompt's prefixes worth a snapshot (`Engine.stream`'s
+            `prefixes`): its system prompt and tools, the conversation before the reply.
 
     """
 
@@ -470,6 +506,7 @@ class PreparedChat:
     max_tokens: int
     processor: constrain.GrammarProcessor | None = None
     images: list[Any] = field(default_factory=list)
+    prefixes: tuple[int, ...] = ()
 
     @property
     def prompt_tokens(self) -> int:

@@ -350,3 +350,25 @@ def test_unknown_chat_format_is_refused_by_name():
         ChatSession(ScriptedEngine(), chat_format="no-such-format")
     assert err.value.param == "chat_format"
     assert "no-such-format" in str(err.value)
+
+
+def test_the_system_prompt_and_the_conversation_so_far_are_offered_as_snapshot_prefixes():
+    """Each prefix the session names is where the next request's prompt stops agreeing:
+    the system prompt is shared with another user's request, the conversation before
+    the hand-over with this conversation's next turn (whatever the reply renders as)."""
+    system = {"role": "system", "content": LONG}
+    first = [system, {"role": "user", "content": "what is up"}]
+    other_user = [system, {"role": "user", "content": "tell me more"}]
+    next_turn = first + [{"role": "assistant", "content": "Fine."},
+                         {"role": "user", "content": "and then"}]
+    eng = ScriptedEngine(["Fine."])
+    s = ChatSession(eng)
+    s.complete(first)
+    sys_at, conv_at = eng.calls[0]["prefixes"]
+    ids, other, nxt = s.prompt_ids(first), s.prompt_ids(other_user), s.prompt_ids(next_turn)
+    # the system turn ends where the user turn's header (shared too) begins
+    assert n_tokens(LONG) < sys_at < common_prefix(ids, other) < sys_at + 8
+    assert ids[:conv_at] == nxt[:conv_at] and sys_at < conv_at < len(ids)
+    short = ScriptedEngine(["x"])
+    ChatSession(short).complete(USER)  # nothing long enough to be worth a snapshot
+    assert "prefixes" not in short.calls[0]

@@ -669,6 +669,9 @@ class TensorSource:
             raw_dtype = {"F32": "f32", "F16": "f16", "BF16": "bf16"}.get(ent.dtype)
             if raw_dtype is not None:
                 raw = _raw_loader(arr)
+            encoded = getattr(arr, "encoded_as", None)  # a generated tensor in container bytes
+            if encoded is not None:
+                raw_dtype, raw = encoded, arr.raw_bytes
         return SrcTensor(cname, want, kind, rows, ent.nbytes, raw=raw, raw_dtype=raw_dtype)
 
     def expert_part(

@@ -7,6 +7,12 @@ the Kimi-Linear-48B-A3B expert shape:
         --hidden 2304 --moe-intermediate 1024 --dtype q4_0 -o kimi-shape.warp
 
 `--checkpoint` writes the float16 HF checkpoint instead (for `warp convert` or other tools).
+
+`--random-blocks` (benchmark only, `--dtype q4_0`) writes each expert matrix as random
+Q4_0 blocks (random nibbles under one fixed float16 scale) instead of drawing floats and
+quantizing them: the container is written at about the disk's speed (minutes for the
+27 GB shape above instead of about an hour). Its activations stay finite, and nothing
+else about its weights means anything.
 """
 
 from __future__ import annotations
@@ -35,6 +41,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--trunk", default="q8_0", help="attention dtype")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--checkpoint", action="store_true", help="write the f16 HF checkpoint")
+    p.add_argument("--random-blocks", action="store_true",
+                   help="benchmark only: experts as random Q4_0 blocks (fast)")
     p.add_argument("-o", "--out", required=True, type=Path)
     return p
 
@@ -50,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.checkpoint:
         out = make_moe_checkpoint(a.out, shape, seed=a.seed)
     else:
-        out = make_moe_container(a.out, shape, seed=a.seed, experts=a.dtype, trunk=a.trunk)
+        out = make_moe_container(a.out, shape, seed=a.seed, experts=a.dtype, trunk=a.trunk,
+                                 random_blocks=a.random_blocks)
     size = sum(f.stat().st_size for f in out.iterdir() if f.is_file())
     dt = time.perf_counter() - t0
     print(f"{out}: {size / 1e9:.2f} GB in {dt:.1f} s ({size / 1e6 / dt:.0f} MB/s)")

@@ -75,6 +75,64 @@ class LazyNormal:
         return a if dtype is None else a.astype(dtype)
 
 
+class RandomQ4Blocks(LazyNormal):
+    """A [rows, cols] matrix that exists as random Q4_0 blocks (benchmark only).
+
+    Each 32-value block is one fixed float16 scale and 16 random bytes of nibbles, no
+    nibble 0 (a nibble n means (n - 8) x scale, so the values are -7..7 with 0 twice as
+    likely: mean 0, RMS 4.18 x scale); the scale makes the RMS that of N(0, scale^2). The
+    converter copies these bytes as they are (`encoded_as`), so a container of tens of GB
+    is written at the speed of the random bytes instead of drawing and quantizing floats.
+    Nothing about such weights is realistic beyond their sizes and finite activations.
+    """
+
+    encoded_as = "q4_0"
+    RMS = float(np.sqrt((2 * sum(v * v for v in range(1, 8))) / 16))
+
+    def __init__(self, shape: tuple[int, ...], scale: float, key: tuple[int, int]) -> None:
+        super().__init__(shape, scale, key)
+        if self.shape[-1] % 32:
+            raise ValueError(f"Q4_0 rows need a multiple of 32 columns, got {self.shape[-1]}")
+
+    def reshape(self, *shape: int) -> RandomQ4Blocks:
+        view = super().reshape(*shape)
+        return RandomQ4Blocks(view.shape, self.scale, self.key)
+
+    def raw_bytes(self) -> np.ndarray:
+        """The container bytes of the whole matrix (18 per block of 32 values)."""
+        n_blocks = int(np.prod(self.shape)) // 32
+        rng = np.random.default_rng(self.key)
+        out = np.empty((n_blocks, 18), dtype=np.uint8)
+        d = np.float16(self.scale / self.RMS)
+        out[:, :2] = np.frombuffer(d.tobytes(), np.uint8)
+        out[:, 2:] = _NO_ZERO_NIBBLE[
+            np.frombuffer(rng.bytes(n_blocks * 16), np.uint8).reshape(n_blocks, 16)]
+        return out.reshape(-1)
+
+    def __getitem__(self, rows: slice) -> np.ndarray:
+        """Rows as float32: the blocks decoded (what the bytes mean)."""
+        r0, r1, _ = rows.indices(self.shape[0])
+        cols = self.shape[-1]
+        per_row = cols // 32 * 18
+        raw = self.raw_bytes().reshape(self.shape[0], per_row)[r0:r1]
+        blocks = raw.reshape(-1, 18)
+        d = blocks[:, :2].copy().view(np.float16).astype(np.float32)
+        q = blocks[:, 2:]
+        vals = np.concatenate([q & 15, q >> 4], axis=1).astype(np.float32) - 8.0
+        return (vals * d).reshape(r1 - r0, cols)
+
+
+def _no_zero_nibble() -> np.ndarray:
+    b = np.arange(256, dtype=np.uint8)
+    lo, hi = b & 15, b >> 4
+    lo = np.where(lo == 0, 8, lo)
+    hi = np.where(hi == 0, 8, hi)
+    return (lo | (hi << 4)).astype(np.uint8)
+
+
+_NO_ZERO_NIBBLE = _no_zero_nibble()
+
+
 class GeneratedTensors:
     """Generated tensors by name, read by the converter in place of a checkpoint's shards
     (the reading side of ``SafetensorsDir``: ``dir``, ``entries``, ``raw``)."""
@@ -112,6 +170,8 @@ class Writer:
         self.weight_map: dict[str, str] = {}
         self.tensors: dict[str, np.ndarray | LazyNormal] | None = {} if virtual else None
         self._drawn = 0
+        self.random_blocks = False
+        """Expert matrices as `RandomQ4Blocks` (virtual writers only; benchmark only)."""
 
     def w(self, *dims: int, scale: float, dtype: type = np.float16) -> Any:
         """Return a matrix of N(0, scale^2) entries (float16 unless `dtype` says)."""
@@ -119,6 +179,13 @@ class Writer:
             self._drawn += 1
             return LazyNormal(dims, scale, (self.seed, self._drawn))
         return (self.rng.standard_normal(dims, dtype=np.float32) * scale).astype(dtype)
+
+    def expert(self, *dims: int, scale: float) -> Any:
+        """An expert matrix: as `w`, or random Q4_0 blocks when `random_blocks` is set."""
+        if self.random_blocks and self.tensors is not None:
+            self._drawn += 1
+            return RandomQ4Blocks(dims, scale, (self.seed, self._drawn))
+        return self.w(*dims, scale=scale)
 
     def shard(self, name: str, tensors: dict[str, Any]) -> None:
         self.weight_map.update({k: name for k in tensors})

@@ -92,3 +92,31 @@ def test_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     assert m["quantization"]["experts"] == "q8_0"
     assert "GB in" in capsys.readouterr().out
     assert not list(tmp_path.glob("*.safetensors")) and not list(out.glob("*.safetensors"))
+
+
+def test_random_blocks_are_written_as_they_are_and_decode_finite(tmp_path: Path) -> None:
+    """The benchmark-only fast mode: every expert block is the fixed scale of its matrix
+    and nibbles that are never 0, at the generated distribution's RMS, and a decode
+    through them gives finite logits."""
+    from warp_providers.synth._common import RandomQ4Blocks
+
+    path = make_moe_container(tmp_path / "fast.warp", SHAPE, seed=4, random_blocks=True)
+    h, inter = SHAPE.hidden_size, SHAPE.moe_intermediate_size
+    want = {"gate": h ** -0.5, "up": h ** -0.5, "down": inter ** -0.5}
+    for _bank, _e, rec in records(path):
+        for t in _bank["tensors"]:
+            assert t["dtype"] == "q4_0"
+            blocks = np.frombuffer(rec, np.uint8, t["bytes"], t["offset"]).reshape(-1, 18)
+            d = blocks[:, :2].copy().view("<f2").astype(np.float32)
+            assert (d == d[0]).all()
+            assert d[0, 0] == np.float16(want[t["name"]] / RandomQ4Blocks.RMS)
+            q = blocks[:, 2:]
+            assert ((q & 15) != 0).all() and ((q >> 4) != 0).all()
+            std = decode(blocks.reshape(-1), "q4_0", t["shape"]).std()
+            assert abs(std / want[t["name"]] - 1) < 0.1, (t["name"], std)
+    with Engine.open(path, verify=True, threads=2) as eng:
+        logits = eng.eval([1, 2, 3, 4])
+        assert np.isfinite(logits).all() and logits.std() > 0
+        assert len(eng.generate([5, 6, 7], max_tokens=4, stop_ids=[]).token_ids) == 4
+    with pytest.raises(ValueError, match="q4_0"):
+        make_moe_container(tmp_path / "no.warp", SHAPE, experts="q8_0", random_blocks=True)
