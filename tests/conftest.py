@@ -17,6 +17,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 from support import ALLOWED as _ALLOWED  # noqa: E402
+from support import load_torchvision  # noqa: E402
+
+load_torchvision()
 
 _skips: list[str] = []
 

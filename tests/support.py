@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -65,16 +66,24 @@ def tiny_glm5_next_shape():
         hc_mult=4)
 
 
-def import_torchvision():
-    """torchvision for the image-processor oracle, or a skip naming it.
+TORCHVISION_DIR = Path(sys.prefix) / "torchvision-oracle"
+"""Where the Makefile installs torchvision for the image-processor oracle: outside
+site-packages, since there it breaks transformers' model imports on the CPU torch."""
+
+
+def load_torchvision() -> None:
+    """Imports torchvision from TORCHVISION_DIR, before anything imports transformers.
 
     The index's torchvision wheel is built against the CUDA build of torch; on the CPU
     build its compiled operators (nms, roi_align...) do not load and registering their
     fake kernels raises at import. The image processors only call torchvision's
     pure-Python transforms (which run torch's own resize), so those registrations are
-    let fail for the import.
+    let fail for the import. Without the folder nothing happens, and import_torchvision
+    skips, naming it.
     """
-    requires(has_module("torchvision"), "torchvision (the image-processor oracle)")
+    if not TORCHVISION_DIR.is_dir() or "torchvision" in sys.modules:
+        return
+    sys.path.append(str(TORCHVISION_DIR))
     import torch.library
 
     real = torch.library.register_fake
@@ -89,7 +98,13 @@ def import_torchvision():
 
     torch.library.register_fake = tolerant
     try:
-        import torchvision
+        import torchvision  # noqa: F401
     finally:
         torch.library.register_fake = real
-    return torchvision
+
+
+def import_torchvision():
+    """torchvision for the image-processor oracle (loaded by the suite's conftest), or a
+    skip naming it."""
+    requires("torchvision" in sys.modules, "torchvision (the image-processor oracle)")
+    return sys.modules["torchvision"]
