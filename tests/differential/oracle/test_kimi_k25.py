@@ -41,7 +41,8 @@ PREPROCESSOR = {
 }
 
 
-def _config(draw: str) -> Any:
+def _config(draw: str, ids: tuple[int, int, int] = (IMG, START, END)) -> Any:
+    """The two draws; `ids`: the image placeholder, start and end marker ids."""
     import transformers as tf
 
     wide = draw == "wide"
@@ -58,24 +59,26 @@ def _config(draw: str) -> Any:
                   merge_kernel_size=[2, 2],
                   rope_parameters={"rope_type": "axial", "rope_theta": 100.0 if wide else 10000.0})
     return tf.Kimi_K25Config(text_config=text, vision_config=vision, projection_hidden_size=32,
-                             projection_layer_norm_eps=1e-5, image_token_id=IMG,
-                             video_token_id=301, vision_start_token_id=START,
-                             vision_end_token_id=END)
+                             projection_layer_norm_eps=1e-5, image_token_id=ids[0],
+                             video_token_id=301, vision_start_token_id=ids[1],
+                             vision_end_token_id=ids[2])
 
 
-def _build(draw: str, out: Path) -> Any:
+def _build(draw: str, out: Path, ids: tuple[int, int, int] = (IMG, START, END),
+           tokenizer: str | None = None) -> Any:
+    """Saves a draw (and the byte-level test tokenizer, or `tokenizer` text) under `out`."""
     import torch
     import transformers as tf
     from fake_engine import tokenizer_json
 
     torch.manual_seed(3 if draw == "wide" else 0)
-    model = tf.Kimi_K25ForConditionalGeneration(_config(draw)).eval()
+    model = tf.Kimi_K25ForConditionalGeneration(_config(draw, ids)).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             around = 1.0 if "norm" in name and name.endswith("weight") else 0.0
             p.copy_(torch.randn_like(p) * 0.1 + around)
     model.save_pretrained(out, safe_serialization=True)
-    (out / "tokenizer.json").write_text(tokenizer_json())
+    (out / "tokenizer.json").write_text(tokenizer or tokenizer_json())
     (out / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR))
     return model
 
