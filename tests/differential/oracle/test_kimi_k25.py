@@ -15,9 +15,10 @@ wider text model), converted to f32 containers and opened with the vision option
   the plan's tower bytes (counted only with the vision option), the refusals: no tower
   loaded, a grid the tower refuses, damaged tower tensors at convert and at open.
 
-The pixel tensors follow Kimi_K25ImageProcessor's steps (resize to the patch budget,
-pad to the merge size, rescale, normalize with the shipped mean/std, patchify) with
-Pillow and numpy; the tower is compared on exactly those tensors.
+The tower is compared on the pixel_values and grids transformers' own
+Kimi_K25ImageProcessor returns with the shipped config (it needs torchvision), and, so
+the tower stays checked without torchvision, on tensors made by its steps (resize to the
+patch budget, pad to the merge size, rescale, normalize, patchify) with Pillow and numpy.
 """
 
 from __future__ import annotations
@@ -129,6 +130,28 @@ def pixel_values(img: Any, pp: dict[str, Any]) -> tuple[np.ndarray, tuple[int, i
     return np.ascontiguousarray(patches.reshape(gh * gw, 3 * p * p)), (1, gh, gw)
 
 
+def processed(img: Any) -> tuple[np.ndarray, tuple[int, int, int]]:
+    """transformers' Kimi_K25ImageProcessor on one image, with the shipped config:
+    pixel_values flattened to [n_patches, 3 * p * p] (the rows the tower takes), grid."""
+    from support import import_torchvision
+
+    import_torchvision()
+    from transformers.models.kimi_k25.image_processing_kimi_k25 import Kimi_K25ImageProcessor
+
+    proc = Kimi_K25ImageProcessor(
+        **{k: v for k, v in PREPROCESSOR.items() if k != "image_processor_type"})
+    out = proc(images=[img], return_tensors="pt")
+    pv = out["pixel_values"].numpy()
+    assert pv.ndim == 4 and pv.shape[1:] == (3, PREPROCESSOR["patch_size"],
+                                             PREPROCESSOR["patch_size"])
+    grid = tuple(int(x) for x in out["image_grid_thw"][0].tolist())
+    return np.ascontiguousarray(pv.reshape(len(pv), -1), dtype=np.float32), grid  # type: ignore[return-value]
+
+
+def _pixels(source: str, img: Any) -> tuple[np.ndarray, tuple[int, int, int]]:
+    return processed(img) if source == "processor" else pixel_values(img, PREPROCESSOR)
+
+
 def _image(h: int, w: int, seed: int) -> Any:
     from PIL import Image
 
@@ -151,13 +174,14 @@ SIZES = [(32, 32), (20, 44), (100, 60), (64, 8), (8, 8)]
 
 
 @pytest.mark.oracle
+@pytest.mark.parametrize("source", ["processor", "steps"])
 @pytest.mark.parametrize("draw", ["base", "wide"])
-def test_tower_matches_transformers(k25, draw):
+def test_tower_matches_transformers(k25, draw, source):
     model, _, path = k25[draw]
     ctx = _open(path)
     grids = set()
     for i, (h, w) in enumerate(SIZES):
-        pv, grid = pixel_values(_image(h, w, i), PREPROCESSOR)
+        pv, grid = _pixels(source, _image(h, w, i))
         grids.add(grid)
         ref = _reference(model, pv, grid)
         got = ctx.encode_image(pv, grid)
@@ -184,8 +208,7 @@ def test_two_images_logits_match(k25, draw):
     import torch
 
     model, _, path = k25[draw]
-    imgs = [pixel_values(_image(28, 44, 10), PREPROCESSOR),
-            pixel_values(_image(8, 16, 11), PREPROCESSOR)]
+    imgs = [processed(_image(28, 44, 10)), processed(_image(8, 16, 11))]
     ctx = _open(path, prefill_chunk=5, max_sequences=2)
     rows = [ctx.encode_image(pv, g) for pv, g in imgs]
     ids = _prompt(len(rows[0]), len(rows[1]))
