@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import base64
 import io
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -221,3 +222,34 @@ def _engine_last_logits(eng: Any, prep: Any) -> np.ndarray:
     finally:
         ctx.close()
 
+
+
+@pytest.mark.oracle
+def test_warp_plan_vision(tower, capsys):
+    """`warp plan --vision` counts the tower (weights as the manifest's v.* tensors, the
+    reserve) in the floor; without the flag it shows them as not planned."""
+    import json
+
+    from warp_providers import cli
+
+    _, _, path = tower
+    man = json.loads((Path(path) / "manifest.json").read_text())
+    tower_bytes = sum(t["bytes"] for t in man["trunk"]["tensors"] if t["name"].startswith("v."))
+    plans = {}
+    for flag in ([], ["--vision"]):
+        assert cli.main(["plan", str(path), "--json", *flag]) == 0
+        plans[bool(flag)] = json.loads(capsys.readouterr().out)
+    on, off = plans[True], plans[False]
+    assert on["vision_weight_bytes"] == off["vision_weight_bytes"] == tower_bytes > 0
+    assert on["vision_bytes"] == tower_bytes + on["vision_reserve_bytes"]
+    assert on["vision_reserve_bytes"] > 0 and off["vision_bytes"] == 0
+    assert on["floor_bytes"] - off["floor_bytes"] == on["vision_bytes"]
+    texts = {}
+    for flag in ([], ["--vision"]):
+        assert cli.main(["plan", str(path), *flag]) == 0
+        texts[bool(flag)] = capsys.readouterr().out
+    for text in texts.values():
+        rows = [line.split()[0] for line in text.splitlines() if line.strip()]
+        assert rows.count("vision") == 1 and "weights" in rows and "reserve" in rows
+    assert "not planned: --vision" in texts[False]
+    assert "not planned" not in texts[True]
