@@ -144,8 +144,8 @@ def processed(img: Any) -> tuple[np.ndarray, tuple[int, int, int]]:
     pv = out["pixel_values"].numpy()
     assert pv.ndim == 4 and pv.shape[1:] == (3, PREPROCESSOR["patch_size"],
                                              PREPROCESSOR["patch_size"])
-    grid = tuple(int(x) for x in out["image_grid_thw"][0].tolist())
-    return np.ascontiguousarray(pv.reshape(len(pv), -1), dtype=np.float32), grid  # type: ignore[return-value]
+    t, h, w = (int(x) for x in out["image_grid_thw"][0].tolist())
+    return np.ascontiguousarray(pv.reshape(len(pv), -1), dtype=np.float32), (t, h, w)
 
 
 def _pixels(source: str, img: Any) -> tuple[np.ndarray, tuple[int, int, int]]:
