@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from support import has_module, requires
+from support import has_module, import_torchvision, requires
 
 
 @pytest.fixture(scope="module")
@@ -11,6 +11,8 @@ def oracle_env():
     """oracle_util, once torch and transformers (the reference) are importable."""
     requires(has_module("torch") and has_module("transformers"),
              "torch==2.13.0 and transformers (the oracle)")
+    if has_module("torchvision"):  # transformers imports it when present (image models)
+        import_torchvision()
     import oracle_util
 
     return oracle_util

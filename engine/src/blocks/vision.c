@@ -76,7 +76,12 @@ void wpi_vit_rope_table(const uint32_t *row, const uint32_t *col, uint32_t n, ui
         }
 }
 
-/* One (patch, head) of the encoder's attention: online softmax over every patch. */
+/* A block of VIT_QUERY_BLOCK patches of one head of the encoder's attention: online
+ * softmax over every patch, by blocks of VIT_KEY_BLOCK keys. The tasks run head-major and
+ * each key block serves the whole query block while it is in cache: the working set is
+ * one head's keys and values, not every head's (patch-major tasks read all of [n, 3D] per
+ * query, which stops fitting the caches as n grows). Each query sees the same operations
+ * in the same order as it would alone. */
 typedef struct vit_attn {
     const wpi_model *m;
     const float *qkv;
@@ -86,41 +91,58 @@ typedef struct vit_attn {
 } vit_attn;
 
 #define VIT_KEY_BLOCK 64
+#define VIT_QUERY_BLOCK 8
+
+static uint32_t vit_query_blocks(uint32_t n)
+{
+    return (n + VIT_QUERY_BLOCK - 1) / VIT_QUERY_BLOCK;
+}
 
 static void vit_attn_task(void *arg, uint32_t task)
 {
     const vit_attn *a = arg;
-    const uint32_t t = task / a->heads, h = task % a->heads, hd = a->hd;
+    const uint32_t nqb = vit_query_blocks(a->n), h = task / nqb, hd = a->hd;
+    const uint32_t t0 = (task % nqb) * VIT_QUERY_BLOCK;
+    const uint32_t nq = a->n - t0 < VIT_QUERY_BLOCK ? a->n - t0 : VIT_QUERY_BLOCK;
     const size_t ld = 3 * (size_t)a->D;
-    const float *q = a->qkv + t * ld + (size_t)h * hd;
     const float *kc = a->qkv + a->D + (size_t)h * hd, *vc = a->qkv + 2 * (size_t)a->D + h * hd;
-    float *out = a->out + (size_t)t * a->D + (size_t)h * hd;
     float s[VIT_KEY_BLOCK];
-    float mx = -INFINITY, sum = 0;
-    memset(out, 0, hd * sizeof(float));
+    float mx[VIT_QUERY_BLOCK], sum[VIT_QUERY_BLOCK];
+    for (uint32_t q = 0; q < nq; q++) {
+        mx[q] = -INFINITY;
+        sum[q] = 0;
+        memset(a->out + (size_t)(t0 + q) * a->D + (size_t)h * hd, 0, hd * sizeof(float));
+    }
     for (uint32_t j0 = 0; j0 < a->n; j0 += VIT_KEY_BLOCK) {
         const uint32_t nb = a->n - j0 < VIT_KEY_BLOCK ? a->n - j0 : VIT_KEY_BLOCK;
-        float bmax = -INFINITY;
-        for (uint32_t j = 0; j < nb; j++) {
-            s[j] = a->m->k->dot_f32(q, kc + (j0 + j) * ld, hd) * a->scale;
-            if (s[j] > bmax) bmax = s[j];
-        }
-        if (bmax > mx) {
-            if (mx != -INFINITY) {
-                const float r = expf(mx - bmax);
-                sum *= r;
-                for (uint32_t i = 0; i < hd; i++) out[i] *= r;
+        for (uint32_t q = 0; q < nq; q++) {
+            const float *qv = a->qkv + (t0 + q) * ld + (size_t)h * hd;
+            float *out = a->out + (size_t)(t0 + q) * a->D + (size_t)h * hd;
+            float bmax = -INFINITY;
+            for (uint32_t j = 0; j < nb; j++) {
+                s[j] = a->m->k->dot_f32(qv, kc + (j0 + j) * ld, hd) * a->scale;
+                if (s[j] > bmax) bmax = s[j];
             }
-            mx = bmax;
-        }
-        for (uint32_t j = 0; j < nb; j++) {
-            const float e = expf(s[j] - mx);
-            sum += e;
-            a->m->k->axpy_f32(e, vc + (j0 + j) * ld, out, hd);
+            if (bmax > mx[q]) {
+                if (mx[q] != -INFINITY) {
+                    const float r = expf(mx[q] - bmax);
+                    sum[q] *= r;
+                    for (uint32_t i = 0; i < hd; i++) out[i] *= r;
+                }
+                mx[q] = bmax;
+            }
+            for (uint32_t j = 0; j < nb; j++) {
+                const float e = expf(s[j] - mx[q]);
+                sum[q] += e;
+                a->m->k->axpy_f32(e, vc + (j0 + j) * ld, out, hd);
+            }
         }
     }
-    const float inv = 1.0f / sum;
-    for (uint32_t i = 0; i < hd; i++) out[i] *= inv;
+    for (uint32_t q = 0; q < nq; q++) {
+        float *out = a->out + (size_t)(t0 + q) * a->D + (size_t)h * hd;
+        const float inv = 1.0f / sum[q];
+        for (uint32_t i = 0; i < hd; i++) out[i] *= inv;
+    }
 }
 
 static void rotate_pairs(float *v, uint32_t heads, uint32_t hd, const float *cs, const float *sn,
@@ -210,7 +232,7 @@ void wpi_vit_layer(wpi_model *m, const wpi_container *c, const wpi_vit_opts *o, 
         rotate_pairs(k, H, hd, cs, sn, o->rope_half);
     }
     vit_attn a = {m, b->qkv, b->att, n, H, hd, D, 1.0f / sqrtf((float)hd)};
-    wpi_parallel_for(m->pool, n * H, vit_attn_task, &a);
+    wpi_parallel_for(m->pool, vit_query_blocks(n) * H, vit_attn_task, &a);
     w = wpi_bind_mat(c, VNAME("attn_out.weight"), 0);
     wpi_vit_linear(m, &w, VEC("attn_out.bias"), b->att, D, n, b->xn, D);
     for (size_t i = 0; i < (size_t)n * D; i++) b->x[i] += b->xn[i];

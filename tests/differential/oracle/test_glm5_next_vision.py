@@ -30,7 +30,10 @@ IMG, START, END = 266, 267, 268
 PROCESSOR = dict(min_image_tokens=4, max_image_tokens=24)
 
 
-def _build(out: Path) -> Any:
+def _build(out: Path, ids: tuple[int, int, int] = (IMG, START, END),
+           tokenizer: str | None = None) -> Any:
+    """Saves the model (and the byte-level test tokenizer, or `tokenizer` text) under `out`;
+    `ids`: the image placeholder, start and end marker ids."""
     import torch
     import transformers as tf
     from fake_engine import tokenizer_json
@@ -38,8 +41,8 @@ def _build(out: Path) -> Any:
 
     cfg = tf.Glm5NextConfig(text_config=_text_config(),
                             vision_config=dict(_VISION, depth=2, swiglu_limit=1.5),
-                            image_token_id=IMG, image_start_token_id=START,
-                            image_end_token_id=END)
+                            image_token_id=ids[0], image_start_token_id=ids[1],
+                            image_end_token_id=ids[2])
     torch.manual_seed(1)
     model = tf.Glm5NextForConditionalGeneration(cfg).to(torch.float32)
     with torch.no_grad():  # as test_glm5_next.py draws, the tower's matrices wider
@@ -57,7 +60,7 @@ def _build(out: Path) -> Any:
                 buf.copy_(0.5 * torch.randn_like(buf))
     model.eval()
     model.save_pretrained(out, safe_serialization=True)
-    (out / "tokenizer.json").write_text(tokenizer_json())
+    (out / "tokenizer.json").write_text(tokenizer or tokenizer_json())
     _processor().save_pretrained(out)
     return model
 

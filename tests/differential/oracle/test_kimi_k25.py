@@ -15,9 +15,10 @@ wider text model), converted to f32 containers and opened with the vision option
   the plan's tower bytes (counted only with the vision option), the refusals: no tower
   loaded, a grid the tower refuses, damaged tower tensors at convert and at open.
 
-The pixel tensors follow Kimi_K25ImageProcessor's steps (resize to the patch budget,
-pad to the merge size, rescale, normalize with the shipped mean/std, patchify) with
-Pillow and numpy; the tower is compared on exactly those tensors.
+The tower is compared on the pixel_values and grids transformers' own
+Kimi_K25ImageProcessor returns with the shipped config (it needs torchvision), and, so
+the tower stays checked without torchvision, on tensors made by its steps (resize to the
+patch budget, pad to the merge size, rescale, normalize, patchify) with Pillow and numpy.
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ PREPROCESSOR = {
 }
 
 
-def _config(draw: str) -> Any:
+def _config(draw: str, ids: tuple[int, int, int] = (IMG, START, END)) -> Any:
+    """The two draws; `ids`: the image placeholder, start and end marker ids."""
     import transformers as tf
 
     wide = draw == "wide"
@@ -58,24 +60,26 @@ def _config(draw: str) -> Any:
                   merge_kernel_size=[2, 2],
                   rope_parameters={"rope_type": "axial", "rope_theta": 100.0 if wide else 10000.0})
     return tf.Kimi_K25Config(text_config=text, vision_config=vision, projection_hidden_size=32,
-                             projection_layer_norm_eps=1e-5, image_token_id=IMG,
-                             video_token_id=301, vision_start_token_id=START,
-                             vision_end_token_id=END)
+                             projection_layer_norm_eps=1e-5, image_token_id=ids[0],
+                             video_token_id=301, vision_start_token_id=ids[1],
+                             vision_end_token_id=ids[2])
 
 
-def _build(draw: str, out: Path) -> Any:
+def _build(draw: str, out: Path, ids: tuple[int, int, int] = (IMG, START, END),
+           tokenizer: str | None = None) -> Any:
+    """Saves a draw (and the byte-level test tokenizer, or `tokenizer` text) under `out`."""
     import torch
     import transformers as tf
     from fake_engine import tokenizer_json
 
     torch.manual_seed(3 if draw == "wide" else 0)
-    model = tf.Kimi_K25ForConditionalGeneration(_config(draw)).eval()
+    model = tf.Kimi_K25ForConditionalGeneration(_config(draw, ids)).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             around = 1.0 if "norm" in name and name.endswith("weight") else 0.0
             p.copy_(torch.randn_like(p) * 0.1 + around)
     model.save_pretrained(out, safe_serialization=True)
-    (out / "tokenizer.json").write_text(tokenizer_json())
+    (out / "tokenizer.json").write_text(tokenizer or tokenizer_json())
     (out / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR))
     return model
 
@@ -126,6 +130,28 @@ def pixel_values(img: Any, pp: dict[str, Any]) -> tuple[np.ndarray, tuple[int, i
     return np.ascontiguousarray(patches.reshape(gh * gw, 3 * p * p)), (1, gh, gw)
 
 
+def processed(img: Any) -> tuple[np.ndarray, tuple[int, int, int]]:
+    """transformers' Kimi_K25ImageProcessor on one image, with the shipped config:
+    pixel_values flattened to [n_patches, 3 * p * p] (the rows the tower takes), grid."""
+    from support import import_torchvision
+
+    import_torchvision()
+    from transformers.models.kimi_k25.image_processing_kimi_k25 import Kimi_K25ImageProcessor
+
+    proc = Kimi_K25ImageProcessor(
+        **{k: v for k, v in PREPROCESSOR.items() if k != "image_processor_type"})
+    out = proc(images=[img], return_tensors="pt")
+    pv = out["pixel_values"].numpy()
+    assert pv.ndim == 4 and pv.shape[1:] == (3, PREPROCESSOR["patch_size"],
+                                             PREPROCESSOR["patch_size"])
+    t, h, w = (int(x) for x in out["image_grid_thw"][0].tolist())
+    return np.ascontiguousarray(pv.reshape(len(pv), -1), dtype=np.float32), (t, h, w)
+
+
+def _pixels(source: str, img: Any) -> tuple[np.ndarray, tuple[int, int, int]]:
+    return processed(img) if source == "processor" else pixel_values(img, PREPROCESSOR)
+
+
 def _image(h: int, w: int, seed: int) -> Any:
     from PIL import Image
 
@@ -148,13 +174,14 @@ SIZES = [(32, 32), (20, 44), (100, 60), (64, 8), (8, 8)]
 
 
 @pytest.mark.oracle
+@pytest.mark.parametrize("source", ["processor", "steps"])
 @pytest.mark.parametrize("draw", ["base", "wide"])
-def test_tower_matches_transformers(k25, draw):
+def test_tower_matches_transformers(k25, draw, source):
     model, _, path = k25[draw]
     ctx = _open(path)
     grids = set()
     for i, (h, w) in enumerate(SIZES):
-        pv, grid = pixel_values(_image(h, w, i), PREPROCESSOR)
+        pv, grid = _pixels(source, _image(h, w, i))
         grids.add(grid)
         ref = _reference(model, pv, grid)
         got = ctx.encode_image(pv, grid)
@@ -181,8 +208,7 @@ def test_two_images_logits_match(k25, draw):
     import torch
 
     model, _, path = k25[draw]
-    imgs = [pixel_values(_image(28, 44, 10), PREPROCESSOR),
-            pixel_values(_image(8, 16, 11), PREPROCESSOR)]
+    imgs = [processed(_image(28, 44, 10)), processed(_image(8, 16, 11))]
     ctx = _open(path, prefill_chunk=5, max_sequences=2)
     rows = [ctx.encode_image(pv, g) for pv, g in imgs]
     ids = _prompt(len(rows[0]), len(rows[1]))

@@ -85,6 +85,15 @@ def test_chunked_prefill_splits_an_image_run():
         ids += eng.tokenizer.encode_content(" tail text")
         prompts.append((ids, [im]))
     out = [None, None]
+    # both prompts are queued together, after both images are encoded (on a loaded
+    # machine the second thread may otherwise start after the first prompt is done)
+    together, submit = threading.Barrier(2, timeout=30), eng._sched.submit
+
+    def queued_together(req):
+        together.wait()
+        return submit(req)
+
+    eng._sched.submit = queued_together
 
     def run(k):
         out[k] = eng.generate(prompts[k][0], images=prompts[k][1], max_tokens=3)
