@@ -592,7 +592,7 @@ typedef void (*multi_row_fn)(const uint8_t *row, const float *x, size_t ldx, siz
 
 /* Accumulators per token of the T-token kernel (index T); T * A <= MULTI_ACC. The
  * chains, not the FMA pipes, bound these kernels: 3 and 4 tokens with one accumulator
- * each cost 1.4x and 1.25x their two-accumulator time, and 5 tokens with two cost 0.8x
+ * each cost 1.3x to 1.6x their two-accumulator time, and 5 tokens with two cost 0.8x
  * their one-accumulator time (q4_0 and q8_0, AMD EPYC Zen 2); 6 with two (12 of the 16
  * registers) were no faster. Blocking two rows per call (each activation vector loaded
  * once for both rows' FMAs) was slower at every token count there: GCC spilled the
