@@ -590,9 +590,15 @@ static inline void tail_none(const uint8_t *row, size_t c, size_t n, __m256 w[4]
 typedef void (*multi_row_fn)(const uint8_t *row, const float *x, size_t ldx, size_t b0,
                              size_t b1, size_t rem, __m256 *acc);
 
-/* Accumulators per token of the T-token kernel (index T); T * A <= MULTI_ACC. */
-static const int multi_acc[WPI_MULTI_TOK + 1] = {0, 4, 4, 2, 2, 1, 1, 1, 1};
-#define MULTI_ACC 8
+/* Accumulators per token of the T-token kernel (index T); T * A <= MULTI_ACC. The
+ * chains, not the FMA pipes, bound these kernels: 3 and 4 tokens with one accumulator
+ * each cost 1.3x to 1.6x their two-accumulator time, and 5 tokens with two cost 0.8x
+ * their one-accumulator time (q4_0 and q8_0, AMD EPYC Zen 2); 6 with two (12 of the 16
+ * registers) were no faster. Blocking two rows per call (each activation vector loaded
+ * once for both rows' FMAs) was slower at every token count there: GCC spilled the
+ * accumulators of the 2 x 4 kernel. */
+static const int multi_acc[WPI_MULTI_TOK + 1] = {0, 4, 4, 2, 2, 2, 1, 1, 1};
+#define MULTI_ACC 10
 /* Blocks per column chunk, 32 for up to 4 tokens and 16 for more: the chunk of the
  * group's activations (at most 16 KiB) is copied into a buffer, one token every
  * chunk * 32 + 48 floats (a stride that spreads the tokens over the L1 sets, where a
@@ -646,7 +652,7 @@ static void multi_rows(multi_row_fn fn, const uint8_t *w, size_t rb, size_t n_ro
     MULTI_T(multi2_##sfx, dec_##sfx, tail, floaty, 2, 4)                                \
     MULTI_T(multi3_##sfx, dec_##sfx, tail, floaty, 3, 2)                                \
     MULTI_T(multi4_##sfx, dec_##sfx, tail, floaty, 4, 2)                                \
-    MULTI_T(multi5_##sfx, dec_##sfx, tail, floaty, 5, 1)                                \
+    MULTI_T(multi5_##sfx, dec_##sfx, tail, floaty, 5, 2)                                \
     MULTI_T(multi6_##sfx, dec_##sfx, tail, floaty, 6, 1)                                \
     MULTI_T(multi7_##sfx, dec_##sfx, tail, floaty, 7, 1)                                \
     MULTI_T(multi8_##sfx, dec_##sfx, tail, floaty, 8, 1)                                \
