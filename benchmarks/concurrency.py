@@ -180,6 +180,30 @@ def run_child(a: argparse.Namespace, n: int, cgroup: MemCgroup | None) -> dict:
     return r
 
 
+def disk_and_cgroup(a: argparse.Namespace, size: int,
+                    out: dict) -> tuple[float, MemCgroup | None]:
+    """The disk's best random-read rate (0.0 under --no-disk) and, under --cap, the memory
+    cgroup of cap x the container (and a budget under it when none was given); both are
+    printed and recorded in out."""
+    bw = 0.0
+    if not a.no_disk:
+        out["disk"] = disk_bandwidth(bank_files(a.container), sizes_mib=(1, 4),
+                                     depths=(1, 4, 8), seconds=1.5)
+        bw = max(out["disk"].values())
+        print(f"disk O_DIRECT random read: best {bw / GIB:.2f} GiB/s", flush=True)
+    cg = None
+    if a.cap and not a.budget:
+        a.budget = max(int(size * a.cap) - CAP_HEADROOM, 1)
+    if a.cap:
+        try:
+            cg = MemCgroup(int(size * a.cap))
+            out["cgroup"] = {"kind": cg.kind, "limit": cg.limit}
+            print(f"cgroup {cg.kind} = {cg.limit / GIB:.2f} GiB ({a.cap} x container)")
+        except OSError as e:
+            sys.exit(f"cannot create the memory cgroup ({e}); run as root or drop --cap")
+    return bw, cg
+
+
 def summarize(r: dict, bw: float) -> dict:
     if "error" in r:
         return r
@@ -221,22 +245,7 @@ def main() -> None:
     print(f"container {a.container.name}: {size / GIB:.2f} GiB; trace {a.trace or 'none'} "
           f"({trace_len(a.trace)} tokens)", flush=True)
     out: dict = {"machine": machine(), "argv": sys.argv, "container_bytes": size, "runs": []}
-    bw = 0.0
-    if not a.no_disk:
-        out["disk"] = disk_bandwidth(bank_files(a.container), sizes_mib=(1, 4),
-                                     depths=(1, 4, 8), seconds=1.5)
-        bw = max(out["disk"].values())
-        print(f"disk O_DIRECT random read: best {bw / GIB:.2f} GiB/s", flush=True)
-    cg = None
-    if a.cap and not a.budget:
-        a.budget = max(int(size * a.cap) - CAP_HEADROOM, 1)
-    if a.cap:
-        try:
-            cg = MemCgroup(int(size * a.cap))
-            out["cgroup"] = {"kind": cg.kind, "limit": cg.limit}
-            print(f"cgroup {cg.kind} = {cg.limit / GIB:.2f} GiB ({a.cap} x container)")
-        except OSError as e:
-            sys.exit(f"cannot create the memory cgroup ({e}); run as root or drop --cap")
+    bw, cg = disk_and_cgroup(a, size, out)
     sizes = [None] if not a.working_sets else [float(k) for k in a.working_sets.split(",")]
     try:
         for k in sizes:

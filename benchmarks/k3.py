@@ -37,12 +37,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from concurrency import CAP_HEADROOM, container_bytes, summarize  # noqa: E402
+from concurrency import container_bytes, disk_and_cgroup, summarize  # noqa: E402
 from streaming import (  # noqa: E402  (benchmarks/ is not a package)
     GIB,
-    MemCgroup,
-    bank_files,
-    disk_bandwidth,
     machine,
     peak_rss,
     run_json_child,
@@ -125,22 +122,7 @@ def main() -> None:
           flush=True)
     out: dict = {"machine": machine(), "argv": sys.argv, "container_bytes": size,
                  "top_k": top_k, "runs": []}
-    bw = 0.0
-    if not a.no_disk:
-        out["disk"] = disk_bandwidth(bank_files(a.container), sizes_mib=(1, 4),
-                                     depths=(1, 4, 8), seconds=1.5)
-        bw = max(out["disk"].values())
-        print(f"disk O_DIRECT random read: best {bw / GIB:.2f} GiB/s", flush=True)
-    cg = None
-    if a.cap and not a.budget:
-        a.budget = max(int(size * a.cap) - CAP_HEADROOM, 1)
-    if a.cap:
-        try:
-            cg = MemCgroup(int(size * a.cap))
-            out["cgroup"] = {"kind": cg.kind, "limit": cg.limit}
-            print(f"cgroup {cg.kind} = {cg.limit / GIB:.2f} GiB ({a.cap} x container)")
-        except OSError as e:
-            sys.exit(f"cannot create the memory cgroup ({e}); run as root or drop --cap")
+    bw, cg = disk_and_cgroup(a, size, out)
     tmp = Path(tempfile.mkdtemp(prefix="wp-k3-"))
     ref_logits = ref_tokens = None
     base = None
