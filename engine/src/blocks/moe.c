@@ -141,6 +141,14 @@ static void apply_expert(wpi_model *m, const wpi_expert_view *v, int32_t p0, int
  */
 #define GROUP_MAX 64
 
+/* Rows per task when `rows` rows (over all the experts of a section) are split into about
+ * `target` tasks, rounded up to whole blocks of rb rows. */
+static uint32_t task_rows(uint64_t rows, uint64_t target, uint64_t rb)
+{
+    const uint64_t blk = (rows + target - 1) / target;
+    return (uint32_t)((blk + rb - 1) / rb * rb);
+}
+
 typedef struct group_ctx {
     wpi_model *m;
     const wpi_expert_view *v; /* [cnt] */
@@ -231,12 +239,10 @@ static void apply_group_decode(wpi_model *m, const wpi_expert_view *v, uint32_t 
      * 8-bit path, so each gate/up task quantizes whole blocks of its rows). */
     const uint64_t rb = c.fn8 ? WPI_QK : 16;
     uint64_t target = (uint64_t)nt * 4;
-    uint64_t blk = ((uint64_t)cnt * I + target - 1) / target;
-    c.blk = (uint32_t)((blk + rb - 1) / rb * rb);
+    c.blk = task_rows((uint64_t)cnt * I, target, rb);
     c.tasks_gu = (I + c.blk - 1) / c.blk;
     wpi_parallel_for(m->pool, cnt * c.tasks_gu, group_gu_task, &c);
-    blk = ((uint64_t)cnt * H + target - 1) / target;
-    c.blk = (uint32_t)((blk + 15) / 16 * 16);
+    c.blk = task_rows((uint64_t)cnt * H, target, 16);
     c.tasks_down = (uint32_t)((H + c.blk - 1) / c.blk);
     wpi_parallel_for(m->pool, cnt * c.tasks_down, group_down_task, &c);
 }
@@ -331,12 +337,10 @@ static void apply_batch(wpi_model *m, const wpi_expert_view *v, uint32_t s0, uin
             wpi_quant_x8(m->xg + (size_t)q * H, H, c.xq + (size_t)q * (H / WPI_QK));
     }
     const uint64_t rb = c.fn8 ? WPI_QK : 16, target = (uint64_t)nt * 4;
-    uint64_t blk = ((uint64_t)cnt * I + target - 1) / target;
-    c.blk = (uint32_t)((blk + rb - 1) / rb * rb);
+    c.blk = task_rows((uint64_t)cnt * I, target, rb);
     c.tasks_gu = (I + c.blk - 1) / c.blk;
     wpi_parallel_for(m->pool, cnt * c.tasks_gu, batch_gu_task, &c);
-    blk = ((uint64_t)cnt * H + target - 1) / target;
-    c.blk = (uint32_t)((blk + 15) / 16 * 16);
+    c.blk = task_rows((uint64_t)cnt * H, target, 16);
     c.tasks_down = (uint32_t)((H + c.blk - 1) / c.blk);
     wpi_parallel_for(m->pool, cnt * c.tasks_down, batch_down_task, &c);
     rows = 0;
