@@ -23,6 +23,19 @@ def _patch_open(monkeypatch, **kw):
     return opened
 
 
+def _type_lines(monkeypatch, lines):
+    """input() returns each of lines in turn, then raises EOFError (the user's ctrl-D)."""
+    it = iter(lines)
+
+    def fake_input(prompt=""):
+        try:
+            return next(it)
+        except StopIteration:
+            raise EOFError from None
+
+    monkeypatch.setattr("builtins.input", fake_input)
+
+
 def test_run_with_two_images(monkeypatch, tmp_path, capsys):
     opened = _patch_open(monkeypatch)
     a, b = tmp_path / "a.png", tmp_path / "b.png"
@@ -55,15 +68,8 @@ def test_chat_image_command(monkeypatch, tmp_path, capsys):
     opened = _patch_open(monkeypatch)
     img = tmp_path / "cat.png"
     img.write_bytes(png(50, 50, 3))
-    lines = iter([f"/image {img}", "/image", "what is it?", f"/save {tmp_path / 'c.json'}"])
-
-    def fake_input(prompt=""):
-        try:
-            return next(lines)
-        except StopIteration:
-            raise EOFError from None
-
-    monkeypatch.setattr("builtins.input", fake_input)
+    _type_lines(monkeypatch, [f"/image {img}", "/image", "what is it?",
+                              f"/save {tmp_path / 'c.json'}"])
     assert cli.main(["chat", "m.warp", "--vision", "-n", "1"]) == 0
     assert opened[0] is True
     eng = opened[1]
@@ -80,13 +86,6 @@ def test_chat_image_without_a_tower(monkeypatch, tmp_path, capsys):
     _patch_open(monkeypatch, tower=False)
     img = tmp_path / "cat.png"
     img.write_bytes(png(20, 20))
-    lines = iter([f"/image {img}"])
-    def fake_input(prompt=""):
-        try:
-            return next(lines)
-        except StopIteration:
-            raise EOFError from None
-
-    monkeypatch.setattr("builtins.input", fake_input)
+    _type_lines(monkeypatch, [f"/image {img}"])
     assert cli.main(["chat", "m.warp"]) == 0
     assert "without a vision tower" in capsys.readouterr().err
