@@ -285,6 +285,16 @@ static void lookahead(wpi_model *m, uint32_t l, uint32_t n)
     }
 }
 
+/* The step's rows (those at x's offset in the scratch) of ps, and of the blocks in *blocks:
+ * block b's rows are b * chunk * hidden floats after them. */
+static float *step_rows(wpi_model *m, float **blocks)
+{
+    const k3_model *a = own(m);
+    float *ps = a->buf + (size_t)(m->x - a->x0);
+    *blocks = ps + 3 * (size_t)m->chunk * m->hp->hidden_size;
+    return ps;
+}
+
 /* The mixer's stateless parts around the attention (arch.h mix_in / mix_out), on n rows
  * of x, their rows of ps and the blocks at the same offset: AttnRes before attention and
  * the block's projections; the block's output projection (into xn and x) and AttnRes
@@ -292,12 +302,10 @@ static void lookahead(wpi_model *m, uint32_t l, uint32_t n)
 static void mix_in(wpi_model *m, uint32_t l, uint32_t n)
 {
     const wpi_hparams *hp = m->hp;
-    const k3_model *a = own(m);
-    const k3_layer *A = &a->layers[l];
+    const k3_layer *A = &own(m)->layers[l];
     const size_t H = hp->hidden_size, CH = (size_t)m->chunk * H, NH = (size_t)n * H;
-    const size_t off = (size_t)(m->x - a->x0);
     const uint32_t B = own_hp(hp)->attn_res_block_size;
-    float *ps = a->buf + off, *blocks = a->buf + 3 * CH + off;
+    float *blocks, *ps = step_rows(m, &blocks);
     const uint32_t nb = blocks_before(hp, l);
     if (B) {
         memcpy(ps, m->x, NH * sizeof(float));
@@ -310,12 +318,10 @@ static void mix_in(wpi_model *m, uint32_t l, uint32_t n)
 static void mix_out(wpi_model *m, uint32_t l, uint32_t n)
 {
     const wpi_hparams *hp = m->hp;
-    const k3_model *a = own(m);
-    const k3_layer *A = &a->layers[l];
-    const size_t H = hp->hidden_size, CH = (size_t)m->chunk * H, NH = (size_t)n * H;
-    const size_t off = (size_t)(m->x - a->x0);
+    const k3_layer *A = &own(m)->layers[l];
+    const size_t NH = (size_t)n * hp->hidden_size;
     const uint32_t B = own_hp(hp)->attn_res_block_size;
-    float *ps = a->buf + off, *blocks = a->buf + 3 * CH + off;
+    float *blocks, *ps = step_rows(m, &blocks);
     wpi_mla_kda_output(m, l, n);
     if (!B) return;
     const int fresh = l % B == 0; /* ps was none: the block's output starts it */
@@ -330,13 +336,13 @@ static wp_status ffn(wpi_model *m, uint32_t l, uint32_t n)
 {
     const wpi_hparams *hp = m->hp;
     const k3_model *a = own(m);
-    const size_t H = hp->hidden_size, CH = (size_t)m->chunk * H, NH = (size_t)n * H;
+    const size_t NH = (size_t)n * hp->hidden_size;
     if (m->layers[l].is_moe)
         TRY(latent_moe(m, l, n));
     else
         wpi_ffn_block(m, l, n);
     if (own_hp(hp)->attn_res_block_size) {
-        float *ps = a->buf + (size_t)(m->x - a->x0), *blocks = ps + 3 * CH;
+        float *blocks, *ps = step_rows(m, &blocks);
         for (size_t i = 0; i < NH; i++) ps[i] += m->moe_out[i];
         if (l + 1 < hp->n_layers)
             memcpy(m->x, ps, NH * sizeof(float));
