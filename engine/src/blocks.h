@@ -252,6 +252,11 @@ typedef struct wpi_vit_opts {
     int biases_optional; /* a linear layer's bias may be absent */
     float glu_limit;     /* 0: no clamp */
 } wpi_vit_opts;
+/* An image's grid thw (t, h, w) as merge_size x merge_size blocks merged into one row
+ * each: t = 1 and h, w positive multiples of merge_size; the row count, else 0 with the
+ * reason in err (named after `arch`, the tower's architecture). */
+uint32_t wpi_vit_merged_rows(const wpi_vision_hp *v, const uint32_t thw[3], const char *arch,
+                             char *err, size_t cap);
 /* Checks encoder layer l's tensors against c->vhp. */
 wp_status wpi_vit_check_layer(const wpi_container *c, const wpi_vit_opts *o, uint32_t l,
                               char *err, size_t cap);

@@ -511,19 +511,7 @@ static uint64_t tower_work_bytes(const wpi_vision_hp *v, uint32_t n)
 
 static uint32_t tower_rows(const wpi_vision_hp *v, const uint32_t thw[3], char *err, size_t cap)
 {
-    const uint32_t m = v->merge_size;
-    if (thw[0] != 1) {
-        wpi_fail(err, cap, WP_E_ARG, "glm5_next: grid t is %u; only images (t = 1) are encoded",
-                 thw[0]);
-        return 0;
-    }
-    if (thw[1] == 0 || thw[2] == 0 || thw[1] % m || thw[2] % m) {
-        wpi_fail(err, cap, WP_E_ARG,
-                 "glm5_next: grid %u x %u is not a positive multiple of the merge size %u",
-                 thw[1], thw[2], m);
-        return 0;
-    }
-    return thw[1] / m * (thw[2] / m);
+    return wpi_vit_merged_rows(v, thw, "glm5_next", err, cap);
 }
 
 static void tower_encode(wpi_model *m, const wpi_container *c, const float *pixels,

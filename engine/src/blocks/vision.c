@@ -169,6 +169,25 @@ static void vit_norm(const wpi_vit_opts *o, float *out, const float *x, const fl
         wpi_layernorm(out, x, w, b, n, eps);
 }
 
+/* The towers that merge m x m blocks of patches into one row: h / m * w / m rows. */
+uint32_t wpi_vit_merged_rows(const wpi_vision_hp *v, const uint32_t thw[3], const char *arch,
+                             char *err, size_t cap)
+{
+    const uint32_t m = v->merge_size;
+    if (thw[0] != 1) {
+        wpi_fail(err, cap, WP_E_ARG, "%s: grid t is %u; only images (t = 1) are encoded", arch,
+                 thw[0]);
+        return 0;
+    }
+    if (thw[1] == 0 || thw[2] == 0 || thw[1] % m || thw[2] % m) {
+        wpi_fail(err, cap, WP_E_ARG,
+                 "%s: grid %u x %u is not a positive multiple of the merge size %u", arch,
+                 thw[1], thw[2], m);
+        return 0;
+    }
+    return thw[1] / m * (thw[2] / m);
+}
+
 #define VNAME(s) (snprintf(nm, sizeof nm, "v.blk.%u." s, l), nm)
 
 wp_status wpi_vit_check_layer(const wpi_container *c, const wpi_vit_opts *o, uint32_t l,
