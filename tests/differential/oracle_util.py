@@ -305,6 +305,31 @@ def assert_matches_reference(eng, prompt: list[int], ref_all: np.ndarray, ref_to
         last = ref_tokens[step]
 
 
+def assert_image_prompt_matches(ctx: Any, rows: list[np.ndarray], ids: list[int],
+                                ref: np.ndarray, vocab: int, tag: str = "") -> None:
+    """A prompt whose placeholders take the image rows `rows` (encode_image's, in order),
+    against the reference's logits `ref` [len(ids), vocab]: one chunked prefill on ctx with
+    every position's logits, then token by token on another sequence through eval_batch,
+    both within 1e-4 and every pushed row used. `tag` starts the failure messages."""
+    for r in rows:
+        ctx.push_embeds(r)
+    assert ctx.pending_embeds == sum(len(r) for r in rows)
+    got = np.zeros(len(ids) * vocab, np.float32)
+    ctx.eval(np.array(ids, np.int32), got, True)
+    err = float(np.abs(got.reshape(len(ids), vocab) - ref).max())
+    assert err <= 1e-4, f"{tag}chunked prefill max |dlogit| {err:.3g}"
+    assert ctx.pending_embeds == 0
+    seq = ctx.seq_open()
+    seq.push_embeds(np.concatenate(rows))
+    out = np.zeros((1, vocab), np.float32)
+    worst = 0.0
+    for t, tok in enumerate(ids):
+        ctx.eval_batch([seq], [np.array([tok], np.int32)], out)
+        worst = max(worst, float(np.abs(out[0] - ref[t]).max()))
+    assert worst <= 1e-4, f"{tag}single-step max |dlogit| {worst:.3g}"
+    assert seq.pending_embeds == 0
+
+
 # --------------------------------------------------------------------------- test bodies
 # Each is the body of a test that several `oracle/test_<model_type>.py` modules run on
 # their own models, so every architecture is held to one written-once check.

@@ -126,6 +126,7 @@ def test_tower_matches_transformers(glm):
 @pytest.mark.oracle
 def test_two_images_logits_match(glm):
     import torch
+    from oracle_util import assert_image_prompt_matches
 
     model, _, path = glm
     imgs = [_pixels(56, 84, 10), _pixels(30, 30, 11)]
@@ -135,21 +136,7 @@ def test_two_images_logits_match(glm):
     with torch.no_grad():
         ref = model(input_ids=torch.tensor([ids]), pixel_values=torch.cat([t for _, _, t in imgs]),
                     image_grid_thw=torch.tensor([g for _, g, _ in imgs])).logits[0].numpy()
-    for r in rows:
-        ctx.push_embeds(r)
-    got = np.zeros(len(ids) * VOCAB, np.float32)
-    ctx.eval(np.array(ids, np.int32), got, True)
-    err = float(np.abs(got.reshape(len(ids), VOCAB) - ref).max())
-    assert err <= 1e-4, f"chunked prefill max |dlogit| {err:.3g}"
-    seq = ctx.seq_open()
-    seq.push_embeds(np.concatenate(rows))
-    out = np.zeros((1, VOCAB), np.float32)
-    worst = 0.0
-    for t, tok in enumerate(ids):
-        ctx.eval_batch([seq], [np.array([tok], np.int32)], out)
-        worst = max(worst, float(np.abs(out[0] - ref[t]).max()))
-    assert worst <= 1e-4, f"single-step max |dlogit| {worst:.3g}"
-    assert seq.pending_embeds == 0
+    assert_image_prompt_matches(ctx, rows, ids, ref, VOCAB)
     ctx.close()
 
 

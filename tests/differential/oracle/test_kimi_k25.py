@@ -206,6 +206,7 @@ def test_two_images_logits_match(k25, draw):
     """Two images in one prompt: the engine's rows at the placeholders give transformers'
     logits, in chunks of 5 (splitting the image runs) and token by token."""
     import torch
+    from oracle_util import assert_image_prompt_matches
 
     model, _, path = k25[draw]
     imgs = [processed(_image(28, 44, 10)), processed(_image(8, 16, 11))]
@@ -218,23 +219,7 @@ def test_two_images_logits_match(k25, draw):
                     pixel_values=torch.cat([torch.from_numpy(pv).reshape(-1, 3, p, p)
                                             for pv, _ in imgs]),
                     image_grid_thw=torch.tensor([g for _, g in imgs])).logits[0].numpy()
-    ctx.push_embeds(rows[0])
-    ctx.push_embeds(rows[1])
-    assert ctx.pending_embeds == len(rows[0]) + len(rows[1])
-    got = np.zeros(len(ids) * VOCAB, np.float32)
-    ctx.eval(np.array(ids, np.int32), got, True)
-    err = float(np.abs(got.reshape(len(ids), VOCAB) - ref).max())
-    assert err <= 1e-4, f"{draw}: chunked prefill max |dlogit| {err:.3g}"
-    assert ctx.pending_embeds == 0
-    # token by token on another sequence, through eval_batch
-    seq = ctx.seq_open()
-    seq.push_embeds(np.concatenate(rows))
-    out = np.zeros((1, VOCAB), np.float32)
-    worst = 0.0
-    for t, tok in enumerate(ids):
-        ctx.eval_batch([seq], [np.array([tok], np.int32)], out)
-        worst = max(worst, float(np.abs(out[0] - ref[t]).max()))
-    assert worst <= 1e-4, f"{draw}: single-step max |dlogit| {worst:.3g}"
+    assert_image_prompt_matches(ctx, rows, ids, ref, VOCAB, f"{draw}: ")
     # the image rows matter: the text embedding at the placeholders gives other logits
     ctx.reset()
     plain = model.model.language_model
