@@ -28,13 +28,20 @@ TEMPLATE = (
 )
 
 
-def tokenizer() -> Tokenizer:
+def hf_tokenizer() -> HFTokenizer:
+    """The byte-level tokenizer with the ChatML markers and the media markup as special
+    tokens."""
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     hf = HFTokenizer(models.BPE(vocab={ch: i for i, ch in enumerate(sorted(alphabet))},
                                 merges=[]))
     hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     hf.decoder = decoders.ByteLevel()
     hf.add_special_tokens(MARKERS + MEDIA)
+    return hf
+
+
+def tokenizer() -> Tokenizer:
+    hf = hf_tokenizer()
     return Tokenizer.from_tokenizer_json(hf.to_str(), eos_ids=[hf.token_to_id("<|im_end|>")],
                                          chat_template=TEMPLATE)
 

@@ -31,18 +31,9 @@ MAX_TOKENS = 4
 
 
 def _tokenizer_json() -> str:
-    from fake_engine import MARKERS
-    from fake_vision import MEDIA
-    from tokenizers import Tokenizer as HFTokenizer
-    from tokenizers import decoders, models, pre_tokenizers
+    from fake_vision import hf_tokenizer
 
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    hf = HFTokenizer(models.BPE(vocab={ch: i for i, ch in enumerate(sorted(alphabet))},
-                                merges=[]))
-    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    hf.decoder = decoders.ByteLevel()
-    hf.add_special_tokens(MARKERS + MEDIA)
-    return hf.to_str()
+    return hf_tokenizer().to_str()
 
 
 def _media_ids(spec: str) -> tuple[int, int, int]:
