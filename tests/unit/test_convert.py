@@ -975,7 +975,7 @@ def test_refusals_name_the_fault(tmp_path: Path) -> None:
 
     with_cfg(model_type="bloom")
     supported = ("deepseek_v3, deepseek_v4, glm4_moe, glm5_next, glm5_next_text, gpt_oss, "
-                 "kimi_k2, kimi_k3, kimi_linear, llama, mixtral")
+                 "kimi_k2, kimi_k25, kimi_k3, kimi_linear, llama, mixtral")
     with pytest.raises(ConvertError, match=f"bloom.*supported: {supported}"):
         convert(src, tmp_path / "o")
     with_cfg(hidden_size=None)

@@ -348,6 +348,7 @@ _ST_DTYPES: Final[dict[str, tuple[str, int]]] = {
     "F8_E8M0": ("u1", 1),  # power-of-two block scales 2^(b - 127) (deepseek_v4)
 }
 _MAX_HEADER: Final[int] = 100 << 20
+_OPEN_SHARDS: Final[int] = 8  # shard files SafetensorsDir.read keeps open at most
 
 
 def _fp8_table() -> np.ndarray:
@@ -435,6 +436,7 @@ class SafetensorsDir:
 
     def __init__(self, model_dir: Path) -> None:
         self.dir = model_dir
+        self._files: dict[Path, Any] = {}
         index = model_dir / "model.safetensors.index.json"
         if index.is_file():
             try:
@@ -466,6 +468,35 @@ class SafetensorsDir:
                 found = self.entries.get(name)
                 if found is None or found.file.name != fn:
                     raise ConvertError(f"{index}: tensor {name!r} is not in shard {fn!r}")
+
+    def read(self, name: str) -> np.ndarray:
+        """Return the bytes of the tensor as stored, read into a new uint8 array (one read
+        call on a shard file kept open): what is copied whole goes at the disk's speed,
+        without a mapping set up per tensor, and stays resident only while it is held."""
+        ent = self.entries[name]
+        buf = np.empty(ent.nbytes, dtype=np.uint8)
+        f = self._files.get(ent.file)
+        if f is None:
+            if len(self._files) >= _OPEN_SHARDS:
+                self._files.pop(next(iter(self._files))).close()
+            f = self._files[ent.file] = open(ent.file, "rb", buffering=0)  # noqa: SIM115
+        try:
+            f.seek(ent.begin)
+            got = f.readinto(buf)
+        except OSError as e:
+            raise ConvertError(f"{ent.file}: cannot read tensor {name!r} ({e.strerror})") from e
+        if got != ent.nbytes:
+            raise ConvertError(f"{ent.file}: tensor {name!r} cut short ({got} of {ent.nbytes} "
+                               "bytes)")
+        return buf
+
+    def close(self) -> None:
+        """Close the shard files :meth:`read` keeps open (reopened when read again)."""
+        while self._files:
+            self._files.popitem()[1].close()
+
+    def __del__(self) -> None:
+        self.close()
 
     def raw(self, name: str) -> np.ndarray:
         """Return the tensor as stored (bf16 as uint16, fp8 as uint8), memory-mapped.
@@ -613,13 +644,19 @@ class TensorSource:
 
     def u8(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
         """Return a packed U8 tensor (MXFP4 blocks or scales) of ``shape``."""
+        self.u8_entry(name, shape)
+        return self.raw(name)
+
+    def u8_entry(self, name: str, shape: tuple[int, ...]) -> StEntry:
+        """Check a packed U8 tensor of ``shape`` and mark it used, without mapping it (its
+        bytes come later, from :meth:`SafetensorsDir.read` or ``raw``)."""
         ent = self.entry(name)
         if tuple(ent.shape) != shape or ent.dtype != "U8":
             raise ConvertError(
                 f"tensor {self.stored(name)!r}: {ent.dtype} {list(ent.shape)}, expected U8 "
                 f"{list(shape)}"
             )
-        return self.raw(name)
+        return ent
 
     def block(self) -> tuple[int, int]:
         """Return the fp8 block size of the checkpoint."""
