@@ -526,11 +526,14 @@ def to_f32(a: np.ndarray, st_dtype: str) -> np.ndarray:
 
 
 class Rows:
-    """Float rows of a 2-D view of a stored tensor, dequantizing fp8 block scales."""
+    """Float rows of a 2-D view of a stored tensor, dequantizing fp8 block scales.
+
+    ``arr`` is the view, or a function mapping it anew at each call (so what was read is
+    not kept resident by the plan once converted)."""
 
     def __init__(
         self,
-        arr: np.ndarray,
+        arr: np.ndarray | Callable[[], np.ndarray],
         st_dtype: str,
         *,
         scale: np.ndarray | None = None,
@@ -548,7 +551,8 @@ class Rows:
     def __call__(self, r0: int, r1: int) -> np.ndarray:
         """Return rows ``r0..r1`` as float32."""
         a0, a1 = self.row0 + r0, self.row0 + r1
-        x = to_f32(self.arr[a0:a1], self.st_dtype)
+        arr = self.arr() if callable(self.arr) else self.arr
+        x = to_f32(arr[a0:a1], self.st_dtype)
         if self.scale is not None and self.block is not None:
             b0, b1 = self.block
             s = to_f32(self.scale[np.arange(a0, a1) // b0], self.scale_dtype)
@@ -693,9 +697,13 @@ class TensorSource:
             )
         arr = self.st.raw(name)
         cols = want[-1]
-        arr2 = arr.reshape(-1, cols)
+        arr2: np.ndarray | Callable[[], np.ndarray] = arr.reshape(-1, cols)
         raw = None
         raw_dtype = None
+        st = self.st
+        lazy = isinstance(arr, np.memmap)  # mapped again when read: the plan keeps no pages
+        if lazy:
+            arr2 = lambda: st.raw(name).reshape(-1, cols)  # noqa: E731
         if ent.dtype == "F8_E4M3":
             if len(want) != 2:
                 raise ConvertError(f"tensor {name!r}: fp8 is supported for matrices only")
@@ -705,7 +713,7 @@ class TensorSource:
             rows = Rows(arr2, ent.dtype)
             raw_dtype = {"F32": "f32", "F16": "f16", "BF16": "bf16"}.get(ent.dtype)
             if raw_dtype is not None:
-                raw = _raw_loader(arr)
+                raw = (lambda: _raw_loader(st.raw(name))()) if lazy else _raw_loader(arr)
             encoded = getattr(arr, "encoded_as", None)  # a generated tensor in container bytes
             if encoded is not None:
                 raw_dtype, raw = encoded, arr.raw_bytes
