@@ -164,6 +164,40 @@ def isa_supported():
     return wp_isa_supported()
 
 
+cdef extern from "util.h" nogil:
+    uint32_t wpi_crc32c(uint32_t crc, const void *data, size_t n)
+    size_t wpi_mxfp4_interleave(const unsigned char *packed, const unsigned char *scales,
+                                size_t blocks, unsigned char *out)
+
+
+def crc32c(const unsigned char[::1] data not None, uint32_t crc=0):
+    """CRC32C of ``data`` continuing from ``crc`` (the CRC of the bytes before it), the
+    engine's own (the SSE4.2 / ARMv8 instruction where the CPU has it); the GIL is
+    released while it runs."""
+    cdef size_t n = data.shape[0]
+    cdef uint32_t out
+    if n == 0:
+        return crc
+    with nogil:
+        out = wpi_crc32c(crc, &data[0], n)
+    return out
+
+
+def mxfp4_interleave(const unsigned char[::1] packed not None,
+                     const unsigned char[::1] scales not None, unsigned char[::1] out not None):
+    """Container mxfp4 blocks of MXFP4 codes and E8M0 scales into ``out`` (17 bytes a
+    block; ``packed`` 16 bytes a block); returns how many scales are 255 (NaN)."""
+    cdef size_t blocks = scales.shape[0]
+    cdef size_t nan
+    if <size_t>packed.shape[0] != blocks * 16 or <size_t>out.shape[0] != blocks * 17:
+        raise ValueError("mxfp4_interleave: sizes of packed, scales and out disagree")
+    if blocks == 0:
+        return 0
+    with nogil:
+        nan = wpi_mxfp4_interleave(&packed[0], &scales[0], blocks, &out[0])
+    return nan
+
+
 cdef class Context:
     """One open container: wp_open in __cinit__, wp_close in __dealloc__."""
 

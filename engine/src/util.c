@@ -176,6 +176,43 @@ uint32_t wpi_crc32c(uint32_t crc, const void *data, size_t n)
     return ~crc_sw(c, (const uint8_t *)data, n);
 }
 
+/* Bytes b0..b3 of x to b0 0 b1 0 b2 0 b3 0. */
+static inline uint64_t spread_bytes(uint64_t x)
+{
+    x = (x | (x << 16)) & 0x0000FFFF0000FFFFull;
+    return (x | (x << 8)) & 0x00FF00FF00FF00FFull;
+}
+
+size_t wpi_mxfp4_interleave(const uint8_t *packed, const uint8_t *scales, size_t blocks,
+                            uint8_t *out)
+{
+    size_t nan = 0;
+    for (size_t g = 0; g < blocks; g++, packed += 16, out += 17) {
+        uint8_t s = scales[g];
+        nan += s == 255;
+        out[0] = s;
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+        /* byte k of a holds elements 2k, 2k+1; of b, 16+2k, 17+2k. Output byte 2m is
+         * elements 2m | 16+2m << 4 (the low nibbles), byte 2m+1 the high ones. */
+        const uint64_t lo = 0x0F0F0F0F0F0F0F0Full;
+        uint64_t a, b, w[2];
+        memcpy(&a, packed, 8);
+        memcpy(&b, packed + 8, 8);
+        uint64_t e = (a & lo) | ((b & lo) << 4), o = ((a >> 4) & lo) | (b & ~lo);
+        w[0] = spread_bytes(e & 0xFFFFFFFFu) | (spread_bytes(o & 0xFFFFFFFFu) << 8);
+        w[1] = spread_bytes(e >> 32) | (spread_bytes(o >> 32) << 8);
+        memcpy(out + 1, w, 16);
+#else
+        for (int m = 0; m < 8; m++) { /* elements 2m, 2m+1 and 16+2m, 17+2m */
+            uint8_t a = packed[m], b = packed[8 + m];
+            out[1 + 2 * m] = (uint8_t)((a & 15) | ((b & 15) << 4));
+            out[2 + 2 * m] = (uint8_t)((a >> 4) | (b & 0xF0));
+        }
+#endif
+    }
+    return nan;
+}
+
 /* ---- allocation ------------------------------------------------------------------ */
 
 /* At and above this size memory comes from mmap (zeroed lazily by the kernel). */

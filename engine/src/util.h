@@ -39,6 +39,13 @@ wp_status wpi_fail(char *err, size_t cap, wp_status status, const char *fmt, ...
  * otherwise. */
 uint32_t wpi_crc32c(uint32_t crc, const void *data, size_t n);
 
+/* Container mxfp4 blocks (FORMAT.md: E8M0 scale byte, then element j in the low nibble
+ * of byte j and element 16 + j in its high nibble) of `blocks` blocks shipped as MXFP4
+ * (`packed`: 16 bytes a block, element 2k low and 2k + 1 high in byte k; `scales`: one
+ * byte a block), into `out` (17 bytes a block). Returns how many scales are 255 (NaN). */
+size_t wpi_mxfp4_interleave(const uint8_t *packed, const uint8_t *scales, size_t blocks,
+                            uint8_t *out);
+
 /* Memory accounting of one context: every engine allocation goes through it. */
 typedef struct wpi_mem {
     uint64_t current;

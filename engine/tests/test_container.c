@@ -121,6 +121,31 @@ static void test_crc(void)
     report(chain, "crc32c chains: crc(a||b) == crc(crc(a), b)");
 }
 
+/* Container mxfp4 blocks from shipped MXFP4: every element where FORMAT.md puts it (byte j:
+ * element j low, element 16 + j high), the scale first, NaN scales counted. */
+static void test_mxfp4_interleave(void)
+{
+    enum { BLOCKS = 300 };
+    uint8_t packed[BLOCKS * 16], scales[BLOCKS], out[BLOCKS * 17];
+    for (int i = 0; i < BLOCKS * 16; i++)
+        packed[i] = (uint8_t)rng();
+    for (int g = 0; g < BLOCKS; g++)
+        scales[g] = (uint8_t)(g == 7 || g == 250 ? 255 : rng() % 255);
+    size_t nan = wpi_mxfp4_interleave(packed, scales, BLOCKS, out);
+    int ok = 1;
+    for (int g = 0; g < BLOCKS; g++) {
+        const uint8_t *p = packed + 16 * g, *o = out + 17 * g;
+        ok &= o[0] == scales[g];
+        for (int k = 0; k < 32; k++) {
+            int code = (p[k / 2] >> (4 * (k % 2))) & 15;
+            int got = (o[1 + k % 16] >> (4 * (k / 16))) & 15;
+            ok &= code == got;
+        }
+    }
+    report(ok && nan == 2, "mxfp4 interleave: %d blocks element for element, %zu NaN scales",
+           BLOCKS, nan);
+}
+
 static void test_alloc(void)
 {
     wpi_mem m = {0, 0};
@@ -1008,6 +1033,7 @@ int main(void)
 {
     const char *base = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
     test_crc();
+    test_mxfp4_interleave();
     test_alloc();
     test_json();
     tspec a = {.kinds = "dmm", .vocab = 64, .hidden = 32, .n_experts = 8, .top_k = 2,

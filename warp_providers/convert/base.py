@@ -348,6 +348,7 @@ _ST_DTYPES: Final[dict[str, tuple[str, int]]] = {
     "F8_E8M0": ("u1", 1),  # power-of-two block scales 2^(b - 127) (deepseek_v4)
 }
 _MAX_HEADER: Final[int] = 100 << 20
+_OPEN_SHARDS: Final[int] = 8  # shard files SafetensorsDir.read keeps open at most
 
 
 def _fp8_table() -> np.ndarray:
@@ -435,6 +436,7 @@ class SafetensorsDir:
 
     def __init__(self, model_dir: Path) -> None:
         self.dir = model_dir
+        self._files: dict[Path, Any] = {}
         index = model_dir / "model.safetensors.index.json"
         if index.is_file():
             try:
@@ -467,6 +469,35 @@ class SafetensorsDir:
                 if found is None or found.file.name != fn:
                     raise ConvertError(f"{index}: tensor {name!r} is not in shard {fn!r}")
 
+    def read(self, name: str) -> np.ndarray:
+        """Return the bytes of the tensor as stored, read into a new uint8 array (one read
+        call on a shard file kept open): what is copied whole goes at the disk's speed,
+        without a mapping set up per tensor, and stays resident only while it is held."""
+        ent = self.entries[name]
+        buf = np.empty(ent.nbytes, dtype=np.uint8)
+        f = self._files.get(ent.file)
+        if f is None:
+            if len(self._files) >= _OPEN_SHARDS:
+                self._files.pop(next(iter(self._files))).close()
+            f = self._files[ent.file] = open(ent.file, "rb", buffering=0)  # noqa: SIM115
+        try:
+            f.seek(ent.begin)
+            got = f.readinto(buf)
+        except OSError as e:
+            raise ConvertError(f"{ent.file}: cannot read tensor {name!r} ({e.strerror})") from e
+        if got != ent.nbytes:
+            raise ConvertError(f"{ent.file}: tensor {name!r} cut short ({got} of {ent.nbytes} "
+                               "bytes)")
+        return buf
+
+    def close(self) -> None:
+        """Close the shard files :meth:`read` keeps open (reopened when read again)."""
+        while self._files:
+            self._files.popitem()[1].close()
+
+    def __del__(self) -> None:
+        self.close()
+
     def raw(self, name: str) -> np.ndarray:
         """Return the tensor as stored (bf16 as uint16, fp8 as uint8), memory-mapped.
 
@@ -495,11 +526,14 @@ def to_f32(a: np.ndarray, st_dtype: str) -> np.ndarray:
 
 
 class Rows:
-    """Float rows of a 2-D view of a stored tensor, dequantizing fp8 block scales."""
+    """Float rows of a 2-D view of a stored tensor, dequantizing fp8 block scales.
+
+    ``arr`` is the view, or a function mapping it anew at each call (so what was read is
+    not kept resident by the plan once converted)."""
 
     def __init__(
         self,
-        arr: np.ndarray,
+        arr: np.ndarray | Callable[[], np.ndarray],
         st_dtype: str,
         *,
         scale: np.ndarray | None = None,
@@ -517,7 +551,8 @@ class Rows:
     def __call__(self, r0: int, r1: int) -> np.ndarray:
         """Return rows ``r0..r1`` as float32."""
         a0, a1 = self.row0 + r0, self.row0 + r1
-        x = to_f32(self.arr[a0:a1], self.st_dtype)
+        arr = self.arr() if callable(self.arr) else self.arr
+        x = to_f32(arr[a0:a1], self.st_dtype)
         if self.scale is not None and self.block is not None:
             b0, b1 = self.block
             s = to_f32(self.scale[np.arange(a0, a1) // b0], self.scale_dtype)
@@ -613,13 +648,19 @@ class TensorSource:
 
     def u8(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
         """Return a packed U8 tensor (MXFP4 blocks or scales) of ``shape``."""
+        self.u8_entry(name, shape)
+        return self.raw(name)
+
+    def u8_entry(self, name: str, shape: tuple[int, ...]) -> StEntry:
+        """Check a packed U8 tensor of ``shape`` and mark it used, without mapping it (its
+        bytes come later, from :meth:`SafetensorsDir.read` or ``raw``)."""
         ent = self.entry(name)
         if tuple(ent.shape) != shape or ent.dtype != "U8":
             raise ConvertError(
                 f"tensor {self.stored(name)!r}: {ent.dtype} {list(ent.shape)}, expected U8 "
                 f"{list(shape)}"
             )
-        return self.raw(name)
+        return ent
 
     def block(self) -> tuple[int, int]:
         """Return the fp8 block size of the checkpoint."""
@@ -656,9 +697,13 @@ class TensorSource:
             )
         arr = self.st.raw(name)
         cols = want[-1]
-        arr2 = arr.reshape(-1, cols)
+        arr2: np.ndarray | Callable[[], np.ndarray] = arr.reshape(-1, cols)
         raw = None
         raw_dtype = None
+        st = self.st
+        lazy = isinstance(arr, np.memmap)  # mapped again when read: the plan keeps no pages
+        if lazy:
+            arr2 = lambda: st.raw(name).reshape(-1, cols)  # noqa: E731
         if ent.dtype == "F8_E4M3":
             if len(want) != 2:
                 raise ConvertError(f"tensor {name!r}: fp8 is supported for matrices only")
@@ -668,7 +713,7 @@ class TensorSource:
             rows = Rows(arr2, ent.dtype)
             raw_dtype = {"F32": "f32", "F16": "f16", "BF16": "bf16"}.get(ent.dtype)
             if raw_dtype is not None:
-                raw = _raw_loader(arr)
+                raw = (lambda: _raw_loader(st.raw(name))()) if lazy else _raw_loader(arr)
             encoded = getattr(arr, "encoded_as", None)  # a generated tensor in container bytes
             if encoded is not None:
                 raw_dtype, raw = encoded, arr.raw_bytes

@@ -17,7 +17,8 @@ scale byte 255 (NaN). Called by the HF and GGUF importers.
 
 from __future__ import annotations
 
-from typing import Final
+from functools import cache
+from typing import Any, Final
 
 import numpy as np
 from gguf import GGMLQuantizationType
@@ -213,14 +214,28 @@ def check_e8m0(scales: np.ndarray, name: str) -> None:
                            f"block {g} ({len(bad)} such blocks)")
 
 
-def mxfp4_pack(packed: np.ndarray, scales: np.ndarray, name: str) -> np.ndarray:
+@cache
+def _engine_interleave() -> Any:
+    """The engine's C repacking of MXFP4 (``_engine.mxfp4_interleave``), or None when the
+    extension is not built."""
+    try:
+        from warp_providers import _engine
+    except ImportError:
+        return None
+    return getattr(_engine, "mxfp4_interleave", None)
+
+
+def mxfp4_pack(packed: np.ndarray, scales: np.ndarray, name: str,
+               fast: bool | None = None) -> np.ndarray:
     """Container ``mxfp4`` bytes of a matrix shipped as MXFP4, every code and scale kept.
 
     ``packed`` is U8 ``[rows, cols / 2]`` (or ``[rows, cols / 32, 16]``): byte k holds
     element 2k in its low nibble and 2k + 1 in its high nibble; ``scales`` is U8 E8M0
     ``[rows, cols / 32]``, one per 32 elements. Both layouts in the wild (gpt-oss's
     ``*_blocks``/``*_scales``, compressed-tensors' ``weight_packed``/``weight_scale``)
-    are this one. ``name`` names the tensor in errors.
+    are this one. ``name`` names the tensor in errors. ``fast`` (default: when the engine
+    extension is importable) repacks in the engine's C (disk speed); otherwise numpy
+    (about 150 MB/s); both give the same bytes.
 
     Raises:
         ConvertError: shapes that do not match, or a scale byte 255 (NaN).
@@ -234,6 +249,13 @@ def mxfp4_pack(packed: np.ndarray, scales: np.ndarray, name: str) -> np.ndarray:
     if p.size != rows * groups * 16 or p.shape[0] != rows:
         raise ConvertError(f"tensor {name!r}: MXFP4 codes {list(p.shape)} do not match scales "
                            f"{list(s.shape)} (16 bytes per scale)")
+    if fast is None or fast:
+        fn = _engine_interleave()
+        if fn is not None:
+            out = np.empty(rows * groups * 17, dtype=np.uint8)
+            if fn(np.ascontiguousarray(p).reshape(-1), np.ascontiguousarray(s).reshape(-1), out):
+                check_e8m0(s, name)  # names the first NaN block
+            return out
     check_e8m0(s, name)
     p = p.reshape(rows, groups, 16)
     lo, hi = p & np.uint8(15), p >> np.uint8(4)

@@ -100,17 +100,28 @@ def mxfp4_rows(packed: np.ndarray, scale: np.ndarray, name: str) -> Any:
 def mxfp4_expert(s: TensorSource, stem: str, cname: str, shape: tuple[int, int]) -> SrcTensor:
     """Expert matrix ``stem`` (``...w1``) as container tensor ``cname``: its codes and scales
     as the container's ``mxfp4`` (kept byte for byte, the default), or f32 rows dequantized
-    exactly for another requested experts dtype."""
+    exactly for another requested experts dtype.
+
+    Nothing is mapped or read here (the plan builds every expert more than once): the
+    container bytes are two plain reads and one repacking when written."""
     rows, cols = shape
     if cols % 32:
         raise ConvertError(f"tensor {stem + '.weight_packed'!r}: {cols} columns, not a multiple "
                            "of the MXFP4 block of 32")
-    packed = s.u8(stem + ".weight_packed", (rows, cols // 2))
-    scale = s.u8(stem + ".weight_scale", (rows, cols // 32))
-    nbytes = packed.nbytes + scale.nbytes
-    sname = s.stored(stem + ".weight_scale")
-    return SrcTensor(cname, shape, "experts", mxfp4_rows(packed, scale, sname), nbytes,
-                     raw=lambda: mxfp4_pack(packed, scale, sname), raw_dtype="mxfp4")
+    pent = s.u8_entry(stem + ".weight_packed", (rows, cols // 2))
+    sent = s.u8_entry(stem + ".weight_scale", (rows, cols // 32))
+    pname, sname = s.stored(stem + ".weight_packed"), s.stored(stem + ".weight_scale")
+    st = s.st
+
+    def f32_rows(r0: int, r1: int) -> np.ndarray:
+        return mxfp4_rows(st.raw(pname), st.raw(sname), sname)(r0, r1)
+
+    def raw() -> np.ndarray:
+        return mxfp4_pack(st.read(pname).reshape(rows, cols // 2),
+                          st.read(sname).reshape(rows, cols // 32), sname)
+
+    return SrcTensor(cname, shape, "experts", f32_rows, pent.nbytes + sent.nbytes, raw=raw,
+                     raw_dtype="mxfp4")
 
 
 class _Prefixed(dict):
