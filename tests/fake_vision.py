@@ -78,3 +78,36 @@ def expected_logits(eng: Engine, ids: list[int], images: list[Any]) -> np.ndarra
             hist.append(t)
     assert k == len(rows)
     return logits_after(hist, eng.vocab_size)
+
+
+def _content(var: str) -> str:
+    """Template text rendering `var` (a string, or text and image parts) with one media
+    block per image part."""
+    return (
+        f"{{%- if {var} is string %}}{{{{ {var} }}}}{{%- else %}}"
+        f"{{%- for part in {var} %}}"
+        "{%- if part.type == 'image' %}<|media_begin|>image<|media_content|><|media_pad|>"
+        "<|media_end|>{%- else %}{{ part.text }}{%- endif %}{%- endfor %}{%- endif %}"
+    )
+
+
+# ChatML with Hermes tool calls (fake_engine.CHATML_TEMPLATE) whose user and tool turns may
+# carry images, each as TEMPLATE's media block
+TOOLS_TEMPLATE = (
+    "{%- if tools %}<|im_start|>system\n"
+    "You may call functions. Signatures within <tools></tools>:\n<tools>"
+    "{%- for tool in tools %}\n{{ tool | tojson }}{%- endfor %}\n</tools>\n"
+    "Calls go within <tool_call></tool_call> as {\"name\": ..., \"arguments\": ...}<|im_end|>\n"
+    "{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'user' or message.role == 'system' %}"
+    "<|im_start|>{{ message.role }}\n" + _content("message.content") + "<|im_end|>\n"
+    "{%- elif message.role == 'assistant' %}<|im_start|>assistant\n"
+    "{%- if message.content %}{{ message.content }}{%- endif %}"
+    "{%- for tc in message.tool_calls or [] %}\n<tool_call>\n{\"name\": \"{{ tc.function.name }}\""
+    ", \"arguments\": {{ tc.function.arguments | tojson if tc.function.arguments is not string "
+    "else tc.function.arguments }}}\n</tool_call>{%- endfor %}<|im_end|>\n"
+    "{%- elif message.role == 'tool' %}<|im_start|>user\n<tool_response>\n"
+    + _content("message.content") + "\n</tool_response><|im_end|>\n{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}"
+)
