@@ -155,17 +155,21 @@ class Writer:
     """Writes config, tokenizer and float16 safetensors shards from one seeded RNG.
 
     ``virtual``: no shard is written; the tensors are kept by name in ``tensors``, the
-    matrices as `LazyNormal` (drawn when read), for `GeneratedTensors`.
+    matrices as `LazyNormal` (drawn when read), for `GeneratedTensors`. ``prefix`` is put
+    before every tensor name (``language_model.``: the text model of a multimodal
+    checkpoint).
     """
 
     def __init__(self, out: Path, cfg: dict[str, Any], tok_json: str,
-                 tok_cfg: dict[str, Any], seed: int, *, virtual: bool = False) -> None:
+                 tok_cfg: dict[str, Any], seed: int, *, virtual: bool = False,
+                 prefix: str = "") -> None:
         out.mkdir(parents=True, exist_ok=True)
         (out / "config.json").write_text(json.dumps(cfg, indent=2))
         (out / "tokenizer.json").write_text(tok_json)
         (out / "tokenizer_config.json").write_text(json.dumps(tok_cfg))
         self.out = out
         self.seed = seed
+        self.prefix = prefix
         self.rng = np.random.default_rng(seed)
         self.weight_map: dict[str, str] = {}
         self.tensors: dict[str, np.ndarray | LazyNormal] | None = {} if virtual else None
@@ -188,6 +192,8 @@ class Writer:
         return self.w(*dims, scale=scale)
 
     def shard(self, name: str, tensors: dict[str, Any]) -> None:
+        if self.prefix:
+            tensors = {self.prefix + k: v for k, v in tensors.items()}
         self.weight_map.update({k: name for k in tensors})
         if self.tensors is not None:
             self.tensors.update(tensors)

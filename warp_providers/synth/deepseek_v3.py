@@ -39,7 +39,8 @@ class DeepseekV3Shape:
 
 
 def make_deepseek_v3_checkpoint(out: str | Path, shape: DeepseekV3Shape | None = None,
-                                seed: int = 0, tokenizer: str | Path | None = None) -> Path:
+                                seed: int = 0, tokenizer: str | Path | None = None,
+                                prefix: str = "") -> Path:
     """Write a random DeepSeek-V3 checkpoint (float16 safetensors, one shard per layer).
 
     The config names `scoring_func` "sigmoid" and `topk_method` "noaux_tc" explicitly
@@ -51,6 +52,8 @@ def make_deepseek_v3_checkpoint(out: str | Path, shape: DeepseekV3Shape | None =
         shape: sizes (default ~4.7 G parameters, 9.4 GB of float16).
         seed: the RNG seed; the same seed gives the same bytes.
         tokenizer: as for `make_moe_checkpoint` (a directory with tokenizer.json).
+        prefix: put before every tensor name (``language_model.`` for the text model of a
+            Kimi K2.5 checkpoint, whose config then nests this one as ``text_config``).
 
     Returns:
         The directory, ready for `warp convert`.
@@ -68,7 +71,7 @@ def make_deepseek_v3_checkpoint(out: str | Path, shape: DeepseekV3Shape | None =
         "rope_scaling": None, "attention_bias": False, "tie_word_embeddings": False,
         "bos_token_id": None, "eos_token_id": vocab - 1, "torch_dtype": "float16",
     }
-    wr = Writer(Path(out), cfg, tok_json, tok_cfg, seed)
+    wr = Writer(Path(out), cfg, tok_json, tok_cfg, seed, prefix=prefix)
     w = wr.w
     h, nh = shape.hidden_size, shape.num_attention_heads
     qk = shape.qk_nope_head_dim + shape.qk_rope_head_dim
