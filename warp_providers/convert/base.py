@@ -370,7 +370,7 @@ def fp8_e4m3_to_f32(raw: np.ndarray) -> np.ndarray:
     return _FP8_LUT[np.asarray(raw, dtype=np.uint8)]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class StEntry:
     """Where one stored tensor lives: file, safetensors dtype, shape, byte range."""
 

@@ -28,7 +28,7 @@ import secrets
 import shutil
 import struct
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -270,6 +270,20 @@ def _valid_records(path: Path, layer: int, record_bytes: int, n_experts: int) ->
     return n
 
 
+def _file_crc(f: Any, offset: int, n: int, piece: int = 64 << 20) -> int | None:
+    """CRC32C of ``n`` bytes of open file ``f`` from ``offset``, read a piece at a time;
+    None when the file ends first."""
+    f.seek(offset)
+    crc = Crc32c()
+    while n > 0:
+        data = f.read(min(piece, n))
+        if not data:
+            return None
+        crc.update(data)
+        n -= len(data)
+    return crc.value()
+
+
 def _as_bytes(data: bytes | np.ndarray) -> np.ndarray:
     if isinstance(data, np.ndarray):
         return np.ascontiguousarray(data).reshape(-1).view(np.uint8)
@@ -444,9 +458,7 @@ class ContainerWriter:
             raise ConvertError(f"{self.tmp}: no journal of an interrupted conversion")
         with open(trunk, "rb") as f:
             for e in j["trunk"]:
-                f.seek(e["offset"])
-                data = f.read(e["bytes"])
-                if len(data) != e["bytes"] or crc32c(data) != e["crc32c"]:
+                if _file_crc(f, e["offset"], e["bytes"]) != e["crc32c"]:
                     break
                 self._trunk_entries.append(e)
                 self._names.add(e["name"])
@@ -505,31 +517,48 @@ class ContainerWriter:
         self, name: str, dtype: str, shape: tuple[int, ...] | list[int], data: bytes | np.ndarray
     ) -> None:
         """Append one trunk tensor (already encoded as ``dtype``) at the next 64-byte boundary."""
+        self.add_trunk_chunks(name, dtype, shape, [data])
+
+    def add_trunk_chunks(
+        self, name: str, dtype: str, shape: tuple[int, ...] | list[int],
+        chunks: Iterable[bytes | np.ndarray],
+    ) -> None:
+        """Append one trunk tensor given as consecutive pieces of its ``dtype`` bytes (each
+        written as it comes, so a tensor larger than RAM's share is never held whole)."""
         if name in self._names:
             raise ConvertError(f"trunk tensor {name!r} written twice")
-        buf = _as_bytes(data)
         need = tensor_bytes(dtype, tuple(int(d) for d in shape))
-        if buf.size != need:
-            raise ConvertError(
-                f"trunk tensor {name!r}: {buf.size} bytes, {dtype} {list(shape)} needs {need}"
-            )
         pad = (-self._trunk_pos) % ALIGN_TRUNK
         if pad:
             self._trunk.write(bytes(pad))
             self._trunk_pos += pad
-        self._trunk.write(buf.data)
+        crc, n = Crc32c(), 0
+        for piece in chunks:
+            buf = _as_bytes(piece)
+            if n + buf.size > need:
+                break
+            self._trunk.write(buf.data)
+            crc.update(buf)
+            n += int(buf.size)
+        else:
+            buf = None
+        if buf is not None or n != need:
+            got = "more than that" if buf is not None else f"{n} bytes"
+            raise ConvertError(
+                f"trunk tensor {name!r}: {got}, {dtype} {list(shape)} needs {need}"
+            )
         self._trunk_entries.append(
             {
                 "name": name,
                 "dtype": dtype,
                 "shape": [int(d) for d in shape],
                 "offset": self._trunk_pos,
-                "bytes": int(buf.size),
-                "crc32c": crc32c(buf),
+                "bytes": n,
+                "crc32c": crc.value(),
             }
         )
         self._names.add(name)
-        self._trunk_pos += int(buf.size)
+        self._trunk_pos += n
         self._journal()
 
     def has_trunk(self, name: str) -> bool:
@@ -716,17 +745,23 @@ def choose_dtype(t: SrcTensor, want: str) -> tuple[str, bool]:
     return _fallback(want, cols), False
 
 
-def encode_tensor(t: SrcTensor, dtype: str, copy_raw: bool) -> np.ndarray:
-    """Return the bytes of ``t`` encoded as ``dtype`` (a chunk of rows at a time)."""
+def encode_chunks(t: SrcTensor, dtype: str, copy_raw: bool) -> Iterator[np.ndarray]:
+    """Yield the bytes of ``t`` encoded as ``dtype``, a chunk of rows at a time (each
+    chunk read from the source when it is reached: nothing holds the whole tensor)."""
     n_rows, cols = t.matrix
+    step = max(1, _ROW_CHUNK_ELEMS // max(cols, 1))
     if copy_raw:
         assert t.raw is not None
-        raw = np.ascontiguousarray(t.raw()).reshape(-1).view(np.uint8)
-        quant.check_blocks(raw, dtype, t.name)
-        return raw
-    rb = quant.row_bytes(dtype, cols)
-    out = np.empty(n_rows * rb, dtype=np.uint8)
-    step = max(1, _ROW_CHUNK_ELEMS // max(cols, 1))
+        for r0 in range(0, n_rows, step):
+            r1 = min(n_rows, r0 + step)
+            whole = t.raw()  # a mapping of its own for a mapped source, dropped below
+            flat = np.ascontiguousarray(whole).reshape(-1).view(np.uint8)
+            rb = flat.size // max(n_rows, 1)
+            piece = np.array(flat[r0 * rb : r1 * rb])
+            del whole, flat
+            quant.check_blocks(piece, dtype, t.name)
+            yield piece
+        return
     for r0 in range(0, n_rows, step):
         r1 = min(n_rows, r0 + step)
         block = np.asarray(t.rows(r0, r1))
@@ -734,7 +769,25 @@ def encode_tensor(t: SrcTensor, dtype: str, copy_raw: bool) -> np.ndarray:
             raise ConvertError(
                 f"{t.name}: loader gave rows of shape {block.shape}, expected {(r1 - r0, cols)}"
             )
-        out[r0 * rb : r1 * rb] = quant.encode(block, dtype)
+        yield quant.encode(block, dtype)
+
+
+_chunks = encode_chunks
+
+
+def encode_tensor(t: SrcTensor, dtype: str, copy_raw: bool) -> np.ndarray:
+    """Return the bytes of ``t`` encoded as ``dtype`` (a chunk of rows at a time)."""
+    if copy_raw:
+        assert t.raw is not None
+        raw = np.ascontiguousarray(t.raw()).reshape(-1).view(np.uint8)
+        quant.check_blocks(raw, dtype, t.name)
+        return raw
+    n_rows, cols = t.matrix
+    out = np.empty(n_rows * quant.row_bytes(dtype, cols), dtype=np.uint8)
+    pos = 0
+    for piece in _chunks(t, dtype, False):
+        out[pos : pos + piece.size] = piece.reshape(-1).view(np.uint8)
+        pos += piece.size
     return out
 
 
@@ -812,7 +865,7 @@ def write_container(
                 tick(t.nbytes, t.name)
                 continue
             dtype, copy_raw = choose_dtype(t, q.for_kind(t.kind))
-            w.add_trunk(t.name, dtype, t.shape, encode_tensor(t, dtype, copy_raw))
+            w.add_trunk_chunks(t.name, dtype, t.shape, encode_chunks(t, dtype, copy_raw))
             tick(t.nbytes, t.name)
         for layer in plan.experts:
             if w.has_bank(layer.layer):

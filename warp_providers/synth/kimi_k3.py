@@ -38,6 +38,8 @@ class KimiK3Shape:
     ``attn_res_block_size`` 0 leaves Attention Residuals out (plain residuals);
     ``activation_situ_linear_beta`` 0 leaves the up projection unbounded;
     ``routed_expert_hidden_size`` 0 runs the experts on the hidden state (no latent MoE).
+    ``vocab_size`` 0 sizes the embedding and LM head to the generated tokenizer (padded to
+    32); a larger value pads them to that many rows, as the release's 163840 does.
     """
 
     hidden_size: int = 64
@@ -68,6 +70,7 @@ class KimiK3Shape:
     activation_situ_beta: float = 4.0
     activation_situ_linear_beta: float = 25.0
     rms_norm_eps: float = 1e-5
+    vocab_size: int = 0
 
     def kinds(self) -> str:
         """One of "K", "M" per layer (the pattern repeated and cut)."""
@@ -180,6 +183,10 @@ def make_kimi_k3_checkpoint(out: str | Path, shape: KimiK3Shape | None = None,
     o = Path(out)
     o.mkdir(parents=True, exist_ok=True)
     vocab, eos = _tokenizer(o)
+    if sh.vocab_size:
+        if sh.vocab_size < vocab:
+            raise ValueError(f"vocab_size {sh.vocab_size}: the tokenizer has {vocab} ids")
+        vocab = sh.vocab_size
     cfg = {"architectures": ["KimiK3ForConditionalGeneration"], "model_type": outer_model_type,
            "text_config": text_config(sh, vocab, eos),
            "vision_config": {"model_type": "moonvit", "patch_size": 14, "depth": 1},

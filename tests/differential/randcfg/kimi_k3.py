@@ -65,6 +65,7 @@ def configs(draw: Any) -> dict[str, Any]:
         attn_res_block_size=draw(st.sampled_from([0, 1, 2, 3, 4, 5, 7])),
         activation_situ_linear_beta=draw(st.sampled_from([0.0, 25.0])),
         rms_norm_eps=draw(st.sampled_from([1e-6, 1e-5])),
+        vocab_size=draw(st.sampled_from([0, 0, 640])),  # padded past the tokenizer
     )
 
 

@@ -27,11 +27,13 @@ CHILD = """
 import json, os, signal, sys
 from warp_providers.convert import convert, writer
 kill_at, seen, encoded = int(sys.argv[3]), [], [0]
-encode = writer.encode_tensor
-def counted(*args):
-    encoded[0] += 1
-    return encode(*args)
-writer.encode_tensor = counted
+def counted(encode):
+    def call(*args):
+        encoded[0] += 1
+        return encode(*args)
+    return call
+writer.encode_tensor = counted(writer.encode_tensor)  # expert records
+writer.encode_chunks = counted(writer.encode_chunks)  # trunk tensors
 def progress(done, total, label):
     seen.append(done)
     if len(seen) == kill_at:
