@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -407,7 +408,7 @@ def read_st_header(path: Path) -> dict[str, StEntry]:
         if name == "__metadata__":
             continue
         try:
-            dtype = str(info["dtype"])
+            dtype = sys.intern(str(info["dtype"]))  # one string, not one per tensor
             shape = tuple(int(d) for d in info["shape"])
             begin, end = (int(x) for x in info["data_offsets"])
         except (KeyError, TypeError, ValueError) as err:

@@ -129,7 +129,8 @@ class _Prefixed(dict):
     (so a missing tensor is named as the checkpoint would store it)."""
 
     def get(self, name: str, default: Any = None) -> str:  # noqa: ARG002
-        return PREFIX + name
+        # the stored name's own string when it exists (one copy per tensor in the plan)
+        return dict.get(self, name) or PREFIX + name
 
 
 class KimiK3(KimiLinear):
