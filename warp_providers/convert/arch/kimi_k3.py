@@ -12,7 +12,7 @@ kimi_linear's, plus: SiTU-GLU (``hidden_act: "situ"``, ``activation_situ_beta``,
 (``use_full_rank_gate`` -> ``kda_full_gate``) and the bounded decay gate
 (``gate_lower_bound`` -> ``kda_lower_bound``). A key set to false/null is the key absent.
 
-Tensors under ``language_model.`` (the vision tower and projector are skipped): the
+Tensors under ``language_model.`` (the tower and projector: below): the
 trunk bf16, the routed experts compressed-tensors MXFP4 (``w1|w3|w2.weight_packed`` U8
 ``[out, in/2]`` low nibble first, ``weight_scale`` U8 ``[out, in/32]`` E8M0), ``A_log``
 per head padded to the head dim (its first ``kda_heads`` values). Container names beyond
