@@ -292,12 +292,45 @@ def _pad(pixels: np.ndarray, height: int, width: int) -> np.ndarray:
     return np.pad(pixels, ((0, height - h), (0, width - w), (0, 0)))
 
 
+#: The keys of a Moonshot release's own ``media_proc_cfg`` (Kimi K3's, K2.5's remote-code
+#: processor) -> those of transformers' Kimi_K25ImageProcessor, the same processor family.
+MEDIA_PROC_KEYS = {"patch_size": "patch_size", "merge_kernel_size": "merge_size",
+                   "image_mean": "image_mean", "image_std": "image_std",
+                   "in_patch_limit": "max_patches"}
+
+
+def kimi_preprocessor(preprocessor: Mapping[str, Any]) -> dict[str, Any]:
+    """A Kimi preprocessor config in transformers' flat keys: as given, or, from a release's
+    ``media_proc_cfg`` object (the keys of `MEDIA_PROC_KEYS`, ``patch_limit_on_one_side``
+    as ``size.max_height``/``max_width``), over the flat keys present. A key the release
+    sets to null is left to the processor's default."""
+    cfg = dict(preprocessor)
+    media = cfg.get("media_proc_cfg")
+    if not isinstance(media, Mapping):
+        return cfg
+    for src, dst in MEDIA_PROC_KEYS.items():
+        if media.get(src) is not None:
+            value = media[src]
+            if src == "merge_kernel_size" and isinstance(value, (list, tuple)):
+                if len(value) != 2 or value[0] != value[1]:
+                    raise ModelFormatError(
+                        f"media_proc_cfg.merge_kernel_size {value!r}: not two equal sizes")
+                value = value[0]
+            cfg[dst] = value
+    side = media.get("patch_limit_on_one_side")
+    if side is not None:
+        cfg["size"] = {"max_height": int(side), "max_width": int(side)}
+    return cfg
+
+
 class KimiImageProcessor(ImageProcessor):
-    """MoonViT's preprocessing (`kimi_k25`, `kimi_k3`): fit a patch budget, pad, [n, C, p, p]."""
+    """MoonViT's preprocessing (`kimi_k25`, `kimi_k3`): fit a patch budget, pad, [n, C, p, p].
+
+    Reads transformers' keys, or a release's ``media_proc_cfg`` (`kimi_preprocessor`)."""
 
     def __init__(self, preprocessor: Mapping[str, Any]) -> None:
         """Read `max_patches` and `size.max_height` besides the shared keys."""
-        super().__init__(preprocessor)
+        super().__init__(kimi_preprocessor(preprocessor))
         self.max_patches = int(_get(self.config, "max_patches", 16384))
         size = _get(self.config, "size", {"max_height": 512, "max_width": 512})
         self.max_side = int(size.get("max_height") or 512)

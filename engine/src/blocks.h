@@ -238,8 +238,9 @@ void wpi_vit_linear(wpi_model *m, const wpi_wmat *w, const float *bias, const fl
 enum { WPI_VIT_ROPE_COL_ROW = 0, WPI_VIT_ROPE_ROW_COL = 1, WPI_VIT_ROPE_ROWS_COLS = 2 };
 void wpi_vit_rope_table(const uint32_t *row, const uint32_t *col, uint32_t n, uint32_t head_dim,
                         float theta, int layout, float *cos_out, float *sin_out);
-/* The buffers of one image of n patches: x, xn, att [n, D]; qkv [n, 3D]; ff [n, F] (with
- * glu [2n, F]: up, then gate); cos, sin [n, head_dim/2]. */
+/* The buffers of one image of n patches: x, xn [n, D]; att [n, A]; qkv [n, 3A] (A the
+ * attention width, attn_hidden_size); ff [n, F] (with glu [2n, F]: up, then gate); cos,
+ * sin [n, head_dim/2]. */
 typedef struct wpi_vit_buf {
     float *x, *xn, *qkv, *att, *ff, *cos, *sin;
 } wpi_vit_buf;

@@ -903,6 +903,7 @@ static const wpi_hp_bound vhp_bounds[] = {
     VHP_F32(proj_norm_eps, 0, 1),
     {"proj_intermediate_size", offsetof(wpi_vision_hp, proj_intermediate_size), 0, 1u << 18, 0},
     {"glu_limit", offsetof(wpi_vision_hp, glu_limit), 0, 1e6, WPI_HPB_FLOAT},
+    {"attn_hidden_size", offsetof(wpi_vision_hp, attn_hidden_size), 1, 1u << 16, 0},
 };
 
 static wp_status vision_act(ectx *e, const wpi_json *h, const char *key, int32_t *out)
@@ -949,6 +950,8 @@ static wp_status parse_vision(ectx *e, const wpi_json *root, wpi_container *c)
             return wpi_fail(e->err, e->cap, WP_E_FORMAT,
                             MANIFEST ": vision.hparams.%s: required key is missing",
                             vhp_bounds[i].key);
+    if (!c->vhp.attn_hidden_size)
+        c->vhp.attn_hidden_size = c->vhp.hidden_size;
     if (c->vhp.out_hidden_size != c->hp.hidden_size)
         return wpi_fail(e->err, e->cap, WP_E_FORMAT,
                         MANIFEST ": vision.hparams.out_hidden_size %u is not hidden_size %u",

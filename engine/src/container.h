@@ -120,6 +120,9 @@ typedef struct wpi_vision_hp {
     int32_t act, proj_act;                  /* WPI_ACT_* of the encoder MLP and projector */
     /* optional, 0 when absent: a projector's own FFN width, the SwiGLU clamp */
     uint32_t proj_intermediate_size;
+    /* optional: the attention's width (n_heads * head_dim, q, k and v each), hidden_size
+     * when absent */
+    uint32_t attn_hidden_size;
     float glu_limit;
 } wpi_vision_hp;
 

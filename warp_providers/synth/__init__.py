@@ -12,7 +12,7 @@ and exactness are.
 from warp_providers.synth.deepseek_v3 import DeepseekV3Shape, make_deepseek_v3_checkpoint
 from warp_providers.synth.deepseek_v4 import DeepseekV4Shape, make_deepseek_v4_checkpoint
 from warp_providers.synth.glm5_next import Glm5NextShape, make_glm5_next_checkpoint
-from warp_providers.synth.kimi_k3 import KimiK3Shape, make_kimi_k3_checkpoint
+from warp_providers.synth.kimi_k3 import KimiK3Shape, KimiK3VisionShape, make_kimi_k3_checkpoint
 from warp_providers.synth.qwen3_moe import MoeShape, make_moe_checkpoint, make_moe_container
 
 __all__ = [
@@ -25,6 +25,7 @@ __all__ = [
     "make_deepseek_v4_checkpoint",
     "make_glm5_next_checkpoint",
     "make_kimi_k3_checkpoint",
+    "KimiK3VisionShape",
     "make_moe_checkpoint",
     "make_moe_container",
 ]

@@ -80,6 +80,49 @@ class KimiK3Shape:
         return (p * (self.num_hidden_layers // len(p) + 1))[: self.num_hidden_layers]
 
 
+@dataclass(frozen=True)
+class KimiK3VisionShape:
+    """The image tower of a generated K3 checkpoint (the release's ``vision_config`` keys)
+    and its ``preprocessor_config.json`` (``media_proc_cfg``, mean = std = 0.5 as K3's).
+
+    ``qkv_hidden_size`` is the attention's width (heads * head dim), which K3's tower sets
+    wider than ``vt_hidden_size``."""
+
+    vt_hidden_size: int = 32
+    vt_num_attention_heads: int = 2
+    qkv_hidden_size: int = 48
+    vt_intermediate_size: int = 48
+    vt_num_hidden_layers: int = 2
+    init_pos_emb_height: int = 8
+    init_pos_emb_width: int = 8
+    patch_size: int = 14
+    merge_kernel_size: int = 2
+    in_patch_limit: int = 64
+    patch_limit_on_one_side: int = 16
+    image_mean: tuple[float, float, float] = (0.5, 0.5, 0.5)
+    image_std: tuple[float, float, float] = (0.5, 0.5, 0.5)
+
+    def config(self, text_hidden: int) -> dict[str, Any]:
+        """The outer ``vision_config``."""
+        return {"model_type": "moonvit", "vt_hidden_size": self.vt_hidden_size,
+                "vt_num_attention_heads": self.vt_num_attention_heads,
+                "qkv_hidden_size": self.qkv_hidden_size,
+                "vt_intermediate_size": self.vt_intermediate_size,
+                "vt_num_hidden_layers": self.vt_num_hidden_layers,
+                "init_pos_emb_height": self.init_pos_emb_height,
+                "init_pos_emb_width": self.init_pos_emb_width, "patch_size": self.patch_size,
+                "merge_kernel_size": [self.merge_kernel_size] * 2,
+                "text_hidden_size": text_hidden}
+
+    def preprocessor(self) -> dict[str, Any]:
+        """``preprocessor_config.json``."""
+        return {"media_proc_cfg": {
+            "patch_size": self.patch_size, "merge_kernel_size": self.merge_kernel_size,
+            "in_patch_limit": self.in_patch_limit,
+            "patch_limit_on_one_side": self.patch_limit_on_one_side,
+            "image_mean": list(self.image_mean), "image_std": list(self.image_std)}}
+
+
 def _bf16(a: np.ndarray) -> np.ndarray:
     """float32 -> bf16 bits (round to nearest even), as uint16."""
     u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
@@ -164,7 +207,8 @@ def _mxfp4(rng: np.random.Generator, rows: int, cols: int) -> tuple[np.ndarray, 
 
 
 def make_kimi_k3_checkpoint(out: str | Path, shape: KimiK3Shape | None = None,
-                            seed: int = 0, outer_model_type: str = "kimi_k3") -> Path:
+                            seed: int = 0, outer_model_type: str = "kimi_k3",
+                            vision: KimiK3VisionShape | None = None) -> Path:
     """Write a random K3 checkpoint in the released layout, one shard per layer.
 
     Args:
@@ -173,6 +217,10 @@ def make_kimi_k3_checkpoint(out: str | Path, shape: KimiK3Shape | None = None,
         seed: the RNG seed; the same seed gives the same bytes.
         outer_model_type: the outer config's ``model_type`` (the public sources do not
             name it; detection goes by ``architectures`` and the K3-only keys).
+        vision: also write an image tower of this shape (``vision_tower.*``,
+            ``mm_projector.*``, its own shard, drawn after the text model so the text
+            weights are those of the same seed without it) and ``preprocessor_config.json``;
+            None: the tower config only, no tensors (a text-only checkpoint).
 
     Returns:
         The directory, ready for ``warp convert``.
@@ -187,12 +235,16 @@ def make_kimi_k3_checkpoint(out: str | Path, shape: KimiK3Shape | None = None,
         if sh.vocab_size < vocab:
             raise ValueError(f"vocab_size {sh.vocab_size}: the tokenizer has {vocab} ids")
         vocab = sh.vocab_size
+    vocab_ids = {t: 256 + len(_MERGES) + i for i, t in enumerate(_SPECIALS)}
     cfg = {"architectures": ["KimiK3ForConditionalGeneration"], "model_type": outer_model_type,
            "text_config": text_config(sh, vocab, eos),
-           "vision_config": {"model_type": "moonvit", "patch_size": 14, "depth": 1},
+           "vision_config": vision.config(sh.hidden_size) if vision else
+           {"model_type": "moonvit", "patch_size": 14, "depth": 1},
            "quantization_config": {"quant_method": "compressed-tensors",
                                    "format": "mxfp4-pack-quantized"},
            "tie_word_embeddings": False}
+    if vision:
+        cfg["media_placeholder_token_id"] = vocab_ids["<|media_pad|>"]
     (o / "config.json").write_text(json.dumps(cfg, indent=1))
     rng = np.random.default_rng(seed)
     h, lat = sh.hidden_size, sh.routed_expert_hidden_size or sh.hidden_size
@@ -291,6 +343,32 @@ def make_kimi_k3_checkpoint(out: str | Path, shape: KimiK3Shape | None = None,
                     t[f"{b}experts.{e}.{w}.weight_packed"] = ("U8", packed)
                     t[f"{b}experts.{e}.{w}.weight_scale"] = ("U8", scale)
         shard(f"model-layer-{i:03d}.safetensors", t)
+    if vision:
+        shard("model-vision.safetensors", _tower(vision, h, mat, norm))
+        (o / "preprocessor_config.json").write_text(json.dumps(vision.preprocessor(), indent=1))
     (o / "model.safetensors.index.json").write_text(
         json.dumps({"metadata": {}, "weight_map": weight_map}, indent=1))
     return o
+
+
+def _tower(v: KimiK3VisionShape, text_hidden: int, mat: Any, norm: Any
+           ) -> dict[str, tuple[str, np.ndarray]]:
+    """The tower's and projector's tensors as K3 stores them (bf16, no biases)."""
+    D, A, F, p = v.vt_hidden_size, v.qkv_hidden_size, v.vt_intermediate_size, v.patch_size
+    M = v.merge_kernel_size ** 2 * D
+    pe = "vision_tower.patch_embed."
+    kind, w = mat(D, 3 * p * p)
+    gh, gw = v.init_pos_emb_height, v.init_pos_emb_width
+    pos_kind, pos = mat(gh * gw, D)
+    t = {pe + "proj.weight": (kind, w.reshape(D, 3, p, p)),
+         pe + "pos_emb.weight": (pos_kind, pos.reshape(gh, gw, D))}
+    for i in range(v.vt_num_hidden_layers):
+        b = f"vision_tower.encoder.blocks.{i}."
+        t.update({b + "norm0.weight": norm(D), b + "wqkv.weight": mat(3 * A, D),
+                  b + "wo.weight": mat(D, A), b + "norm1.weight": norm(D),
+                  b + "mlp.fc0.weight": mat(F, D), b + "mlp.fc1.weight": mat(D, F)})
+    t.update({"vision_tower.encoder.final_layernorm.weight": norm(D),
+              "mm_projector.proj.0.weight": mat(M, M),
+              "mm_projector.proj.2.weight": mat(text_hidden, M),
+              "mm_projector.post_norm.weight": norm(text_hidden)})
+    return t

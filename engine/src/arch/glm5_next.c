@@ -469,9 +469,10 @@ static wp_status vision_check(const wpi_container *c, char *err, size_t cap)
     const wpi_vision_hp *v = &c->vhp;
     const uint64_t D = v->hidden_size, O = v->out_hidden_size, P = v->proj_intermediate_size;
     const uint64_t M = (uint64_t)v->merge_size * v->merge_size * D;
-    if (D % v->n_heads || (D / v->n_heads) % 4)
+    if (D % v->n_heads || (D / v->n_heads) % 4 || v->attn_hidden_size != D)
         return wpi_fail(err, cap, WP_E_FORMAT,
-                        "glm5_next: vision head width %llu / %u must be a multiple of 4",
+                        "glm5_next: vision head width %llu / %u must be a multiple of 4 "
+                        "(attention as wide as the tower)",
                         (unsigned long long)D, v->n_heads);
     if (!P || v->act != WPI_ACT_SILU || v->proj_act != WPI_ACT_GELU)
         return wpi_fail(err, cap, WP_E_FORMAT,

@@ -23,6 +23,7 @@
  * per row of the step (rows are offsets of x from the scratch's).
  * State: MLA's latent rows and KDA's recurrent state (mla.c); AttnRes keeps none across
  * tokens. Scratch (buf): ps, lat, shared output and the blocks, [chunk][hidden] each.
+ * Images: the MoonViT tower as K3 ships it (wpi_kimi_k3_tower, arch/kimi_k25.c).
  */
 #include <math.h>
 #include <stdio.h>
@@ -137,7 +138,7 @@ static wp_status check(const wpi_container *c, char *err, size_t cap)
                                 (uint64_t)hp->n_heads * hp->v_head_dim, H, err, cap));
 #undef NAME
     }
-    return WP_OK;
+    return c->has_vision ? wpi_kimi_k3_tower.check(c, err, cap) : WP_OK;
 }
 
 static void scratch(const wpi_hparams *hp, uint32_t chunk, wpi_model *m, wpi_carve *cv)
@@ -379,4 +380,5 @@ const wpi_arch wpi_arch_kimi_k3 = {
     .mixer = wpi_mla_kda_attend,
     .mix_out = mix_out,
     .ffn = ffn,
+    .vision = &wpi_kimi_k3_tower,
 };

@@ -1,15 +1,16 @@
 /*
- * vision.c -- the pieces of a ViT image tower that the towers share (kimi_k25; the
- * kimi_k3 tower differs only in its position grid, rope axis order and activations;
- * glm5_next's in the options of wpi_vit_opts): layer norm with bias, GELU (exact or
+ * vision.c -- the pieces of a ViT image tower that the towers share (kimi_k25's MoonViT,
+ * and as K3 ships it, kimi_k25.c; glm5_next's; what differs in the options of
+ * wpi_vit_opts): layer norm with bias, GELU (exact or
  * tanh), linear layers with bias, the 2D rotary table of a patch grid and the
  * bidirectional pre-norm encoder layer.
  *
  * Tensors of encoder layer l (the "v.*" trunk tensors, loaded only for a context opened
- * with the vision option): v.blk.l.ln1.{weight,bias} [D], v.blk.l.attn_qkv.{weight [3D, D],
- * bias [3D]} (q, k, v one after another; q and k rotate in pairs (2j, 2j+1) by angle j,
- * the checkpoint's interleaved layout, or with rope_half in pairs (j, j + hd/2)),
- * v.blk.l.attn_out.{weight [D, D], bias [D]}, v.blk.l.ln2.{weight,bias} [D],
+ * with the vision option), A the attention width (attn_hidden_size, D unless set):
+ * v.blk.l.ln1.{weight,bias} [D], v.blk.l.attn_qkv.{weight [3A, D], bias [3A]} (q, k, v one
+ * after another; q and k rotate in pairs (2j, 2j+1) by angle j, the checkpoint's
+ * interleaved layout, or with rope_half in pairs (j, j + hd/2)),
+ * v.blk.l.attn_out.{weight [D, A], bias [D]}, v.blk.l.ln2.{weight,bias} [D],
  * v.blk.l.ffn_up.{weight [F, D], bias [F]}, v.blk.l.ffn_down.{weight [D, F], bias [D]};
  * with rms_norm the norms have no bias, with qk_norm v.blk.l.attn_{q,k}_norm.weight [hd],
  * with glu v.blk.l.ffn_gate.{weight [F, D], bias [F]}, with biases_optional any bias may
@@ -86,7 +87,7 @@ typedef struct vit_attn {
     const wpi_model *m;
     const float *qkv;
     float *out;
-    uint32_t n, heads, hd, D;
+    uint32_t n, heads, hd, A; /* A: the attention width, heads * hd */
     float scale;
 } vit_attn;
 
@@ -104,20 +105,20 @@ static void vit_attn_task(void *arg, uint32_t task)
     const uint32_t nqb = vit_query_blocks(a->n), h = task / nqb, hd = a->hd;
     const uint32_t t0 = (task % nqb) * VIT_QUERY_BLOCK;
     const uint32_t nq = a->n - t0 < VIT_QUERY_BLOCK ? a->n - t0 : VIT_QUERY_BLOCK;
-    const size_t ld = 3 * (size_t)a->D;
-    const float *kc = a->qkv + a->D + (size_t)h * hd, *vc = a->qkv + 2 * (size_t)a->D + h * hd;
+    const size_t ld = 3 * (size_t)a->A;
+    const float *kc = a->qkv + a->A + (size_t)h * hd, *vc = a->qkv + 2 * (size_t)a->A + h * hd;
     float s[VIT_KEY_BLOCK];
     float mx[VIT_QUERY_BLOCK], sum[VIT_QUERY_BLOCK];
     for (uint32_t q = 0; q < nq; q++) {
         mx[q] = -INFINITY;
         sum[q] = 0;
-        memset(a->out + (size_t)(t0 + q) * a->D + (size_t)h * hd, 0, hd * sizeof(float));
+        memset(a->out + (size_t)(t0 + q) * a->A + (size_t)h * hd, 0, hd * sizeof(float));
     }
     for (uint32_t j0 = 0; j0 < a->n; j0 += VIT_KEY_BLOCK) {
         const uint32_t nb = a->n - j0 < VIT_KEY_BLOCK ? a->n - j0 : VIT_KEY_BLOCK;
         for (uint32_t q = 0; q < nq; q++) {
             const float *qv = a->qkv + (t0 + q) * ld + (size_t)h * hd;
-            float *out = a->out + (size_t)(t0 + q) * a->D + (size_t)h * hd;
+            float *out = a->out + (size_t)(t0 + q) * a->A + (size_t)h * hd;
             float bmax = -INFINITY;
             for (uint32_t j = 0; j < nb; j++) {
                 s[j] = a->m->k->dot_f32(qv, kc + (j0 + j) * ld, hd) * a->scale;
@@ -139,7 +140,7 @@ static void vit_attn_task(void *arg, uint32_t task)
         }
     }
     for (uint32_t q = 0; q < nq; q++) {
-        float *out = a->out + (size_t)(t0 + q) * a->D + (size_t)h * hd;
+        float *out = a->out + (size_t)(t0 + q) * a->A + (size_t)h * hd;
         const float inv = 1.0f / sum[q];
         for (uint32_t i = 0; i < hd; i++) out[i] *= inv;
     }
@@ -194,7 +195,8 @@ wp_status wpi_vit_check_layer(const wpi_container *c, const wpi_vit_opts *o, uin
                               char *err, size_t cap)
 {
     const wpi_vision_hp *v = &c->vhp;
-    const uint64_t D = v->hidden_size, F = v->intermediate_size, hd = D / v->n_heads;
+    const uint64_t D = v->hidden_size, F = v->intermediate_size, A = v->attn_hidden_size;
+    const uint64_t hd = A / v->n_heads;
     char nm[64];
 #define BIAS(s, n)                                                                    \
     TRY(o->biases_optional ? wpi_opt_vector(c, VNAME(s), n, err, cap)                \
@@ -205,9 +207,9 @@ wp_status wpi_vit_check_layer(const wpi_container *c, const wpi_vit_opts *o, uin
         TRY(wpi_need_vector(c, VNAME("ln1.bias"), D, err, cap));
         TRY(wpi_need_vector(c, VNAME("ln2.bias"), D, err, cap));
     }
-    TRY(wpi_need_matrix(c, VNAME("attn_qkv.weight"), 3 * D, D, err, cap));
-    BIAS("attn_qkv.bias", 3 * D);
-    TRY(wpi_need_matrix(c, VNAME("attn_out.weight"), D, D, err, cap));
+    TRY(wpi_need_matrix(c, VNAME("attn_qkv.weight"), 3 * A, D, err, cap));
+    BIAS("attn_qkv.bias", 3 * A);
+    TRY(wpi_need_matrix(c, VNAME("attn_out.weight"), D, A, err, cap));
     BIAS("attn_out.bias", D);
     if (o->qk_norm) {
         TRY(wpi_need_vector(c, VNAME("attn_q_norm.weight"), hd, err, cap));
@@ -229,19 +231,20 @@ void wpi_vit_layer(wpi_model *m, const wpi_container *c, const wpi_vit_opts *o, 
                    const wpi_vit_buf *b, uint32_t n)
 {
     const wpi_vision_hp *v = &c->vhp;
-    const uint32_t D = v->hidden_size, F = v->intermediate_size, H = v->n_heads, hd = D / H;
+    const uint32_t D = v->hidden_size, F = v->intermediate_size, H = v->n_heads;
+    const uint32_t A = v->attn_hidden_size, hd = A / H;
     char nm[64];
 #define VEC(s) wpi_bind_vec(c, VNAME(s), 0)
     const float *w1 = VEC("ln1.weight"), *b1 = VEC("ln1.bias");
     for (uint32_t t = 0; t < n; t++)
         vit_norm(o, b->xn + (size_t)t * D, b->x + (size_t)t * D, w1, b1, D, v->norm_eps);
     wpi_wmat w = wpi_bind_mat(c, VNAME("attn_qkv.weight"), 0);
-    wpi_vit_linear(m, &w, VEC("attn_qkv.bias"), b->xn, D, n, b->qkv, 3 * (size_t)D);
+    wpi_vit_linear(m, &w, VEC("attn_qkv.bias"), b->xn, D, n, b->qkv, 3 * (size_t)A);
     const float *qn = o->qk_norm ? VEC("attn_q_norm.weight") : NULL;
     const float *kn = o->qk_norm ? VEC("attn_k_norm.weight") : NULL;
     for (uint32_t t = 0; t < n; t++) {
         const float *cs = b->cos + (size_t)t * (hd / 2), *sn = b->sin + (size_t)t * (hd / 2);
-        float *q = b->qkv + (size_t)t * 3 * D, *k = q + D;
+        float *q = b->qkv + (size_t)t * 3 * A, *k = q + A;
         if (o->qk_norm)
             for (uint32_t h = 0; h < H; h++) {
                 wpi_rmsnorm(q + h * hd, q + h * hd, qn, hd, v->norm_eps);
@@ -250,10 +253,10 @@ void wpi_vit_layer(wpi_model *m, const wpi_container *c, const wpi_vit_opts *o, 
         rotate_pairs(q, H, hd, cs, sn, o->rope_half);
         rotate_pairs(k, H, hd, cs, sn, o->rope_half);
     }
-    vit_attn a = {m, b->qkv, b->att, n, H, hd, D, 1.0f / sqrtf((float)hd)};
+    vit_attn a = {m, b->qkv, b->att, n, H, hd, A, 1.0f / sqrtf((float)hd)};
     wpi_parallel_for(m->pool, vit_query_blocks(n) * H, vit_attn_task, &a);
     w = wpi_bind_mat(c, VNAME("attn_out.weight"), 0);
-    wpi_vit_linear(m, &w, VEC("attn_out.bias"), b->att, D, n, b->xn, D);
+    wpi_vit_linear(m, &w, VEC("attn_out.bias"), b->att, A, n, b->xn, D);
     for (size_t i = 0; i < (size_t)n * D; i++) b->x[i] += b->xn[i];
     const float *w2 = VEC("ln2.weight"), *b2 = VEC("ln2.bias");
     for (uint32_t t = 0; t < n; t++)

@@ -194,10 +194,18 @@ class KimiK3Reference:
         return attn_res(prefix, blocks, self.w(name + "_norm.weight"),
                         self.w(name + "_proj.weight"), self.res_eps)
 
-    def forward(self, ids: list[int]) -> torch.Tensor:
+    def forward(self, ids: list[int], rows: torch.Tensor | None = None,
+                placeholder: int = -1) -> torch.Tensor:
+        """Logits of every position; `rows` [n, hidden] (an image tower's, in order) take
+        the place of the embeddings at the n positions holding `placeholder`."""
         c = self.cfg
         kda = set(self.lac["kda_layers"])
         x = self.w("model.embed_tokens.weight")[torch.tensor(ids)]
+        if rows is not None:
+            at = torch.tensor(ids) == placeholder
+            assert int(at.sum()) == len(rows), "one row per placeholder"
+            x = x.clone()
+            x[at] = rows.to(x.dtype)
         blocks: list[torch.Tensor] = []
         for i in range(c["num_hidden_layers"]):
             pre = f"model.layers.{i}."
@@ -224,6 +232,7 @@ class KimiK3Reference:
         x = rms(x, self.w("model.norm.weight"), self.eps)
         return x @ self.w("lm_head.weight").T
 
-    def logits(self, ids: list[int]) -> np.ndarray:
+    def logits(self, ids: list[int], rows: torch.Tensor | None = None,
+               placeholder: int = -1) -> np.ndarray:
         with torch.no_grad():
-            return self.forward(ids).numpy()
+            return self.forward(ids, rows, placeholder).numpy()

@@ -12,7 +12,7 @@ kimi_linear's, plus: SiTU-GLU (``hidden_act: "situ"``, ``activation_situ_beta``,
 (``use_full_rank_gate`` -> ``kda_full_gate``) and the bounded decay gate
 (``gate_lower_bound`` -> ``kda_lower_bound``). A key set to false/null is the key absent.
 
-Tensors under ``language_model.`` (the vision tower and projector are skipped): the
+Tensors under ``language_model.`` (the tower and projector: below): the
 trunk bf16, the routed experts compressed-tensors MXFP4 (``w1|w3|w2.weight_packed`` U8
 ``[out, in/2]`` low nibble first, ``weight_scale`` U8 ``[out, in/32]`` E8M0), ``A_log``
 per head padded to the head dim (its first ``kda_heads`` values). Container names beyond
@@ -22,13 +22,41 @@ output gate), ``blk.{i}.kda_g.weight``, ``blk.{i}.ffn_lat_{down,up,norm}.weight`
 ``[moe_intermediate_size, expert_hidden_size]``, stored as shipped (container ``mxfp4``,
 every code and scale kept) unless another experts dtype is named.
 
+The image tower, when the checkpoint stores one (``vision_tower.patch_embed.proj.weight``;
+without it the tower config is ignored and the container is text only): MoonViT as K3
+ships it (docs/IMAGES.md), read from the outer ``vision_config`` (``vt_hidden_size``,
+``vt_num_attention_heads``, ``qkv_hidden_size``, ``vt_intermediate_size``,
+``vt_num_hidden_layers``, ``init_pos_emb_height`` / ``_width``, ``patch_size``,
+``merge_kernel_size``) into the container's ``v.*`` tensors and ``vision`` object, the
+checkpoint's ``preprocessor_config.json`` copied verbatim (its ``media_proc_cfg`` read
+through ``warp_providers.vision.kimi_preprocessor``):
+
+- ``vision_tower.patch_embed.proj.weight [D, 3, p, p]`` -> ``v.patch_embd.weight [D, 3*p*p]``;
+  ``vision_tower.patch_embed.pos_emb.weight [gh, gw, D]`` -> ``v.pos_embd [gh*gw, D]`` (f32);
+- ``vision_tower.encoder.blocks.{l}.{norm0, wqkv, wo, norm1, mlp.fc0, mlp.fc1}`` ->
+  ``v.blk.{l}.{ln1, attn_qkv, attn_out, ln2, ffn_up, ffn_down}``;
+  ``vision_tower.encoder.final_layernorm`` -> ``v.post_ln``;
+- ``mm_projector.proj.0`` / ``.2`` -> ``v.mm_in`` / ``v.mm_out``, ``mm_projector.post_norm``
+  -> ``v.mm_post_norm``; a linear layer's ``.bias`` is read when stored (the release has none).
+
+The tower's RMSNorms are built without an eps (``norm_eps`` is float32's machine eps, what
+PyTorch then uses); the projector's is ``projector_ln_eps`` (default 1e-5); the rotary
+base ``vision_config.rope_theta`` (default 10000). The placeholder is the outer
+``media_placeholder_token_id`` (default 163605), the markers ``<|media_begin|>`` /
+``<|media_end|>`` by the tokenizer's ids (default 163602 / 163604).
+
 Refuses, naming the tensor or key: a missing tensor (an AttnRes one included), an MXFP4
-scale of the wrong shape or holding 255 (NaN), an ``A_log`` shorter than the head count.
+scale of the wrong shape or holding 255 (NaN), an ``A_log`` shorter than the head count;
+with a tower: no ``preprocessor_config.json``, a missing or misshapen tower tensor, a
+stored tower tensor nothing reads, media ids outside the vocabulary, a non-square position
+grid or merge kernel.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Final
 
@@ -47,6 +75,8 @@ from ..base import (
 from ..blocks import Trunk, dense_mlp, kda_layer, mla_layer, moe_router
 from ..plan import ExpertLayerSrc, Plan, SrcTensor, rope_freqs
 from ..quant import ConvertError, mxfp4_pack
+from ..vision import TowerTensors, preprocessor
+from .kimi_k25 import patch_limit
 from .kimi_linear import KimiLinear
 
 MODEL_TYPE: Final[str] = "kimi_k3"
@@ -235,8 +265,123 @@ class KimiK3(KimiLinear):
 
             nbytes = sum(x.nbytes for e in range(hp["n_experts"]) for x in expert(e))
             experts.append(ExpertLayerSrc(i, hp["n_experts"], shapes, expert, nbytes))
-        return finish_plan(s, MODEL_TYPE, cfg, hp, t.tensors, experts,
+        plan = finish_plan(s, MODEL_TYPE, cfg, hp, t.tensors, experts,
                            skipped=lambda n: n.startswith(SKIPPED))
+        if TOWER_PROBE not in st.entries:
+            return plan
+        vs = TensorSource(st, cfg)
+        info, tower = vision_plan(vs, cfg, preprocessor(src), H, hp["vocab_size"], src)
+        unused = sorted(n for n in st.entries if n.startswith(SKIPPED) and n not in vs.used)
+        if unused:
+            more = f" and {len(unused) - 5} more" if len(unused) > 5 else ""
+            raise ConvertError(f"{src}: tensors not used by {MODEL_TYPE}: "
+                               f"{', '.join(unused[:5])}{more}")
+        return replace(plan, trunk=plan.trunk + tower, vision=info)
+
+
+TOWER_PROBE: Final[str] = "vision_tower.patch_embed.proj.weight"
+#: The ids of the release's media tokens, used when the tokenizer does not name them.
+MEDIA_IDS: Final[dict[str, int]] = {"<|media_begin|>": 163602, "<|media_end|>": 163604,
+                                    "<|media_pad|>": 163605}
+#: The tower's RMSNorms are nn.RMSNorm(dim) without an eps: PyTorch's float32 eps.
+TOWER_NORM_EPS: Final[float] = float(np.finfo(np.float32).eps)
+
+
+def _media_ids(src: Path) -> dict[str, int]:
+    """The media markers' ids in tokenizer_config.json (the release's defaults otherwise)."""
+    ids = dict(MEDIA_IDS)
+    p = src / "tokenizer_config.json"
+    try:
+        dec = json.loads(p.read_text(encoding="utf-8")).get("added_tokens_decoder") or {}
+    except (OSError, ValueError):
+        return ids
+    for k, v in dec.items():
+        if isinstance(v, Mapping) and v.get("content") in ids and str(k).isdigit():
+            ids[v["content"]] = int(k)
+    return ids
+
+
+def vision_plan(s: TensorSource, cfg: Mapping[str, Any], pp: Mapping[str, Any],
+                text_hidden: int, vocab: int, src: Path) -> tuple[dict[str, Any],
+                                                                  list[SrcTensor]]:
+    """The manifest's ``vision`` object and the ``v.*`` tensors of K3's tower."""
+    from ...vision import kimi_preprocessor
+
+    vc = cfg.get("vision_config")
+    if not isinstance(vc, Mapping):
+        raise ConvertError("config.json: a Kimi K3 tower needs vision_config (an object)")
+    w = "config.json vision_config"
+    D = get_int(vc, "vt_hidden_size", minimum=1, where=w)
+    L = get_int(vc, "vt_num_hidden_layers", minimum=1, where=w)
+    nh = get_int(vc, "vt_num_attention_heads", minimum=1, where=w)
+    A = get_int(vc, "qkv_hidden_size", default=D, minimum=1, where=w)
+    F = get_int(vc, "vt_intermediate_size", minimum=1, where=w)
+    p = get_int(vc, "patch_size", default=14, minimum=1, where=w)
+    gh = get_int(vc, "init_pos_emb_height", default=64, minimum=1, where=w)
+    gw = get_int(vc, "init_pos_emb_width", default=64, minimum=1, where=w)
+    mk = vc.get("merge_kernel_size", [2, 2])
+    mk = [mk, mk] if isinstance(mk, int) else mk
+    if not (isinstance(mk, (list, tuple)) and len(mk) == 2 and mk[0] == mk[1]
+            and isinstance(mk[0], int) and mk[0] > 0):
+        raise ConvertError(f"{w}: merge_kernel_size {mk!r} must be two equal positive integers")
+    m = int(mk[0])
+    if gh != gw:
+        raise ConvertError(f"{w}: the position grid {gh} x {gw} must be square")
+    if A % nh or (A // nh) % 4:
+        raise ConvertError(f"{w}: qkv_hidden_size {A} / {nh} heads must be a multiple of 4")
+    theta = get_number(vc, "rope_theta", above=0, default=10000.0, where=w)
+    proj_eps = get_number(cfg, "projector_ln_eps", above=0, default=1e-5)
+    flat = kimi_preprocessor(pp)
+    pp_patch, pp_merge = int(flat.get("patch_size", p)), int(flat.get("merge_size", m))
+    if (pp_patch, pp_merge) != (p, m):
+        raise ConvertError(f"preprocessor_config.json: patch_size {pp_patch}, merge_size "
+                           f"{pp_merge}; the tower's are {p}, {m}")
+    v = TowerTensors(s)
+    P, M, H = 3 * p * p, m * m * D, text_hidden
+    v.add((TOWER_PROBE,), "v.patch_embd.weight", (D, 3, p, p), (D, P), "trunk")
+    v.add(("vision_tower.patch_embed.proj.bias",), "v.patch_embd.bias", (D,), (D,), "f32",
+          optional=True)
+    v.add(("vision_tower.patch_embed.pos_emb.weight",), "v.pos_embd", (gh, gw, D),
+          (gh * gw, D), "f32")
+    for i in range(L):
+        b, o = f"vision_tower.encoder.blocks.{i}.", f"v.blk.{i}."
+        for sname, dst, rows, cols in (("wqkv", "attn_qkv", 3 * A, D), ("wo", "attn_out", D, A),
+                                       ("mlp.fc0", "ffn_up", F, D), ("mlp.fc1", "ffn_down", D, F)):
+            v.add((b + sname + ".weight",), o + dst + ".weight", (rows, cols), (rows, cols),
+                  "trunk")
+            v.add((b + sname + ".bias",), o + dst + ".bias", (rows,), (rows,), "f32",
+                  optional=True)
+        for sname, dst in (("norm0", "ln1"), ("norm1", "ln2")):
+            v.add((b + sname + ".weight",), o + dst + ".weight", (D,), (D,), "f32")
+    v.add(("vision_tower.encoder.final_layernorm.weight",), "v.post_ln.weight", (D,), (D,),
+          "f32")
+    for sname, dst, rows, cols in (("proj.0", "mm_in", M, M), ("proj.2", "mm_out", H, M)):
+        v.add((f"mm_projector.{sname}.weight",), f"v.{dst}.weight", (rows, cols), (rows, cols),
+              "trunk")
+        v.add((f"mm_projector.{sname}.bias",), f"v.{dst}.bias", (rows,), (rows,), "f32",
+              optional=True)
+    v.add(("mm_projector.post_norm.weight",), "v.mm_post_norm.weight", (H,), (H,), "f32")
+    media = _media_ids(src)
+    pad = get_int(cfg, "media_placeholder_token_id", default=media["<|media_pad|>"])
+    ids = (pad, media["<|media_begin|>"], media["<|media_end|>"])
+    if max(ids) >= vocab:
+        raise ConvertError(f"config.json: media_placeholder_token_id / the media markers {ids} "
+                           f"outside the vocabulary of {vocab}")
+    hparams: dict[str, Any] = {
+        "hidden_size": D, "n_layers": L, "n_heads": nh, "intermediate_size": F,
+        "patch_size": p, "merge_size": m, "temporal_patch_size": 1, "channels": 3,
+        "pos_grid_h": gh, "pos_grid_w": gw, "max_patches": patch_limit(flat, m),
+        "out_hidden_size": H, "rope_theta": theta, "norm_eps": TOWER_NORM_EPS,
+        "proj_norm_eps": proj_eps, "act": "gelu_tanh", "proj_act": "gelu",
+    }
+    if A != D:
+        hparams["attn_hidden_size"] = A
+    info = {
+        "arch": MODEL_TYPE, "preprocessor": dict(pp), "patch_size": p, "merge_size": m,
+        "temporal_patch_size": 1, "hidden_size": H, "placeholder_token_id": ids[0],
+        "image_start_token_id": ids[1], "image_end_token_id": ids[2], "hparams": hparams,
+    }
+    return info, v.out
 
 
 ARCH: Final[KimiK3] = KimiK3()
