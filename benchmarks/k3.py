@@ -70,7 +70,8 @@ def child(a: argparse.Namespace) -> dict:
     finally:
         eng.close()
     d = {k: s1[k] - s0[k] for k in ("expert_lookups", "expert_hits", "expert_misses",
-                                   "prefetch_issued", "prefetch_hits", "bytes_read")}
+                                   "prefetch_issued", "prefetch_hits", "prefetch_cancelled",
+                                   "bytes_read", "read_seconds")}
     return {"experts_per_token": a.child, "top_k": info["top_k"], "tokens": len(res.token_ids),
             "token_ids": res.token_ids, "wall_s": wall, "tok_s": len(res.token_ids) / wall,
             "errors": [], "stats": d, "budget_bytes": info["plan"]["budget_bytes"],
