@@ -64,7 +64,6 @@ wp_status wpi_moe_for_each_expert(wpi_model *mdl, uint32_t layer, const float *x
 /* The routing of the step is final: drops the queued lookahead reads of the layer it did
  * not pick (wpi_experts_cancel_prefetch) and requests the first group of its distinct
  * experts, so their misses are read while the caller computes what needs no expert. */
-int wpi_ab_flags(void);
 wp_status wpi_moe_request_first(wpi_model *mdl, uint32_t layer, uint32_t nd);
 /* wpi_moe_for_each_expert after wpi_moe_request_first when first_requested. Within a
  * group (up to 64 experts) the experts already present run first, the ones still being

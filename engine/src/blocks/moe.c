@@ -15,7 +15,6 @@
  * experts whose picks fit a chunk of rows (apply_group_chunk).
  */
 #include <math.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "blocks.h"
@@ -437,21 +436,11 @@ wp_status wpi_moe_for_each_expert(wpi_model *m, uint32_t l, const float *xs, uin
     return wpi_moe_for_each_expert_requested(m, l, xs, nd, fn, arg, 0);
 }
 
-int wpi_ab_flags(void)
-{
-    static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("WP_AB");
-        v = e ? atoi(e) : 0;
-    }
-    return v;
-}
-
 wp_status wpi_moe_request_first(wpi_model *m, uint32_t l, uint32_t nd)
 {
     const uint32_t group = wpi_experts_max_pinned(m->experts);
     /* The routing is final: queued lookahead reads it did not pick give way to its misses. */
-    if (!(wpi_ab_flags() & 1)) wpi_experts_cancel_prefetch(m->experts, l, m->ex_ids, nd);
+    wpi_experts_cancel_prefetch(m->experts, l, m->ex_ids, nd);
     return nd ? wpi_experts_request(m->experts, l, m->ex_ids, nd < group ? nd : group, m->err,
                                     m->err_cap)
               : WP_OK;
@@ -471,7 +460,7 @@ wp_status wpi_moe_for_each_expert_requested(wpi_model *m, uint32_t l, const floa
         wp_status st = g0 == 0 ? WP_OK
                                : wpi_experts_request(m->experts, l, m->ex_ids + g0, cnt, m->err,
                                                      m->err_cap);
-        if (st == WP_OK && cnt <= GROUP_MAX && !(wpi_ab_flags() & 2)) {
+        if (st == WP_OK && cnt <= GROUP_MAX) {
             /* Experts whose records are present run first, while the misses are read: each
              * writes only its own rows of eo, and the weighted sum over them is taken in
              * router order afterwards, so the order changes timing, never the result. */
@@ -530,6 +519,7 @@ wp_status wpi_moe_block(wpi_model *m, uint32_t l, uint32_t n)
      * disk works while the CPU does (the shared expert never waits on a read). Its
      * output waits in moe_out: apply_expert uses yg as scratch. */
     const uint32_t group = wpi_experts_max_pinned(m->experts);
+    wpi_experts_cancel_prefetch(m->experts, l, m->ex_ids, nd);
     wp_status first = nd ? wpi_experts_request(m->experts, l, m->ex_ids, nd < group ? nd : group,
                                                m->err, m->err_cap)
                          : WP_OK;
