@@ -77,13 +77,14 @@ def bank_files(container: Path) -> list[Path]:
 
 def disk_bandwidth(files: list[Path], sizes_mib=(1, 2, 4, 8, 16), depths=(1, 4, 8),
                    seconds: float = 2.0) -> dict[str, float]:
-    """O_DIRECT random aligned preads; returns {"<size>MiB_qd<d>": bytes/s}."""
+    """O_DIRECT random aligned preads; returns {"<size>MiB_qd<d>": bytes/s}. A size may be
+    a fraction of a MiB (a whole number of 4 KiB blocks, such as one expert record)."""
     fds = [os.open(f, os.O_RDONLY | os.O_DIRECT) for f in files]
     lens = [os.fstat(fd).st_size for fd in fds]
     out: dict[str, float] = {}
     try:
         for size_mib in sizes_mib:
-            size = size_mib * MIB
+            size = int(size_mib * MIB)
             for depth in depths:
                 done = [0] * depth
                 stop = time.perf_counter() + seconds
@@ -105,7 +106,7 @@ def disk_bandwidth(files: list[Path], sizes_mib=(1, 2, 4, 8, 16), depths=(1, 4, 
                     t.start()
                 for t in ts:
                     t.join()
-                out[f"{size_mib}MiB_qd{depth}"] = sum(done) / (time.perf_counter() - t0)
+                out[f"{size_mib:g}MiB_qd{depth}"] = sum(done) / (time.perf_counter() - t0)
     finally:
         for fd in fds:
             os.close(fd)

@@ -125,6 +125,7 @@ cdef extern from "wp.h" nogil:
         uint64_t expert_misses
         uint64_t prefetch_issued
         uint64_t prefetch_hits
+        uint64_t prefetch_cancelled
         uint64_t bytes_read
         uint64_t other_bytes_read
         double read_seconds

@@ -432,6 +432,7 @@ cdef class Context:
             "tokens": s.tokens, "expert_lookups": s.expert_lookups,
             "expert_hits": s.expert_hits, "expert_misses": s.expert_misses,
             "prefetch_issued": s.prefetch_issued, "prefetch_hits": s.prefetch_hits,
+            "prefetch_cancelled": s.prefetch_cancelled,
             "bytes_read": s.bytes_read, "other_bytes_read": s.other_bytes_read,
             "read_seconds": s.read_seconds, "eval_seconds": s.eval_seconds,
             "peak_bytes": s.peak_bytes, "cache_bytes": s.cache_bytes,

@@ -29,7 +29,8 @@ __all__ = ["COUNTERS", "GenerationResult", "Request", "TokenEvent"]
 
 COUNTERS = (
     "tokens", "expert_lookups", "expert_hits", "expert_misses", "prefetch_issued",
-    "prefetch_hits", "bytes_read", "other_bytes_read", "read_seconds", "eval_seconds",
+    "prefetch_hits", "prefetch_cancelled", "bytes_read", "other_bytes_read", "read_seconds",
+    "eval_seconds",
 )
 """Engine counters a result reports as this request's share of the steps it was in."""
 

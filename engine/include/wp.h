@@ -264,6 +264,9 @@ typedef struct wp_stats {
     uint64_t expert_misses;
     uint64_t prefetch_issued;    /* speculative reads started by the lookahead */
     uint64_t prefetch_hits;      /* demand lookups served by a speculative read */
+    uint64_t prefetch_cancelled; /* speculative reads dropped before they started, because
+                                    the router did not pick them (in prefetch_issued,
+                                    not in bytes_read) */
     uint64_t bytes_read;         /* expert record bytes read (demand + speculative) */
     uint64_t other_bytes_read;   /* bytes read from the trunk file (every trunk tensor, at
                                     open); never expert records, which bytes_read counts */

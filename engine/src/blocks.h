@@ -61,6 +61,16 @@ typedef void (*wpi_expert_apply_fn)(void *arg, wpi_model *mdl, const wpi_expert_
                                     float *out);
 wp_status wpi_moe_for_each_expert(wpi_model *mdl, uint32_t layer, const float *xs,
                                   uint32_t nd, wpi_expert_apply_fn fn, void *arg);
+/* The routing of the step is final: drops the queued lookahead reads of the layer it did
+ * not pick (wpi_experts_cancel_prefetch) and requests the first group of its distinct
+ * experts, so their misses are read while the caller computes what needs no expert. */
+wp_status wpi_moe_request_first(wpi_model *mdl, uint32_t layer, uint32_t nd);
+/* wpi_moe_for_each_expert after wpi_moe_request_first when first_requested. Within a
+ * group (up to 64 experts) the experts already present run first, the ones still being
+ * read after them; the outputs are the same in any order. */
+wp_status wpi_moe_for_each_expert_requested(wpi_model *mdl, uint32_t layer, const float *xs,
+                                            uint32_t nd, wpi_expert_apply_fn fn, void *arg,
+                                            int first_requested);
 /* A layer of the plain MoE decoders: wpi_attention_block, then wpi_moe_block on MoE
  * layers and wpi_ffn_block on dense ones; the arch's hparams decide routing, shared
  * expert and qk norm. */

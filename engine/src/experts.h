@@ -35,11 +35,24 @@ wp_status wpi_experts_request(wpi_experts *x, uint32_t layer, const int32_t *ids
 wp_status wpi_experts_acquire(wpi_experts *x, uint32_t layer, int32_t id,
                               wpi_expert_view *out, char *err, size_t cap);
 
+/* 1 when acquire of a requested expert would not wait: its record is present (or its
+ * read failed, which acquire reports). 0 while its read is queued or in progress. */
+int wpi_experts_ready(wpi_experts *x, uint32_t layer, int32_t id);
+
 /* Unpins everything pinned by requests since the last release. */
 void wpi_experts_release(wpi_experts *x);
 
 /* Speculative reads (lookahead); never pinned, never counted as lookups. */
 void wpi_experts_prefetch(wpi_experts *x, uint32_t layer, const int32_t *ids, uint32_t n);
+
+/* The router of `layer` chose ids[0..n) (every expert of the layer's step): drops the
+ * queued speculative reads of that layer for other experts that no reader thread has
+ * started, and frees their slots, so the disk serves the misses the routing made rather
+ * than predictions it did not keep. Reads already in progress finish (a slot is never
+ * left half-filled). Returns how many were dropped (counted in prefetch_cancelled and
+ * taken out of bytes_read). */
+uint32_t wpi_experts_cancel_prefetch(wpi_experts *x, uint32_t layer, const int32_t *ids,
+                                     uint32_t n);
 
 /* Adds the expert counters to *s (lookups, hits, misses, prefetch, bytes, read time,
  * direct_io, cache size). */
@@ -73,6 +86,10 @@ wp_status wpi_reader_submit(wpi_reader *r, uint32_t bank, uint32_t expert, void 
 /* Reads and validates one record on the calling thread. */
 wp_status wpi_reader_read(wpi_reader *r, uint32_t bank, uint32_t expert, void *buf,
                           char *err, size_t cap);
+/* Takes the speculative job of tag off its queue if no thread has started it: 1 when it
+ * was removed (its done callback will never run), 0 when it is in progress, done or
+ * unknown. Demand jobs are never cancelled. */
+int wpi_reader_cancel(wpi_reader *r, uint32_t tag);
 /* 1 when every bank bypasses the page cache. */
 int wpi_reader_direct_io(const wpi_reader *r);
 /* Stops the threads after the reads in progress; queued reads are dropped. */

@@ -6,7 +6,8 @@
  * expert that LRU evicts on a cyclic pattern, pins surviving prefetch pressure, a
  * damaged payload (verify on) and a damaged header (magic, tensor offsets, payload size;
  * verify off) reported as WP_E_IO naming layer and expert, identical bytes through O_DIRECT and buffered reads and
- * through 1 or 4 reader threads and any cache size, prefetch accounting, the hotlist,
+ * through 1 or 4 reader threads and any cache size, prefetch accounting, queued prefetches
+ * dropped when the routing did not pick them, the hotlist,
  * the plan rules, and the cgroup resolver over a fake /proc + /sys/fs/cgroup tree.
  *
  * Prints one PASS/FAIL line per check and the counts; exits non-zero on any failure.
@@ -294,6 +295,7 @@ static void test_pins(const tbuilt *b)
             if (!dup2)
                 q[got++] = id;
         }
+        wpi_experts_cancel_prefetch(r.x, layer, q, n); /* as the forward does */
         st = wpi_experts_request(r.x, layer, q, n, err, sizeof(err));
         int32_t p[6];
         for (int k = 0; k < 6; k++)
@@ -309,11 +311,13 @@ static void test_pins(const tbuilt *b)
     }
     wp_stats s = stats_of(&r);
     report(st == WP_OK && bad == 0 && s.expert_lookups == s.expert_hits + s.expert_misses &&
-               s.bytes_read == (s.expert_misses + s.prefetch_issued) * b->rec &&
-               s.prefetch_hits <= s.expert_hits,
-           "3000 random requests under prefetch, 4 readers: all bytes exact, counters consistent "
-           "(%llu prefetches, %llu prefetch hits)", (unsigned long long)s.prefetch_issued,
-           (unsigned long long)s.prefetch_hits);
+               s.bytes_read ==
+                   (s.expert_misses + s.prefetch_issued - s.prefetch_cancelled) * b->rec &&
+               s.prefetch_hits <= s.expert_hits && s.prefetch_cancelled <= s.prefetch_issued,
+           "3000 random requests under prefetch and cancels, 4 readers: all bytes exact, "
+           "counters consistent (%llu prefetches, %llu prefetch hits, %llu cancelled)",
+           (unsigned long long)s.prefetch_issued, (unsigned long long)s.prefetch_hits,
+           (unsigned long long)s.prefetch_cancelled);
     report(rig_close(&r), "close after stress frees everything");
 }
 
@@ -864,6 +868,47 @@ static void test_cgroup(const char *base)
         fprintf(stderr, "cannot remove %s\n", root);
 }
 
+/* Queued lookahead reads the routing did not pick are dropped: their slots come back
+ * empty (a later demand reads the record whole), they leave bytes_read, and a picked
+ * record, another layer's or one already read is never dropped. One reader thread, so
+ * most of a batch of hints is still queued when the cancel comes. */
+static void test_cancel(const tbuilt *b)
+{
+    char err[WPI_ERR_CAP];
+    rig r;
+    wp_cfg cfg = base_cfg();
+    cfg.reader_threads = 1;
+    rig_open(&r, b, &cfg, 16, err); /* 16 slots for a cycle of 32 records: always misses */
+    uint64_t dropped = 0, kept_dropped = 0, other_dropped = 0;
+    int bad = 0;
+    wp_status st = WP_OK;
+    for (int t = 0; t < 200 && st == WP_OK; t++) {
+        uint32_t layer = (uint32_t)(t % 2);
+        int32_t p[8];
+        for (int k = 0; k < 8; k++)
+            p[k] = (int32_t)((t * 8 + k) % (int)b->sp.n_experts);
+        wpi_experts_prefetch(r.x, layer, p, 8);
+        other_dropped += wpi_experts_cancel_prefetch(r.x, 1 - layer, NULL, 0);
+        if (t % 3 == 0) /* every hint picked: nothing to drop */
+            kept_dropped += wpi_experts_cancel_prefetch(r.x, layer, p, 8);
+        dropped += wpi_experts_cancel_prefetch(r.x, layer, p, 2); /* the first two kept */
+        /* the whole hint on demand: dropped records are read again, whole */
+        st = step(&r, b, layer, p, 8, &bad, NULL, err);
+    }
+    wp_stats s = stats_of(&r);
+    report(st == WP_OK && bad == 0 && dropped > 0 && kept_dropped == 0 && other_dropped == 0 &&
+               s.prefetch_cancelled == dropped &&
+               s.bytes_read ==
+                   (s.expert_misses + s.prefetch_issued - s.prefetch_cancelled) * b->rec &&
+               s.expert_lookups == s.expert_hits + s.expert_misses,
+           "cancel: %llu of %llu queued hints dropped, none picked or of another layer; "
+           "demand after it reads whole records; bytes_read = (misses + prefetches - "
+           "cancelled) x record", (unsigned long long)dropped,
+           (unsigned long long)s.prefetch_issued);
+    report(wpi_experts_cancel_prefetch(NULL, 0, NULL, 0) == 0, "cancel on no cache: 0");
+    report(rig_close(&r), "close after cancels frees everything");
+}
+
 int main(void)
 {
     const char *base = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
@@ -888,6 +933,7 @@ int main(void)
     test_policies(&b);
     test_pins(&b);
     test_prefetch(&b);
+    test_cancel(&b);
     test_identity(&b, shm_p);
     test_damage(&b);
     test_hotlist(&b, base);

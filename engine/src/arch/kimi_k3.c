@@ -234,6 +234,9 @@ static wp_status latent_moe(wpi_model *m, uint32_t l, uint32_t n)
         wpi_route_noaux(hp, m->probs + t * E, L->exp_bias, m->route_tmp, m->topk_id + t * K,
                         m->topk_w + t * K);
     const uint32_t nd = wpi_moe_distinct_experts(m, n);
+    /* The misses' reads go out now and land while the latent projection and the shared
+     * experts (resident, on xn) are computed. */
+    TRY(wpi_moe_request_first(m, l, nd));
     const float *xs = m->xn;
     const int latent = A->lat_down.data != NULL; /* checked: with expert_hidden_size */
     if (latent) {
@@ -241,9 +244,9 @@ static wp_status latent_moe(wpi_model *m, uint32_t l, uint32_t n)
         wpi_matmul(m, &down, 1, m->xn, H, n);
         xs = lat;
     }
-    TRY(wpi_moe_for_each_expert(m, l, xs, nd, apply, NULL));
     if (L->sh_gate.data)
         wpi_swiglu(m, &L->sh_gate, &L->sh_up, &L->sh_down, m->xn, H, n, sh, H);
+    TRY(wpi_moe_for_each_expert_requested(m, l, xs, nd, apply, NULL, 1));
     float *y = latent ? lat : m->moe_out; /* the weighted sum, H floats apart */
     for (uint32_t t = 0; t < n; t++) {
         float *acc = y + t * H;

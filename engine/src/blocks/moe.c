@@ -406,33 +406,89 @@ uint32_t wpi_moe_distinct_experts(wpi_model *m, uint32_t n)
     return nd;
 }
 
+/* Expert s of the step (acquired) through fn, its picks a chunk of rows at a time. */
+static wp_status run_expert(wpi_model *m, uint32_t l, const float *xs, uint32_t s,
+                            wpi_expert_apply_fn fn, void *arg)
+{
+    const size_t H = m->hp->hidden_size, K = m->hp->top_k;
+    wpi_expert_view v;
+    wp_status st = wpi_experts_acquire(m->experts, l, m->ex_ids[s], &v, m->err, m->err_cap);
+    if (st != WP_OK) return st;
+    /* An expert has up to one pick per token and routing slot: more picks than the
+     * chunk's tokens when a hash row names it twice. The gather buffers (and fn's) hold a
+     * chunk's rows, so its picks go through them a chunk at a time. */
+    for (int32_t q0 = m->ex_start[s]; q0 < m->ex_start[s + 1]; q0 += (int32_t)m->chunk) {
+        const int32_t left = m->ex_start[s + 1] - q0;
+        const uint32_t c = left < (int32_t)m->chunk ? (uint32_t)left : m->chunk;
+        for (uint32_t i = 0; i < c; i++)
+            memcpy(m->xg + i * H, xs + (size_t)(m->ex_pick[q0 + i] / K) * H,
+                   H * sizeof(float));
+        fn(arg, m, &v, m->ex_ids[s], m->xg, c, m->yg);
+        for (uint32_t i = 0; i < c; i++)
+            memcpy(m->eo + (size_t)m->ex_pick[q0 + i] * H, m->yg + i * H, H * sizeof(float));
+    }
+    return WP_OK;
+}
+
 wp_status wpi_moe_for_each_expert(wpi_model *m, uint32_t l, const float *xs, uint32_t nd,
                                   wpi_expert_apply_fn fn, void *arg)
 {
-    const size_t H = m->hp->hidden_size, K = m->hp->top_k;
+    return wpi_moe_for_each_expert_requested(m, l, xs, nd, fn, arg, 0);
+}
+
+wp_status wpi_moe_request_first(wpi_model *m, uint32_t l, uint32_t nd)
+{
     const uint32_t group = wpi_experts_max_pinned(m->experts);
+    /* The routing is final: queued lookahead reads it did not pick give way to its misses. */
+    wpi_experts_cancel_prefetch(m->experts, l, m->ex_ids, nd);
+    return nd ? wpi_experts_request(m->experts, l, m->ex_ids, nd < group ? nd : group, m->err,
+                                    m->err_cap)
+              : WP_OK;
+}
+
+wp_status wpi_moe_for_each_expert_requested(wpi_model *m, uint32_t l, const float *xs,
+                                            uint32_t nd, wpi_expert_apply_fn fn, void *arg,
+                                            int first_requested)
+{
+    const uint32_t group = wpi_experts_max_pinned(m->experts);
+    if (!first_requested && nd) {
+        wp_status st = wpi_moe_request_first(m, l, nd);
+        if (st != WP_OK) return st;
+    }
     for (uint32_t g0 = 0; g0 < nd; g0 += group) {
         uint32_t cnt = nd - g0 < group ? nd - g0 : group;
-        wp_status st = wpi_experts_request(m->experts, l, m->ex_ids + g0, cnt, m->err,
-                                           m->err_cap);
-        for (uint32_t s = g0; st == WP_OK && s < g0 + cnt; s++) {
-            wpi_expert_view v;
-            st = wpi_experts_acquire(m->experts, l, m->ex_ids[s], &v, m->err, m->err_cap);
-            if (st != WP_OK) break;
-            /* An expert has up to one pick per token and routing slot: more picks than
-             * the chunk's tokens when a hash row names it twice. The gather buffers (and
-             * fn's) hold a chunk's rows, so its picks go through them a chunk at a time. */
-            for (int32_t q0 = m->ex_start[s]; q0 < m->ex_start[s + 1]; q0 += (int32_t)m->chunk) {
-                const int32_t left = m->ex_start[s + 1] - q0;
-                const uint32_t c = left < (int32_t)m->chunk ? (uint32_t)left : m->chunk;
-                for (uint32_t i = 0; i < c; i++)
-                    memcpy(m->xg + i * H, xs + (size_t)(m->ex_pick[q0 + i] / K) * H,
-                           H * sizeof(float));
-                fn(arg, m, &v, m->ex_ids[s], m->xg, c, m->yg);
-                for (uint32_t i = 0; i < c; i++)
-                    memcpy(m->eo + (size_t)m->ex_pick[q0 + i] * H, m->yg + i * H,
-                           H * sizeof(float));
+        wp_status st = g0 == 0 ? WP_OK
+                               : wpi_experts_request(m->experts, l, m->ex_ids + g0, cnt, m->err,
+                                                     m->err_cap);
+        if (st == WP_OK && cnt <= GROUP_MAX) {
+            /* Experts whose records are present run first, while the misses are read: each
+             * writes only its own rows of eo, and the weighted sum over them is taken in
+             * router order afterwards, so the order changes timing, never the result. */
+            uint8_t left[GROUP_MAX];
+            uint32_t n_left = cnt;
+            memset(left, 1, cnt);
+            while (st == WP_OK && n_left) {
+                uint32_t ran = 0, first = cnt;
+                for (uint32_t s = 0; st == WP_OK && s < cnt; s++) {
+                    if (!left[s]) continue;
+                    if (!wpi_experts_ready(m->experts, l, m->ex_ids[g0 + s])) {
+                        if (first == cnt) first = s;
+                        continue;
+                    }
+                    st = run_expert(m, l, xs, g0 + s, fn, arg);
+                    left[s] = 0;
+                    n_left--;
+                    ran++;
+                }
+                if (st == WP_OK && !ran && first < cnt) { /* all in flight: wait on the first */
+                    st = run_expert(m, l, xs, g0 + first, fn, arg);
+                    left[first] = 0;
+                    n_left--;
+                }
             }
+        } else {
+            for (uint32_t s = g0; st == WP_OK && s < g0 + cnt; s++)
+                st = run_expert(m, l, xs, s, fn, arg);
         }
         wpi_experts_release(m->experts);
         if (st != WP_OK) return st;
@@ -463,6 +519,7 @@ wp_status wpi_moe_block(wpi_model *m, uint32_t l, uint32_t n)
      * disk works while the CPU does (the shared expert never waits on a read). Its
      * output waits in moe_out: apply_expert uses yg as scratch. */
     const uint32_t group = wpi_experts_max_pinned(m->experts);
+    wpi_experts_cancel_prefetch(m->experts, l, m->ex_ids, nd);
     wp_status first = nd ? wpi_experts_request(m->experts, l, m->ex_ids, nd < group ? nd : group,
                                                m->err, m->err_cap)
                          : WP_OK;

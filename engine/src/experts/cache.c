@@ -73,7 +73,8 @@ struct wpi_experts {
     uint64_t tick, rng;
     uint32_t *usage;       /* [n_banks * n_experts] demand lookups, hotlist counts */
     uint64_t n_usage;
-    uint64_t lookups, hits, misses, prefetch_issued, prefetch_hits, bytes_read;
+    uint64_t lookups, hits, misses, prefetch_issued, prefetch_hits, prefetch_cancelled;
+    uint64_t bytes_read;
     double read_seconds;
 };
 
@@ -393,6 +394,17 @@ wp_status wpi_experts_acquire(wpi_experts *x, uint32_t layer, int32_t id,
     return WP_OK;
 }
 
+int wpi_experts_ready(wpi_experts *x, uint32_t layer, int32_t id)
+{
+    if (!x || id < 0)
+        return 1; /* acquire reports the bad argument */
+    pthread_mutex_lock(&x->mu);
+    uint32_t i = map_find(x, key_of(layer, (uint32_t)id));
+    int ready = i == NONE || x->slots[i].state != S_LOADING;
+    pthread_mutex_unlock(&x->mu);
+    return ready;
+}
+
 void wpi_experts_release(wpi_experts *x)
 {
     if (!x)
@@ -439,6 +451,39 @@ void wpi_experts_prefetch(wpi_experts *x, uint32_t layer, const int32_t *ids, ui
     pthread_mutex_unlock(&x->mu);
 }
 
+uint32_t wpi_experts_cancel_prefetch(wpi_experts *x, uint32_t layer, const int32_t *ids,
+                                     uint32_t n)
+{
+    if (!x || !x->n_slots || (n && !ids))
+        return 0;
+    uint32_t dropped = 0;
+    pthread_mutex_lock(&x->mu);
+    /* Only speculative reads are candidates, and only while one is queued: a scan of the
+     * slots costs nothing next to the reads it saves, and none when nothing is queued. */
+    for (uint32_t i = 0; x->spec_inflight && i < x->n_slots; i++) {
+        slot *s = &x->slots[i];
+        if (!s->spec_read || s->state != S_LOADING || s->pinned || s->layer != layer)
+            continue;
+        int chosen = 0;
+        for (uint32_t k = 0; k < n && !chosen; k++)
+            chosen = ids[k] >= 0 && (uint32_t)ids[k] == s->expert;
+        if (chosen || !wpi_reader_cancel(x->reader, i))
+            continue;
+        /* No thread took the job, so nothing wrote the buffer: the slot is empty again. */
+        s->spec_read = 0;
+        x->spec_inflight--;
+        x->n_loading--;
+        x->bytes_read -= x->c->banks[s->bank].record_bytes;
+        x->prefetch_cancelled++;
+        release_slot(x, i);
+        dropped++;
+    }
+    if (dropped)
+        pthread_cond_broadcast(&x->cv); /* a demand miss may be waiting for a slot */
+    pthread_mutex_unlock(&x->mu);
+    return dropped;
+}
+
 uint32_t wpi_experts_max_pinned(const wpi_experts *x)
 {
     return x ? x->max_pinned : 0;
@@ -457,6 +502,7 @@ void wpi_experts_stats(const wpi_experts *cx, wp_stats *s)
     s->expert_misses += x->misses;
     s->prefetch_issued += x->prefetch_issued;
     s->prefetch_hits += x->prefetch_hits;
+    s->prefetch_cancelled += x->prefetch_cancelled;
     s->bytes_read += x->bytes_read;
     s->read_seconds += x->read_seconds;
     s->cache_bytes = (uint64_t)x->n_slots * x->slot_bytes;
@@ -471,7 +517,7 @@ void wpi_experts_stats_reset(wpi_experts *x)
         return;
     pthread_mutex_lock(&x->mu);
     x->lookups = x->hits = x->misses = 0;
-    x->prefetch_issued = x->prefetch_hits = x->bytes_read = 0;
+    x->prefetch_issued = x->prefetch_hits = x->prefetch_cancelled = x->bytes_read = 0;
     x->read_seconds = 0;
     pthread_mutex_unlock(&x->mu);
 }

@@ -277,6 +277,27 @@ wp_status wpi_reader_submit(wpi_reader *r, uint32_t bank, uint32_t expert, void 
     return WP_OK;
 }
 
+int wpi_reader_cancel(wpi_reader *r, uint32_t tag)
+{
+    if (!r)
+        return 0;
+    pthread_mutex_lock(&r->mu);
+    ring *q = &r->spec;
+    int found = 0;
+    for (uint32_t k = 0; k < q->n; k++) {
+        if (q->q[(q->head + k) % q->cap].tag != tag)
+            continue;
+        /* The jobs behind it move up one place, so the queue stays in FIFO order. */
+        for (uint32_t j = k; j + 1 < q->n; j++)
+            q->q[(q->head + j) % q->cap] = q->q[(q->head + j + 1) % q->cap];
+        q->n--;
+        found = 1;
+        break;
+    }
+    pthread_mutex_unlock(&r->mu);
+    return found;
+}
+
 int wpi_reader_direct_io(const wpi_reader *r)
 {
     return r ? r->direct : 0;
