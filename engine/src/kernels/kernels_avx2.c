@@ -465,6 +465,116 @@ static void tile_2x4(const float *w0, const float *w1, const float *const xt[4],
 
 WPI_APPLY_TILES(apply_tiles, tile_2x4)
 
+/*
+ * The wider tile: 4 rows x 3 tokens, 12 independent FMA chains (enough to keep both FMA
+ * pipes busy, where the 2 x 4 tile's 8 are not) and 7 loads per 12 FMAs, in the 16
+ * vector registers with the three activation vectors held across the four rows. Each
+ * (row, token) sum is one accumulator over j in order, then hsum, exactly as tile_2x4
+ * forms it, so the two tiles give the same bits for the same (row, token) and may be
+ * mixed in one call.
+ */
+static void tile_4x3(const float *const w[4], const float *const xt[3], size_t n,
+                     float out[4][3])
+{
+    const float *w0 = w[0], *w1 = w[1], *w2 = w[2], *w3 = w[3];
+    const float *x0 = xt[0], *x1 = xt[1], *x2 = xt[2];
+    __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a10 = a00, a11 = a00, a12 = a00;
+    __m256 a20 = a00, a21 = a00, a22 = a00, a30 = a00, a31 = a00, a32 = a00;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 p = _mm256_loadu_ps(x0 + i), q = _mm256_loadu_ps(x1 + i);
+        __m256 r = _mm256_loadu_ps(x2 + i), u;
+        KEEP_IN_REGISTER(p);
+        KEEP_IN_REGISTER(q);
+        KEEP_IN_REGISTER(r);
+        u = _mm256_loadu_ps(w0 + i);
+        KEEP_IN_REGISTER(u);
+        a00 = _mm256_fmadd_ps(u, p, a00);
+        a01 = _mm256_fmadd_ps(u, q, a01);
+        a02 = _mm256_fmadd_ps(u, r, a02);
+        u = _mm256_loadu_ps(w1 + i);
+        KEEP_IN_REGISTER(u);
+        a10 = _mm256_fmadd_ps(u, p, a10);
+        a11 = _mm256_fmadd_ps(u, q, a11);
+        a12 = _mm256_fmadd_ps(u, r, a12);
+        u = _mm256_loadu_ps(w2 + i);
+        KEEP_IN_REGISTER(u);
+        a20 = _mm256_fmadd_ps(u, p, a20);
+        a21 = _mm256_fmadd_ps(u, q, a21);
+        a22 = _mm256_fmadd_ps(u, r, a22);
+        u = _mm256_loadu_ps(w3 + i);
+        KEEP_IN_REGISTER(u);
+        a30 = _mm256_fmadd_ps(u, p, a30);
+        a31 = _mm256_fmadd_ps(u, q, a31);
+        a32 = _mm256_fmadd_ps(u, r, a32);
+    }
+    if (i < n) {
+        __m256i m = tail_mask(n - i);
+        __m256 p = _mm256_maskload_ps(x0 + i, m), q = _mm256_maskload_ps(x1 + i, m);
+        __m256 r = _mm256_maskload_ps(x2 + i, m), u;
+        u = _mm256_maskload_ps(w0 + i, m);
+        a00 = _mm256_fmadd_ps(u, p, a00);
+        a01 = _mm256_fmadd_ps(u, q, a01);
+        a02 = _mm256_fmadd_ps(u, r, a02);
+        u = _mm256_maskload_ps(w1 + i, m);
+        a10 = _mm256_fmadd_ps(u, p, a10);
+        a11 = _mm256_fmadd_ps(u, q, a11);
+        a12 = _mm256_fmadd_ps(u, r, a12);
+        u = _mm256_maskload_ps(w2 + i, m);
+        a20 = _mm256_fmadd_ps(u, p, a20);
+        a21 = _mm256_fmadd_ps(u, q, a21);
+        a22 = _mm256_fmadd_ps(u, r, a22);
+        u = _mm256_maskload_ps(w3 + i, m);
+        a30 = _mm256_fmadd_ps(u, p, a30);
+        a31 = _mm256_fmadd_ps(u, q, a31);
+        a32 = _mm256_fmadd_ps(u, r, a32);
+    }
+    out[0][0] = hsum(a00);
+    out[0][1] = hsum(a01);
+    out[0][2] = hsum(a02);
+    out[1][0] = hsum(a10);
+    out[1][1] = hsum(a11);
+    out[1][2] = hsum(a12);
+    out[2][0] = hsum(a20);
+    out[2][1] = hsum(a21);
+    out[2][2] = hsum(a22);
+    out[3][0] = hsum(a30);
+    out[3][1] = hsum(a31);
+    out[3][2] = hsum(a32);
+}
+
+/*
+ * The table's apply (a wpi_apply_fn): tokens in groups of 3 through 4 x 3 tiles (a ragged
+ * tile repeats a row or token pointer and drops those sums), and when n_tok % 3 == 1 the
+ * last 4 tokens through the 2 x 4 tiles instead, so that no group wastes two thirds of
+ * its work. Both tiles form a sum alike, so a (row, token) result is the same whichever
+ * tile or group it falls in: it depends on nc only.
+ */
+static void apply_avx2(const float *const wr[], size_t nr, const float *x, size_t ldx,
+                       size_t n_tok, size_t nc, float *y, size_t ldy)
+{
+    size_t n3 = n_tok % 3 == 1 && n_tok >= 4 ? n_tok - 4 : n_tok;
+    for (size_t t = 0; t < n3; t += 3) {
+        size_t nt = n3 - t < 3 ? n3 - t : 3;
+        const float *xt[3];
+        for (size_t k = 0; k < 3; k++)
+            xt[k] = x + (t + (k < nt ? k : 0)) * ldx;
+        for (size_t i = 0; i < nr; i += 4) {
+            size_t ni = nr - i < 4 ? nr - i : 4;
+            const float *w4[4];
+            float s[4][3];
+            for (size_t k = 0; k < 4; k++)
+                w4[k] = wr[i + (k < ni ? k : 0)];
+            tile_4x3(w4, xt, nc, s);
+            for (size_t k = 0; k < nt; k++)
+                for (size_t r = 0; r < ni; r++)
+                    y[(t + k) * ldy + i + r] += s[r][k];
+        }
+    }
+    if (n3 < n_tok)
+        apply_tiles(wr, nr, x + n3 * ldx, ldx, n_tok - n3, nc, y + n3 * ldy, ldy);
+}
+
 /* ---- a few tokens: each block decoded once into registers, applied to each token ---- */
 
 #define UNROLL4 _Pragma("GCC unroll 4")
@@ -701,7 +811,7 @@ const wpi_blocks wpi_blocks_avx2 = {
         [WPI_SLOT_Q8_0] = dequant_q8_0, [WPI_SLOT_Q4_0] = dequant_q4_0,
         [WPI_SLOT_Q4_1] = dequant_q4_1, [WPI_SLOT_MXFP4] = dequant_mxfp4,
     },
-    .apply = apply_tiles,
+    .apply = apply_avx2,
     .multi = wpi_avx2_multi,
     .multi_max = WPI_AVX2_MULTI_MAX,
     .dot_f32 = dot_f32_avx2,
