@@ -46,6 +46,21 @@ static inline float hsum(__m256 v)
     return _mm_cvtss_f32(s);
 }
 
+/* hsum of four vectors at once, v_k's into lane k, each sum formed in hsum's order
+ * (halves added, then lanes 0 + 2 and 1 + 3, then those two): the same bits as four
+ * hsum calls, with the shuffles shared. */
+static inline __m128 hsum4(__m256 v0, __m256 v1, __m256 v2, __m256 v3)
+{
+    __m128 s0 = _mm_add_ps(_mm256_castps256_ps128(v0), _mm256_extractf128_ps(v0, 1));
+    __m128 s1 = _mm_add_ps(_mm256_castps256_ps128(v1), _mm256_extractf128_ps(v1, 1));
+    __m128 s2 = _mm_add_ps(_mm256_castps256_ps128(v2), _mm256_extractf128_ps(v2, 1));
+    __m128 s3 = _mm_add_ps(_mm256_castps256_ps128(v3), _mm256_extractf128_ps(v3, 1));
+    /* [s0[0] + s0[2], s1[0] + s1[2], s0[1] + s0[3], s1[1] + s1[3]], and for s2, s3 */
+    __m128 u01 = _mm_add_ps(_mm_unpacklo_ps(s0, s1), _mm_unpackhi_ps(s0, s1));
+    __m128 u23 = _mm_add_ps(_mm_unpacklo_ps(s2, s3), _mm_unpackhi_ps(s2, s3));
+    return _mm_add_ps(_mm_movelh_ps(u01, u23), _mm_movehl_ps(u23, u01));
+}
+
 /* Lanes [0, n) set, n in 0..8. */
 static inline __m256i tail_mask(size_t n)
 {
@@ -471,10 +486,10 @@ WPI_APPLY_TILES(apply_tiles, tile_2x4)
  * vector registers with the three activation vectors held across the four rows. Each
  * (row, token) sum is one accumulator over j in order, then hsum, exactly as tile_2x4
  * forms it, so the two tiles give the same bits for the same (row, token) and may be
- * mixed in one call.
+ * mixed in one call. out[t] holds token t's four row sums (hsum4).
  */
 static void tile_4x3(const float *const w[4], const float *const xt[3], size_t n,
-                     float out[4][3])
+                     __m128 out[3])
 {
     const float *w0 = w[0], *w1 = w[1], *w2 = w[2], *w3 = w[3];
     const float *x0 = xt[0], *x1 = xt[1], *x2 = xt[2];
@@ -529,18 +544,9 @@ static void tile_4x3(const float *const w[4], const float *const xt[3], size_t n
         a31 = _mm256_fmadd_ps(u, q, a31);
         a32 = _mm256_fmadd_ps(u, r, a32);
     }
-    out[0][0] = hsum(a00);
-    out[0][1] = hsum(a01);
-    out[0][2] = hsum(a02);
-    out[1][0] = hsum(a10);
-    out[1][1] = hsum(a11);
-    out[1][2] = hsum(a12);
-    out[2][0] = hsum(a20);
-    out[2][1] = hsum(a21);
-    out[2][2] = hsum(a22);
-    out[3][0] = hsum(a30);
-    out[3][1] = hsum(a31);
-    out[3][2] = hsum(a32);
+    out[0] = hsum4(a00, a10, a20, a30);
+    out[1] = hsum4(a01, a11, a21, a31);
+    out[2] = hsum4(a02, a12, a22, a32);
 }
 
 /*
@@ -562,13 +568,21 @@ static void apply_avx2(const float *const wr[], size_t nr, const float *x, size_
         for (size_t i = 0; i < nr; i += 4) {
             size_t ni = nr - i < 4 ? nr - i : 4;
             const float *w4[4];
-            float s[4][3];
+            __m128 s[3];
             for (size_t k = 0; k < 4; k++)
                 w4[k] = wr[i + (k < ni ? k : 0)];
             tile_4x3(w4, xt, nc, s);
-            for (size_t k = 0; k < nt; k++)
-                for (size_t r = 0; r < ni; r++)
-                    y[(t + k) * ldy + i + r] += s[r][k];
+            for (size_t k = 0; k < nt; k++) {
+                float *yk = y + (t + k) * ldy + i;
+                if (ni == 4) {
+                    _mm_storeu_ps(yk, _mm_add_ps(_mm_loadu_ps(yk), s[k]));
+                } else {
+                    float v[4];
+                    _mm_storeu_ps(v, s[k]);
+                    for (size_t r = 0; r < ni; r++)
+                        yk[r] += v[r];
+                }
+            }
         }
     }
     if (n3 < n_tok)
@@ -797,6 +811,13 @@ const wpi_rows_multi_fn wpi_avx2_multi[WPI_SLOTS] = {
 #pragma clang attribute pop
 #endif
 
+/* The most tokens this table sends to the multi kernels: from 6 tokens on the tiled
+ * path with its 4 x 3 tile was as fast or faster for every quantized dtype and f16
+ * (6 tokens: 0.7x to 0.95x the multi kernels' time; 7 and 8 about even, AMD EPYC Zen 2,
+ * benchmarks/kernels.c --ntok). The AVX-512 table, whose own tiled path has only the
+ * 2 x 4 tile, keeps WPI_AVX2_MULTI_MAX. */
+#define AVX2_MULTI_MAX 5
+
 const wpi_blocks wpi_blocks_avx2 = {
     .name = "avx2",
     .chunk = WPI_CHUNK_MAX,
@@ -813,7 +834,7 @@ const wpi_blocks wpi_blocks_avx2 = {
     },
     .apply = apply_avx2,
     .multi = wpi_avx2_multi,
-    .multi_max = WPI_AVX2_MULTI_MAX,
+    .multi_max = AVX2_MULTI_MAX,
     .dot_f32 = dot_f32_avx2,
     .axpy_f32 = axpy_f32_avx2,
 };
