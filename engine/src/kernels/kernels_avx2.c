@@ -811,11 +811,12 @@ const wpi_rows_multi_fn wpi_avx2_multi[WPI_SLOTS] = {
 #pragma clang attribute pop
 #endif
 
-/* The most tokens this table sends to the multi kernels: from 6 tokens on the tiled
- * path with its 4 x 3 tile was as fast or faster for every quantized dtype and f16
- * (6 tokens: 0.7x to 0.95x the multi kernels' time; 7 and 8 about even, AMD EPYC Zen 2,
- * benchmarks/kernels.c --ntok). The AVX-512 table, whose own tiled path has only the
- * 2 x 4 tile, keeps WPI_AVX2_MULTI_MAX. */
+/* The most tokens this table sends to the multi kernels. From 6 tokens on the tiled
+ * path with its 4 x 3 tile was faster for every dtype with a multi kernel: 6 tokens
+ * took 0.79x-0.93x the multi kernels' time, 8 tokens 0.87x-0.92x on q4_0 and q8_0 and
+ * 0.93x-1.04x on q4_1, mxfp4 and f16; bf16 alone was slower at 7-8 (1.05x-1.25x). AMD
+ * EPYC Zen 2, benchmarks/kernels.c --ntok, two alternated runs. The AVX-512 table, whose
+ * own tiled path has only the 2 x 4 tile, keeps WPI_AVX2_MULTI_MAX. */
 #define AVX2_MULTI_MAX 5
 
 const wpi_blocks wpi_blocks_avx2 = {
