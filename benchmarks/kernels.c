@@ -14,9 +14,9 @@
  * quantizes the n_tok activations first, as wpi_matmul does, and that time counts).
  *
  * --ntok times the best set this CPU runs (or --isa NAME) on [2048 x 2048] at n_tok = 1,
- * 2, 3, 4, 5, 8, 16, 64 and prints, per dtype, GB/s of weights at one token and the cost
- * of n tokens in single-token calls (time(n) / time(1)): what one batched decode step
- * of n sequences, or a prefill chunk, costs against one decode step. The token counts
+ * 2, 3, 4, 5, 8, 9, 12, 16, 32, 64 and prints, per dtype, GB/s of weights at one token
+ * and the cost of n tokens in single-token calls (time(n) / time(1)): what one batched
+ * decode step of n sequences, or a prefill chunk, costs against one decode step. The token counts
  * are timed interleaved, a slice of each in every one of 20 rounds, so that a change of
  * machine load shifts all of them alike.
  *
@@ -152,7 +152,7 @@ static unsigned char *make_weights(int dt, size_t rows, size_t cols)
 static int run_ntok(const wpi_kernels *k, int x8, const char *const *only, int n_only,
                     double budget)
 {
-    static const size_t ntoks[] = {1, 2, 3, 4, 5, 8, 16, 64};
+    static const size_t ntoks[] = {1, 2, 3, 4, 5, 8, 9, 12, 16, 32, 64};
     size_t rows = 2048, cols = 2048, nt_max = 64;
     float *x = malloc(nt_max * cols * sizeof(float));
     float *y = malloc(nt_max * rows * sizeof(float));

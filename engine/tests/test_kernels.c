@@ -240,7 +240,9 @@ static void test_dot_axpy(const wpi_kernels *k)
 
 /* ---- several tokens: the multi-token path and its kernels -------------------------- */
 
-/* Each n_tok 1..17 and 64 through a set's matmul on random shapes with ragged row
+/* Each n_tok 1..25, 31..33, 48 and 61..64 (every group split of the multi kernels and of
+ * the tiled path's 4 x 3 and 2 x 4 tiles) through a set's matmul on random shapes with
+ * ragged row
  * ranges: every output within the tolerance of the reference, and of the same token's
  * output from a one-token call (a row's result must not depend on how many tokens share
  * the call); splitting rows never changes a bit. */
@@ -250,9 +252,8 @@ static void test_matmul_ntok(const wpi_kernels *k)
         int dt = DTYPES[di];
         int cases = 0, bad_split = 0;
         double worst = 0.0, worst_one = 0.0;
-        for (size_t nt = 1; nt <= 65; nt++) {
-            size_t n_tok = nt == 65 ? 64 : nt;
-            if (nt > 17 && nt < 65)
+        for (size_t n_tok = 1; n_tok <= 64; n_tok++) {
+            if ((n_tok > 25 && n_tok < 31) || (n_tok > 33 && n_tok < 61 && n_tok != 48))
                 continue;
             size_t rows = 1 + urand(41);
             /* quantized: 1..40 blocks (chunks of 16 crossed); float: any width, tails */
@@ -295,10 +296,76 @@ static void test_matmul_ntok(const wpi_kernels *k)
             free(y1);
         }
         report(worst <= 1.0 && worst_one <= 1.0 && !bad_split,
-               "%-6s matmul %-4s n_tok 1..17, 64: %d shapes, worst |err|/tol vs reference "
+               "%-6s matmul %-4s n_tok 1..64: %d shapes, worst |err|/tol vs reference "
                "%.3f, vs one token at a time %.3f, split mismatches %d",
                k->name, wpi_dtype_name(dt), cases, worst, worst_one, bad_split);
     }
+}
+
+/* A block table's apply kernel called directly on float rows: 1..8 rows (ragged row
+ * tiles), n_tok 1..25 and 64, 1..700 columns (vector tails), y holding earlier sums.
+ * Each (row, token) sum must be added to y, equal bit for bit to the one the same
+ * kernel gives that token alone and within a call of at most 4 tokens (so the tiles one
+ * call mixes form a sum alike, and a result depends on nc only), and be within the
+ * tolerance of a double-precision sum; y's padding past the rows is never written. */
+static void test_apply_table(const wpi_blocks *b)
+{
+    int cases = 0, bad_bits = 0, bad_pad = 0;
+    double worst = 0.0;
+    for (size_t n_tok = 1; n_tok <= 64; n_tok++) {
+        if (n_tok > 25 && n_tok != 64)
+            continue;
+        for (int rep = 0; rep < 2; rep++) {
+            size_t nr = 1 + urand(8), nc = 1 + urand(700), ldx = nc + urand(9);
+            size_t ldy = nr + urand(5);
+            float *rows = malloc(nr * nc * sizeof(float));
+            float *x = malloc((n_tok + 3) * ldx * sizeof(float));
+            float *y = malloc(n_tok * ldy * sizeof(float)), *y1 = malloc(4 * ldy * sizeof(float));
+            const float *wr[WPI_TILE_ROWS];
+            for (size_t i = 0; i < nr * nc; i++)
+                rows[i] = frand();
+            for (size_t i = 0; i < (n_tok + 3) * ldx; i++)
+                x[i] = frand();
+            for (size_t i = 0; i < nr; i++)
+                wr[i] = rows + i * nc;
+            for (size_t i = 0; i < n_tok * ldy; i++)
+                y[i] = (float)(i % 7) * 0.125f;
+            b->apply(wr, nr, x, ldx, n_tok, nc, y, ldy);
+            for (size_t t = 0; t < n_tok; t++) {
+                for (size_t r = nr; r < ldy; r++)
+                    bad_pad += y[t * ldy + r] != (float)((t * ldy + r) % 7) * 0.125f;
+                for (size_t r = 0; r < nr; r++) {
+                    double s = 0.0, mag = 0.0;
+                    for (size_t c = 0; c < nc; c++) {
+                        s += (double)rows[r * nc + c] * x[t * ldx + c];
+                        mag += fabs((double)rows[r * nc + c] * x[t * ldx + c]);
+                    }
+                    double want = s + (double)((t * ldy + r) % 7) * 0.125;
+                    double e = fabs(y[t * ldy + r] - want) / (1e-6 * (mag + 1.0) + 1e-30);
+                    worst = e > worst || isnan(e) ? (isnan(e) ? INFINITY : e) : worst;
+                }
+            }
+            /* the same tokens alone (n = 1) and in calls of 4 from every start */
+            for (size_t n = 1; n <= 4; n += 3)
+                for (size_t t = 0; t < n_tok; t++) {
+                    size_t m = n_tok - t < n ? n_tok - t : n;
+                    for (size_t i = 0; i < m * ldy; i++)
+                        y1[i] = (float)(((t * ldy) + i) % 7) * 0.125f;
+                    b->apply(wr, nr, x + t * ldx, ldx, m, nc, y1, ldy);
+                    for (size_t k = 0; k < m; k++)
+                        bad_bits += memcmp(&y1[k * ldy], &y[(t + k) * ldy], nr * 4) != 0;
+                }
+            cases++;
+            free(rows);
+            free(x);
+            free(y);
+            free(y1);
+        }
+    }
+    report(worst <= 1.0 && !bad_bits && !bad_pad,
+           "%-6s apply kernel, n_tok 1..25 and 64: %d shapes, worst |err|/tol %.3f, sums "
+           "differing from the token alone or in a call of 4: %d, padding written %d",
+           b->name, cases, worst, bad_bits, bad_pad);
 }
 
 static const int SLOTS[] = {WPI_SLOT_F32, WPI_SLOT_F16, WPI_SLOT_BF16, WPI_SLOT_Q8_0,
@@ -840,13 +907,18 @@ int main(void)
     test_quant();
     test_blocks_valid();
     test_multi_table(&wpi_blocks_ref);
+    test_apply_table(&wpi_blocks_ref);
 #if defined(__x86_64__)
     /* the AVX-512 table runs the AVX2 multi kernels (kernels_avx512.c) */
     report(wpi_blocks_avx512.multi == wpi_blocks_avx2.multi &&
-               wpi_blocks_avx512.multi_max == wpi_blocks_avx2.multi_max,
-           "avx512 table shares the avx2 multi kernels");
-    if (wpi_kernels_get(WP_ISA_AVX2))
+               wpi_blocks_avx512.multi_max == WPI_AVX2_MULTI_MAX &&
+               wpi_blocks_avx2.multi_max <= WPI_AVX2_MULTI_MAX,
+           "avx512 table shares the avx2 multi kernels, up to %d tokens (avx2: %zu)",
+           WPI_AVX2_MULTI_MAX, wpi_blocks_avx2.multi_max);
+    if (wpi_kernels_get(WP_ISA_AVX2)) {
         test_multi_table(&wpi_blocks_avx2);
+        test_apply_table(&wpi_blocks_avx2);
+    }
 #endif
     for (int i = 0; i < n_sets; i++) {
         test_mxfp4_edges(sets[i]);

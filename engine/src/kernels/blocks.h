@@ -5,7 +5,8 @@
  * (a matrix-vector product straight from the stored weights), a few (each row's blocks
  * decoded once into registers and applied to a group of up to WPI_MULTI_TOK tokens, the
  * table's multi kernels) and many (rows dequantized a chunk at a time into a stack
- * buffer, then applied to the tokens 2 rows x 4 tokens per call), the row tiles, the
+ * buffer, then applied to the tokens by the table's apply: tiles of 2 rows x 4 tokens,
+ * and in the AVX2 table also 4 rows x 3 tokens), the row tiles, the
  * token groups and the column chunks. An ISA file
  * (kernels_ref.c, kernels_avx2.c, kernels_avx512.c, kernels_neon.c) only fills one
  * wpi_blocks table with the kernels below, compiled under its own target pragma.
@@ -183,8 +184,10 @@ extern const wpi_blocks wpi_blocks_avx512;
 extern const wpi_blocks wpi_blocks_neon;
 
 /* The AVX2 multi kernels, which the AVX-512 table shares (x86-64 builds only), and the
- * largest n_tok both tables send to them: at 16 tokens and more the tiled path, whose
- * 2 x 4 tile needs fewer loads per FMA, was as fast or faster (AMD EPYC, Zen 2). */
+ * largest n_tok they take and the AVX-512 table sends to them: at 16 tokens and more
+ * the tiled path, whose 2 x 4 tile needs fewer loads per FMA, was as fast or faster
+ * (AMD EPYC, Zen 2). The AVX2 table itself stops at 5 (kernels_avx2.c: its tiled path
+ * has a 4 x 3 tile). */
 extern const wpi_rows_multi_fn wpi_avx2_multi[WPI_SLOTS];
 #define WPI_AVX2_MULTI_MAX 8
 

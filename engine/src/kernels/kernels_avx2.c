@@ -46,6 +46,21 @@ static inline float hsum(__m256 v)
     return _mm_cvtss_f32(s);
 }
 
+/* hsum of four vectors at once, v_k's into lane k, each sum formed in hsum's order
+ * (halves added, then lanes 0 + 2 and 1 + 3, then those two): the same bits as four
+ * hsum calls, with the shuffles shared. */
+static inline __m128 hsum4(__m256 v0, __m256 v1, __m256 v2, __m256 v3)
+{
+    __m128 s0 = _mm_add_ps(_mm256_castps256_ps128(v0), _mm256_extractf128_ps(v0, 1));
+    __m128 s1 = _mm_add_ps(_mm256_castps256_ps128(v1), _mm256_extractf128_ps(v1, 1));
+    __m128 s2 = _mm_add_ps(_mm256_castps256_ps128(v2), _mm256_extractf128_ps(v2, 1));
+    __m128 s3 = _mm_add_ps(_mm256_castps256_ps128(v3), _mm256_extractf128_ps(v3, 1));
+    /* [s0[0] + s0[2], s1[0] + s1[2], s0[1] + s0[3], s1[1] + s1[3]], and for s2, s3 */
+    __m128 u01 = _mm_add_ps(_mm_unpacklo_ps(s0, s1), _mm_unpackhi_ps(s0, s1));
+    __m128 u23 = _mm_add_ps(_mm_unpacklo_ps(s2, s3), _mm_unpackhi_ps(s2, s3));
+    return _mm_add_ps(_mm_movelh_ps(u01, u23), _mm_movehl_ps(u23, u01));
+}
+
 /* Lanes [0, n) set, n in 0..8. */
 static inline __m256i tail_mask(size_t n)
 {
@@ -465,6 +480,115 @@ static void tile_2x4(const float *w0, const float *w1, const float *const xt[4],
 
 WPI_APPLY_TILES(apply_tiles, tile_2x4)
 
+/*
+ * The wider tile: 4 rows x 3 tokens, 12 independent FMA chains (enough to keep both FMA
+ * pipes busy, where the 2 x 4 tile's 8 are not) and 7 loads per 12 FMAs, in the 16
+ * vector registers with the three activation vectors held across the four rows. Each
+ * (row, token) sum is one accumulator over j in order, then hsum, exactly as tile_2x4
+ * forms it, so the two tiles give the same bits for the same (row, token) and may be
+ * mixed in one call. out[t] holds token t's four row sums (hsum4).
+ */
+static void tile_4x3(const float *const w[4], const float *const xt[3], size_t n,
+                     __m128 out[3])
+{
+    const float *w0 = w[0], *w1 = w[1], *w2 = w[2], *w3 = w[3];
+    const float *x0 = xt[0], *x1 = xt[1], *x2 = xt[2];
+    __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a10 = a00, a11 = a00, a12 = a00;
+    __m256 a20 = a00, a21 = a00, a22 = a00, a30 = a00, a31 = a00, a32 = a00;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 p = _mm256_loadu_ps(x0 + i), q = _mm256_loadu_ps(x1 + i);
+        __m256 r = _mm256_loadu_ps(x2 + i), u;
+        KEEP_IN_REGISTER(p);
+        KEEP_IN_REGISTER(q);
+        KEEP_IN_REGISTER(r);
+        u = _mm256_loadu_ps(w0 + i);
+        KEEP_IN_REGISTER(u);
+        a00 = _mm256_fmadd_ps(u, p, a00);
+        a01 = _mm256_fmadd_ps(u, q, a01);
+        a02 = _mm256_fmadd_ps(u, r, a02);
+        u = _mm256_loadu_ps(w1 + i);
+        KEEP_IN_REGISTER(u);
+        a10 = _mm256_fmadd_ps(u, p, a10);
+        a11 = _mm256_fmadd_ps(u, q, a11);
+        a12 = _mm256_fmadd_ps(u, r, a12);
+        u = _mm256_loadu_ps(w2 + i);
+        KEEP_IN_REGISTER(u);
+        a20 = _mm256_fmadd_ps(u, p, a20);
+        a21 = _mm256_fmadd_ps(u, q, a21);
+        a22 = _mm256_fmadd_ps(u, r, a22);
+        u = _mm256_loadu_ps(w3 + i);
+        KEEP_IN_REGISTER(u);
+        a30 = _mm256_fmadd_ps(u, p, a30);
+        a31 = _mm256_fmadd_ps(u, q, a31);
+        a32 = _mm256_fmadd_ps(u, r, a32);
+    }
+    if (i < n) {
+        __m256i m = tail_mask(n - i);
+        __m256 p = _mm256_maskload_ps(x0 + i, m), q = _mm256_maskload_ps(x1 + i, m);
+        __m256 r = _mm256_maskload_ps(x2 + i, m), u;
+        u = _mm256_maskload_ps(w0 + i, m);
+        a00 = _mm256_fmadd_ps(u, p, a00);
+        a01 = _mm256_fmadd_ps(u, q, a01);
+        a02 = _mm256_fmadd_ps(u, r, a02);
+        u = _mm256_maskload_ps(w1 + i, m);
+        a10 = _mm256_fmadd_ps(u, p, a10);
+        a11 = _mm256_fmadd_ps(u, q, a11);
+        a12 = _mm256_fmadd_ps(u, r, a12);
+        u = _mm256_maskload_ps(w2 + i, m);
+        a20 = _mm256_fmadd_ps(u, p, a20);
+        a21 = _mm256_fmadd_ps(u, q, a21);
+        a22 = _mm256_fmadd_ps(u, r, a22);
+        u = _mm256_maskload_ps(w3 + i, m);
+        a30 = _mm256_fmadd_ps(u, p, a30);
+        a31 = _mm256_fmadd_ps(u, q, a31);
+        a32 = _mm256_fmadd_ps(u, r, a32);
+    }
+    out[0] = hsum4(a00, a10, a20, a30);
+    out[1] = hsum4(a01, a11, a21, a31);
+    out[2] = hsum4(a02, a12, a22, a32);
+}
+
+/*
+ * The table's apply (a wpi_apply_fn): tokens in groups of 3 through 4 x 3 tiles (a ragged
+ * tile repeats a row or token pointer and drops those sums), and when n_tok % 3 == 1 the
+ * last 4 tokens through the 2 x 4 tiles instead, so that no group wastes two thirds of
+ * its work. Both tiles form a sum alike, so a (row, token) result is the same whichever
+ * tile or group it falls in: it depends on nc only.
+ */
+static void apply_avx2(const float *const wr[], size_t nr, const float *x, size_t ldx,
+                       size_t n_tok, size_t nc, float *y, size_t ldy)
+{
+    size_t n3 = n_tok % 3 == 1 && n_tok >= 4 ? n_tok - 4 : n_tok;
+    for (size_t t = 0; t < n3; t += 3) {
+        size_t nt = n3 - t < 3 ? n3 - t : 3;
+        const float *xt[3];
+        for (size_t k = 0; k < 3; k++)
+            xt[k] = x + (t + (k < nt ? k : 0)) * ldx;
+        for (size_t i = 0; i < nr; i += 4) {
+            size_t ni = nr - i < 4 ? nr - i : 4;
+            const float *w4[4];
+            __m128 s[3];
+            for (size_t k = 0; k < 4; k++)
+                w4[k] = wr[i + (k < ni ? k : 0)];
+            tile_4x3(w4, xt, nc, s);
+            for (size_t k = 0; k < nt; k++) {
+                float *yk = y + (t + k) * ldy + i;
+                if (ni == 4) {
+                    _mm_storeu_ps(yk, _mm_add_ps(_mm_loadu_ps(yk), s[k]));
+                } else {
+                    float v[4];
+                    _mm_storeu_ps(v, s[k]);
+                    for (size_t r = 0; r < ni; r++)
+                        yk[r] += v[r];
+                }
+            }
+        }
+    }
+    if (n3 < n_tok)
+        apply_tiles(wr, nr, x + n3 * ldx, ldx, n_tok - n3, nc, y + n3 * ldy, ldy);
+}
+
 /* ---- a few tokens: each block decoded once into registers, applied to each token ---- */
 
 #define UNROLL4 _Pragma("GCC unroll 4")
@@ -687,6 +811,14 @@ const wpi_rows_multi_fn wpi_avx2_multi[WPI_SLOTS] = {
 #pragma clang attribute pop
 #endif
 
+/* The most tokens this table sends to the multi kernels. From 6 tokens on the tiled
+ * path with its 4 x 3 tile was faster for every dtype with a multi kernel: 6 tokens
+ * took 0.79x-0.93x the multi kernels' time, 8 tokens 0.87x-0.92x on q4_0 and q8_0 and
+ * 0.93x-1.04x on q4_1, mxfp4 and f16; bf16 alone was slower at 7-8 (1.05x-1.25x). AMD
+ * EPYC Zen 2, benchmarks/kernels.c --ntok, two alternated runs. The AVX-512 table, whose
+ * own tiled path has only the 2 x 4 tile, keeps WPI_AVX2_MULTI_MAX. */
+#define AVX2_MULTI_MAX 5
+
 const wpi_blocks wpi_blocks_avx2 = {
     .name = "avx2",
     .chunk = WPI_CHUNK_MAX,
@@ -701,9 +833,9 @@ const wpi_blocks wpi_blocks_avx2 = {
         [WPI_SLOT_Q8_0] = dequant_q8_0, [WPI_SLOT_Q4_0] = dequant_q4_0,
         [WPI_SLOT_Q4_1] = dequant_q4_1, [WPI_SLOT_MXFP4] = dequant_mxfp4,
     },
-    .apply = apply_tiles,
+    .apply = apply_avx2,
     .multi = wpi_avx2_multi,
-    .multi_max = WPI_AVX2_MULTI_MAX,
+    .multi_max = AVX2_MULTI_MAX,
     .dot_f32 = dot_f32_avx2,
     .axpy_f32 = axpy_f32_avx2,
 };

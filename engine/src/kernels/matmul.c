@@ -16,8 +16,8 @@
  *     memory.
  *   more tokens (prefill): a tile of up to WPI_TILE_ROWS rows is dequantized `chunk`
  *     columns at a time into a stack buffer (f32 rows are read in place), then the
- *     table's apply kernel adds every token's chunk sums into y (2 rows x 4 tokens per
- *     tile), so each weight is decoded once per call.
+ *     table's apply kernel adds every token's chunk sums into y (tiles of 2 rows x 4
+ *     tokens, or 4 x 3), so each weight is decoded once per call.
  * Each row's arithmetic is the same whatever row range or tile it sits in, so splitting
  * rows across threads never changes a result.
  */
