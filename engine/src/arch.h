@@ -76,9 +76,6 @@ typedef struct wpi_vision {
                    const uint32_t thw[3], float *out, void *work);
 } wpi_vision;
 
-/* arch/kimi_k25.c: the MoonViT tower as Kimi K3 ships it (kimi_k3.c's vision hook). */
-extern const wpi_vision wpi_kimi_k3_tower;
-
 /* An architecture's own hparams and model state, beside the central structs: in its
  * file, WPI_OWN_HPARAMS(type) defines own_hp(hp), its hparams struct in hp->arch (its
  * hparams hook fills it, its own keys' bounds in a wpi_hp_bound table read by

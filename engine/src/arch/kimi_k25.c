@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "arch.h"
+#include "moonvit.h"
 
 /* What the two towers do differently. */
 typedef struct moonvit {

@@ -30,6 +30,7 @@
 #include <string.h>
 
 #include "arch.h"
+#include "moonvit.h"
 
 #define W "manifest.json: hparams"
 
