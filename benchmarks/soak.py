@@ -12,8 +12,7 @@ whose arguments parse (or a reply cut by max_tokens); JSON matching the schema (
 Reported per 10% of the run (by completion order): errors, p50/p95/p99 latency, tok/s
 (completion tokens / the decile's wall span) and RSS; then the RSS drift, median RSS of
 the last 10% against that of the first 10% (after a warm-up of 600 requests, at least
-concurrency x 12: every kind and path on about every worker, and Python's re cache full;
-then the tokenizers' word caches are filled with unrelated text, see `fill_word_caches`).
+concurrency x 12: every kind and path on about every worker, and Python's re cache full).
 Per-request figures go to arrays
 allocated before the run, so the harness itself does not grow. Exits 1 on any error.
 
@@ -59,24 +58,6 @@ CONSTRAINED_MAX_TOKENS = 48  # room for the JSON frame; a cut reply is still acc
 # Warm-up before the measured run: Python's re cache (512 patterns) fills up, since the
 # chat format compiles one pattern per request (its sentinels carry a nonce).
 WARM_REQUESTS = 600
-
-
-WORD_CACHE_FILL = 12_000
-"""Distinct filler strings encoded at warm-up: more than the `tokenizers` BPE word cache
-holds (10,000 entries; once full it takes no more), so its growth is over before the
-measured run. With the tests' byte-level tokenizer (no pre-tokenizer split) each entry is
-a whole text segment, about 0.8 KiB, so a cold cache grows by ~7.5 MiB over the first
-10,000 distinct prompts and then stops: a bound reached, not a leak."""
-
-
-def fill_word_caches(tokenizer: Any) -> None:
-    """Fills the word cache of each `tokenizers.Tokenizer` the engine's tokenizer holds
-    with strings no request of the soak contains (its own prompts stay uncached)."""
-    backend = getattr(tokenizer, "_backend", None)  # the `tokenizers` side, when it is one
-    for hf in (getattr(backend, "markup_tok", None), getattr(backend, "content_tok", None)):
-        if hf is not None:
-            for k in range(WORD_CACHE_FILL):
-                hf.encode(f"filler {k:05d} ~", add_special_tokens=False)
 
 
 def rss_bytes() -> int:
@@ -245,7 +226,6 @@ def soak(model: Path, requests: int, concurrency: int, max_tokens: int) -> dict[
         with ThreadPoolExecutor(concurrency) as pool:
             for _ in pool.map(lambda i: one(clients, i, max_tokens, warm), range(n_warm)):
                 pass
-            fill_word_caches(engine.tokenizer)
             t0 = time.perf_counter()
             for _ in pool.map(lambda i: one(clients, i, max_tokens, log), range(requests)):
                 pass

@@ -96,6 +96,31 @@ class _Backend(Protocol):
     def size(self) -> int: ...
 
 
+WORD_PROBE = "a b\nc"
+"""Text any word-splitting pre-tokenizer cuts into more than one word."""
+
+
+def _drop_segment_cache(tok: tokenizers.Tokenizer) -> None:
+    """Turns off the BPE word cache of a tokenizer whose pre-tokenizer does not split.
+
+    `tokenizers` keeps that cache per thread (each thread that encodes holds its own, up
+    to 10,000 words, until it exits). A vocabulary that splits text into words caches
+    words, which repeat; one that does not (no pre-tokenizer, or byte-level without its
+    regex, as the synthetic models have) caches whole text segments, so every distinct
+    prompt adds about 1 KiB to each long-lived thread that encodes it (a server's worker
+    and connection threads), a copy that only an identical segment would ever hit.
+    Such a vocabulary gets capacity 0. A `tokenizers` without `_resize_cache` (before
+    the per-thread cache) keeps its default.
+    """
+    model = tok.model
+    resize = getattr(model, "_resize_cache", None)
+    if resize is None:
+        return
+    pre = tok.pre_tokenizer
+    if pre is None or len(pre.pre_tokenize_str(WORD_PROBE)) <= 1:
+        resize(0)
+
+
 class _HFBackend:
     """`tokenizers` backend: a markup tokenizer plus a content copy that never matches them."""
 
@@ -128,6 +153,8 @@ class _HFBackend:
             entry["special"] = True
         self.content_tok: tokenizers.Tokenizer = HFTokenizer.from_str(json.dumps(content_spec))
         self.content_tok.encode_special_tokens = True
+        for tok in (self.markup_tok, self.content_tok):
+            _drop_segment_cache(tok)
 
     def content(self, text: str) -> list[int]:
         enc = self.content_tok.encode(text, add_special_tokens=False)
