@@ -345,6 +345,19 @@ class Scheduler:
                 target.used = time.monotonic()
                 self._cv.notify_all()
 
+    def _snapshots_at(self, req: Request) -> bool:
+        """Whether a snapshot at the next prefix boundary of a prefilling request could be
+        taken now: it runs on a sequence with a handle, another sequence is free to hold
+        the copy, and no snapshot holds that prefix already. Otherwise its prefill goes past
+        the boundary, saving a step (and a logits row) that would buy nothing. Called under
+        the condition."""
+        if not (req.prefilling and req.marks) or req.slot.seq is None:
+            return False
+        if self._victim() is None:
+            return False
+        prefix = req.key[:req.marks[0]]
+        return not any(s.snapshot and s.ids == prefix for s in self.slots[1:])
+
     def _donor(self, ids: list[int], target: Slot, have: int) -> tuple[Slot | None, int]:
         """A running sequence sharing at least `COPY_MIN` more prompt tokens than `have`.
 
@@ -391,7 +404,8 @@ class Scheduler:
 
     def _step(self, ready: list[Request]) -> None:
         chunk = self.chunk if len(ready) > 1 or self._waiting else None
-        plan = [(r, r.take(chunk)) for r in ready]  # a prefill stops at its next boundary
+        with self._cv:  # a prefill stops at its next boundary when a snapshot can be taken
+            plan = [(r, r.take(chunk, self._snapshots_at(r))) for r in ready]
         starts = {r: len(r.ids) - len(r.todo) if r.prefilling else None for r in ready}
         with self.ctx_lock:
             before = self._ctx.stats()
