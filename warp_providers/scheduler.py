@@ -6,9 +6,10 @@ slots (an idle slot keeps its tokens; a new request takes the idle slot sharing 
 token prefix with its prompt, the least recently used among equals, or copies the state of
 a running sequence that shares more), prefix snapshots (a request's prefill stops at the
 prefix boundaries it names, such as the end of a system prompt and tool list or of the
-turns before its last, and each boundary's state is copied into a free slot: a later
-request whose prompt starts with that prefix copies it instead of prefilling it, which
-also serves recurrent states, whose longest common prefix cannot be rewound; snapshots
+turns before its last, when a free slot could hold the copy: else it goes past them;
+each boundary's state is copied into a free slot: a later request whose prompt starts
+with that prefix copies it instead of prefilling it, which also serves recurrent states,
+whose longest common prefix cannot be rewound; snapshots
 live only in free slots, so they are inside the budget, and the least recently used goes
 first when a request or a newer snapshot needs its slot), the step (every ready
 request contributes its next prefill chunk or its one decode token; one `eval_batch`; each
