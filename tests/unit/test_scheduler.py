@@ -287,9 +287,10 @@ def _beside_a_decoding_request(sequences: int, p: list[int], boundary: int):
 
 def test_a_prefill_goes_past_a_boundary_when_no_sequence_is_free_for_its_snapshot():
     p = prompt(32, 40)
-    # two sequences, both busy: a snapshot at the boundary could not be taken, so the
-    # whole prompt is evaluated in one row of a step, beside the other's decode row
-    r, mine = _beside_a_decoding_request(2, p, 25)
+    # three sequences: the two with a handle busy, and sequence 0 cannot hold a copy, so
+    # no snapshot could be taken at the boundary: the whole prompt is evaluated in one
+    # row of a step, beside the other's decode row
+    r, mine = _beside_a_decoding_request(3, p, 25)
     assert [toks for _, toks in mine] == [p]
     assert len(mine[0][0]) == 2
     assert r.token_ids == greedy(p, 6) and r.cached_tokens == 0
