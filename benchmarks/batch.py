@@ -123,6 +123,8 @@ def main() -> None:
         l0 = os.getloadavg()[0]
         wall_s, tokens = run()
         rows.append((name, wall_s, tokens, f"{l0:.1f}-{os.getloadavg()[0]:.1f}"))
+        print(f"# {name}: {wall_s:.2f} s, load {rows[-1][3]}, "
+              f"{time.strftime('%H:%M:%S', time.gmtime())} UTC", flush=True)
 
     want: dict[str, str] = {}
     arm("loop", lambda: loop(model, reqs, want))
