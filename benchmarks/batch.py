@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "integrations" / "openai_shim"), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT), str(ROOT / "integrations" / "openai_shim"), str(ROOT / "tests")]
 
 
 def _requests(n: int, max_tokens: int) -> list[dict[str, Any]]:
