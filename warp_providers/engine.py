@@ -615,7 +615,8 @@ class Engine:
                 each before the prompt is queued.
             prefixes: lengths of prompt prefixes later requests may share (the end of a
                 system prompt and tool list, of the turns so far): the prefill stops at
-                each, and its state is kept as a snapshot in a free sequence, so a later
+                each (when a sequence is free to hold it: otherwise it goes past it),
+                and its state is kept as a snapshot in a free sequence, so a later
                 prompt starting with it prefills only what follows (on recurrent states
                 too). Snapshots use only free sequences, inside the budget; the least
                 recently used is replaced first. Lengths outside the prompt are ignored.

@@ -153,10 +153,13 @@ class Request:
                 out.append(rows[lo - at:hi - at])
         return out
 
-    def take(self, chunk: int | None) -> list[int]:
-        """The tokens it evaluates this step (a bounded prefill chunk, or its last token)."""
+    def take(self, chunk: int | None, marks: bool = True) -> list[int]:
+        """The tokens it evaluates this step (a bounded prefill chunk, or its last token).
+
+        With `marks` the prefill stops at its next prefix boundary; without, it goes past
+        the boundaries (the scheduler could take no snapshot there)."""
         n = len(self.todo) if chunk is None or not self.prefilling else min(chunk, len(self.todo))
-        if self.prefilling and self.marks:  # stop at the next prefix boundary
+        if marks and self.prefilling and self.marks:  # stop at the next prefix boundary
             n = min(n, self.marks[0] - (len(self.ids) - len(self.todo)))
         return self.todo[:n]
 

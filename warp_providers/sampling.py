@@ -174,6 +174,14 @@ def _id_at_rank(neg: np.ndarray, value: float, rank: int) -> int:
 
 
 def _log_softmax_at(logits: np.ndarray, tok: int) -> float:
+    """log softmax(logits)[tok] in float64 over the finite logits (masked ids: -inf)."""
     x = logits.astype(np.float64)
-    m = x[np.isfinite(x)].max()
-    return float(x[tok] - m - np.log(np.exp(x[np.isfinite(x)] - m).sum()))
+    m = x.max()  # NaN if any is NaN
+    if np.isfinite(m):  # no NaN, no +inf: exp(-inf - m) is 0, so no mask is needed
+        at = x[tok]
+        np.subtract(x, m, out=x)
+        np.exp(x, out=x)
+        return float(at - m - np.log(x.sum()))
+    x = x[np.isfinite(x)]
+    m = x.max()
+    return float(logits[tok] - m - np.log(np.exp(x - m).sum()))

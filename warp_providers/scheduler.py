@@ -6,9 +6,10 @@ slots (an idle slot keeps its tokens; a new request takes the idle slot sharing 
 token prefix with its prompt, the least recently used among equals, or copies the state of
 a running sequence that shares more), prefix snapshots (a request's prefill stops at the
 prefix boundaries it names, such as the end of a system prompt and tool list or of the
-turns before its last, and each boundary's state is copied into a free slot: a later
-request whose prompt starts with that prefix copies it instead of prefilling it, which
-also serves recurrent states, whose longest common prefix cannot be rewound; snapshots
+turns before its last, when a free slot could hold the copy: else it goes past them;
+each boundary's state is copied into a free slot: a later request whose prompt starts
+with that prefix copies it instead of prefilling it, which also serves recurrent states,
+whose longest common prefix cannot be rewound; snapshots
 live only in free slots, so they are inside the budget, and the least recently used goes
 first when a request or a newer snapshot needs its slot), the step (every ready
 request contributes its next prefill chunk or its one decode token; one `eval_batch`; each
@@ -345,6 +346,19 @@ class Scheduler:
                 target.used = time.monotonic()
                 self._cv.notify_all()
 
+    def _snapshots_at(self, req: Request) -> bool:
+        """Whether a snapshot at the next prefix boundary of a prefilling request could be
+        taken now: it runs on a sequence with a handle, another sequence is free to hold
+        the copy, and no snapshot holds that prefix already. Otherwise its prefill goes past
+        the boundary, saving a step (and a logits row) that would buy nothing. Called under
+        the condition."""
+        if not (req.prefilling and req.marks) or req.slot.seq is None:
+            return False
+        if self._victim() is None:
+            return False
+        prefix = req.key[:req.marks[0]]
+        return not any(s.snapshot and s.ids == prefix for s in self.slots[1:])
+
     def _donor(self, ids: list[int], target: Slot, have: int) -> tuple[Slot | None, int]:
         """A running sequence sharing at least `COPY_MIN` more prompt tokens than `have`.
 
@@ -391,7 +405,8 @@ class Scheduler:
 
     def _step(self, ready: list[Request]) -> None:
         chunk = self.chunk if len(ready) > 1 or self._waiting else None
-        plan = [(r, r.take(chunk)) for r in ready]  # a prefill stops at its next boundary
+        with self._cv:  # a prefill stops at its next boundary when a snapshot can be taken
+            plan = [(r, r.take(chunk, self._snapshots_at(r))) for r in ready]
         starts = {r: len(r.ids) - len(r.todo) if r.prefilling else None for r in ready}
         with self.ctx_lock:
             before = self._ctx.stats()

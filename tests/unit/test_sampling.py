@@ -51,6 +51,23 @@ def test_greedy_picks_the_argmax_and_its_logprob():
     assert Sampler(SamplingParams()).sample(np.array([1, 5, 5, 2], np.float32), [])[0] == 1
 
 
+def test_greedy_logprob_counts_only_the_ids_a_processor_left():
+    """Masked ids (-inf) carry no mass in the log-softmax of the greedy token."""
+    rng = np.random.default_rng(3)
+    for _ in range(12):
+        logits = rng.normal(0, 3, 211).astype(np.float32)
+        masked = rng.choice(211, 50, replace=False)
+
+        def mask(_ids, x, masked=masked):
+            x[masked] = -np.inf
+
+        tok, logprob = Sampler(SamplingParams(), [mask]).sample(logits.copy(), [])
+        keep = np.setdiff1d(np.arange(211), masked)
+        assert tok == int(keep[np.argmax(logits[keep])])
+        x = logits.astype(np.float64)[keep]
+        assert logprob == pytest.approx(x.max() - np.log(np.exp(x).sum()), abs=1e-9)
+
+
 def test_temperature_towards_zero_is_greedy():
     rng = np.random.default_rng(1)
     for seed in range(30):

@@ -264,6 +264,42 @@ def test_a_request_copies_the_state_of_a_running_sequence_sharing_its_prefix():
     assert max(later) == 4  # its prefill: only the tokens after the shared prefix
 
 
+def _beside_a_decoding_request(sequences: int, p: list[int], boundary: int):
+    """`p` (snapshot boundary at `boundary`) generated while another request decodes on an
+    engine of `sequences` sequences; returns its result, its rows and the calls they were in."""
+    ctx = FakeBatchContext(V, max_sequences=sequences, step_seconds=0.002)
+    eng = engine(ctx)
+    other = [251] + prompt(31, 10)
+    box: dict[str, object] = {}
+    t = threading.Thread(target=lambda: box.update(a=eng.generate(other, max_tokens=60,
+                                                                  stop_ids=[])))
+    t.start()
+    while sum(len(toks) for call in ctx.calls for _, toks in call) < len(other) + 3:
+        time.sleep(0.0005)  # the other request is decoding
+    n_calls = len(ctx.calls)
+    r = eng.generate(p, max_tokens=6, stop_ids=[], prefixes=[boundary])
+    t.join(30)
+    assert box["a"].token_ids == greedy(other, 60)
+    later = ctx.calls[n_calls:]
+    mine = [(call, toks) for call in later for _, toks in call if len(toks) > 1]
+    return r, mine
+
+
+def test_a_prefill_goes_past_a_boundary_when_no_sequence_is_free_for_its_snapshot():
+    p = prompt(32, 40)
+    # three sequences: the two with a handle busy, and sequence 0 cannot hold a copy, so
+    # no snapshot could be taken at the boundary: the whole prompt is evaluated in one
+    # row of a step, beside the other's decode row
+    r, mine = _beside_a_decoding_request(3, p, 25)
+    assert [toks for _, toks in mine] == [p]
+    assert len(mine[0][0]) == 2
+    assert r.token_ids == greedy(p, 6) and r.cached_tokens == 0
+    # the control: with a free sequence the prefill stops at the boundary for a snapshot
+    r, mine = _beside_a_decoding_request(4, p, 25)
+    assert [toks for _, toks in mine] == [p[:25], p[25:]]
+    assert r.token_ids == greedy(p, 6)
+
+
 def test_idle_sequences_are_evicted_least_recently_used_first():
     ctx = FakeBatchContext(V, max_sequences=2)
     eng = engine(ctx)

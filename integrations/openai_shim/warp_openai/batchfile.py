@@ -22,7 +22,24 @@ from typing import IO, Any
 
 from warp_providers import Progress, WarpError
 
-__all__ = ["default_errors_path", "run_file", "summary_line"]
+__all__ = ["default_concurrency", "default_errors_path", "run_file", "summary_line"]
+
+QUEUED_SHARE = 0.5
+"""Lines `warp batch` keeps queued beyond the engine's sequences, as a share of them."""
+
+
+def default_concurrency(max_sequences: int) -> int:
+    """Lines in flight for `warp batch` on an engine of its own with `max_sequences`.
+
+    More than the sequences: the lines beyond them wait, already tokenized, in the
+    scheduler's queue, so a finished line's sequence is taken by the next at once (while
+    its answer is committed) instead of staying empty for a step, and no sequence is
+    left free for a prefix snapshot that a one-shot line would never use. `warp serve`
+    keeps the engine's sequences (`WarpAPI`'s default), so an interactive request waits
+    behind no queued line.
+    """
+    n = max(1, int(max_sequences))
+    return n + int(n * QUEUED_SHARE) if n > 1 else 1
 
 
 def default_errors_path(output: Path) -> Path:

@@ -150,8 +150,9 @@ class BatchCommand:
         p.add_argument("--resume", action="store_true",
                        help="continue the interrupted job of this input and output")
         p.add_argument("--max-concurrency", type=_positive, default=None, metavar="N",
-                       help="lines in flight at once (default: the engine's --max-sequences, "
-                            "each line a sequence of its batched steps)")
+                       help="lines in flight at once (default: 1.5x the engine's "
+                            "--max-sequences: each line a sequence of its batched steps, "
+                            "the rest queued to take a finished line's sequence at once)")
         p.add_argument("--endpoint", choices=["/v1/chat/completions", "/v1/completions"],
                        help="the endpoint of every line (default: the first line's url)")
         p.add_argument("--jobs-dir", help="where the job's state lives (default: jobs under "
@@ -167,7 +168,7 @@ class BatchCommand:
     def run(self, a: argparse.Namespace) -> int:
         """Run the job; print the summary; return the exit code."""
         from warp_openai.api import WarpAPI
-        from warp_openai.batchfile import run_file, summary_line
+        from warp_openai.batchfile import default_concurrency, run_file, summary_line
         from warp_providers import release, shared_engine
 
         if not (Path(a.model) / "manifest.json").is_file():
@@ -186,8 +187,10 @@ class BatchCommand:
             runner = ray_runner(str(Path(a.model).resolve()), address=a.ray or None,
                                 actors=a.ray_actors, engine_options=_engine_opts(a))
         engine = shared_engine(a.model, **_engine_opts(a))
+        concurrency = a.max_concurrency or default_concurrency(
+            int(engine.info().get("max_sequences") or 1))
         api = WarpAPI(engine=engine, on_close=lambda: release(engine), jobs_dir=a.jobs_dir,
-                      batch_concurrency=a.max_concurrency)
+                      batch_concurrency=concurrency)
         try:
             summary = run_file(api, source, Path(a.output),
                                errors=Path(a.errors) if a.errors else None, resume=a.resume,

@@ -117,6 +117,7 @@ def test_a_run_prints_progress_and_a_summary(reference):
     ("validating", 1),
     ("result_written:2", 1),       # mid-write of the second result
     ("result_written:3", 2),       # with another line in flight
+    ("result_written:4", 6),       # a line queued beyond the engine's 4 sequences
     ("result_committed:2", 1),
     ("finalizing", 1),
     ("output_half_written", 1),    # mid-write of the output file
