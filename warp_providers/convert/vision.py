@@ -43,6 +43,23 @@ def preprocessor(src: Path, required: bool = True) -> dict[str, Any] | None:
     return d
 
 
+def merge_and_grid(mk: Any, gh: int, gw: int, where: str) -> int:
+    """The tower's spatial merge (one side of its square kernel) after checking it and the
+    position grid (square too).
+
+    Raises:
+        ConvertError: naming ``where``.
+
+    """
+    if not (isinstance(mk, (list, tuple)) and len(mk) == 2 and mk[0] == mk[1]
+            and isinstance(mk[0], int) and mk[0] > 0):
+        raise ConvertError(
+            f"{where}: merge_kernel_size {mk!r} must be two equal positive integers")
+    if gh != gw:
+        raise ConvertError(f"{where}: the position grid {gh} x {gw} must be square")
+    return int(mk[0])
+
+
 class TowerTensors:
     """A tower's ``v.*`` tensors of a plan, taken from a :class:`TensorSource`."""
 

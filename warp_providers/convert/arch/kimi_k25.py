@@ -37,7 +37,7 @@ import numpy as np
 from ..base import SafetensorsDir, TensorSource, get_int, get_number
 from ..plan import Plan, SrcTensor
 from ..quant import ConvertError
-from ..vision import TowerTensors, preprocessor
+from ..vision import TowerTensors, merge_and_grid, preprocessor
 from .deepseek_v3 import ARCH as TEXT
 
 MODEL_TYPE: Final[str] = "kimi_k25"
@@ -101,12 +101,7 @@ def vision_plan(s: TensorSource, cfg: Mapping[str, Any], pp: Mapping[str, Any],
     gh = get_int(vc, "pos_emb_height", minimum=1, where=w)
     gw = get_int(vc, "pos_emb_width", minimum=1, where=w)
     mk = vc["merge_kernel_size"]
-    if not (isinstance(mk, (list, tuple)) and len(mk) == 2 and mk[0] == mk[1]
-            and isinstance(mk[0], int) and mk[0] > 0):
-        raise ConvertError(f"{w}: merge_kernel_size {mk!r} must be two equal positive integers")
-    m = int(mk[0])
-    if gh != gw:
-        raise ConvertError(f"{w}: the position grid {gh} x {gw} must be square")
+    m = merge_and_grid(mk, gh, gw, w)
     if D % nh or (D // nh) % 4:
         raise ConvertError(f"{w}: hidden_size {D} / {nh} heads must be a multiple of 4")
     act = ACTS.get(str(vc.get("hidden_act")))

@@ -75,7 +75,7 @@ from ..base import (
 from ..blocks import Trunk, dense_mlp, kda_layer, mla_layer, moe_router
 from ..plan import ExpertLayerSrc, Plan, SrcTensor, rope_freqs
 from ..quant import ConvertError, mxfp4_pack
-from ..vision import TowerTensors, preprocessor
+from ..vision import TowerTensors, merge_and_grid, preprocessor
 from .kimi_k25 import patch_limit
 from .kimi_linear import KimiLinear
 
@@ -321,12 +321,7 @@ def vision_plan(s: TensorSource, cfg: Mapping[str, Any], pp: Mapping[str, Any],
     gw = get_int(vc, "init_pos_emb_width", default=64, minimum=1, where=w)
     mk = vc.get("merge_kernel_size", [2, 2])
     mk = [mk, mk] if isinstance(mk, int) else mk
-    if not (isinstance(mk, (list, tuple)) and len(mk) == 2 and mk[0] == mk[1]
-            and isinstance(mk[0], int) and mk[0] > 0):
-        raise ConvertError(f"{w}: merge_kernel_size {mk!r} must be two equal positive integers")
-    m = int(mk[0])
-    if gh != gw:
-        raise ConvertError(f"{w}: the position grid {gh} x {gw} must be square")
+    m = merge_and_grid(mk, gh, gw, w)
     if A % nh or (A // nh) % 4:
         raise ConvertError(f"{w}: qkv_hidden_size {A} / {nh} heads must be a multiple of 4")
     theta = get_number(vc, "rope_theta", above=0, default=10000.0, where=w)
