@@ -756,3 +756,20 @@ def converted_suite(configs: dict[str, Callable[[], Any]], routing_bias_std: flo
             test_q8_0_container_is_exact_on_its_own_weights,
             test_streaming_at_floor_bit_identical, test_state_roundtrip_continues_identically,
             test_plan_state_bytes)
+
+
+def damaged_copy(path: Path, bad: Path, target: str, case: str) -> Path:
+    """A copy of container `path` at `bad` whose manifest lacks trunk tensor `target`
+    (case "missing") or gives it its transposed shape (case "shape", same bytes)."""
+    import shutil
+
+    shutil.copytree(path, bad)
+    man = json.loads((bad / "manifest.json").read_text())
+    ts = man["trunk"]["tensors"]
+    if case == "missing":
+        man["trunk"]["tensors"] = [t for t in ts if t["name"] != target]
+    else:
+        t = next(t for t in ts if t["name"] == target)
+        t["shape"] = [t["shape"][1], t["shape"][0]]
+    (bad / "manifest.json").write_text(json.dumps(man))
+    return bad

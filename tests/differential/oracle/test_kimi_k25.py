@@ -305,16 +305,7 @@ def test_damaged_tower_refused(k25, tmp_path, oracle_env):
             oracle_env.convert_to(src, tmp_path / f"out_{case}", trunk="f32")
     # at open: a tower tensor missing from the manifest, or of another shape
     for case in ("missing", "shape"):
-        bad = tmp_path / f"c_{case}"
-        shutil.copytree(path, bad)
-        man = json.loads((bad / "manifest.json").read_text())
-        ts = man["trunk"]["tensors"]
         target = "v.blk.0.attn_qkv.weight"
-        if case == "missing":
-            man["trunk"]["tensors"] = [t for t in ts if t["name"] != target]
-        else:
-            t = next(t for t in ts if t["name"] == target)
-            t["shape"] = [t["shape"][1], t["shape"][0]]  # same bytes, transposed
-        (bad / "manifest.json").write_text(json.dumps(man))
+        bad = oracle_env.damaged_copy(path, tmp_path / f"c_{case}", target, case)
         with pytest.raises(errors.ModelFormatError, match=target.replace(".", r"\.")):
             _open(bad)

@@ -312,7 +312,7 @@ def test_vision_object_and_plan(k3v):
 
 
 @pytest.mark.oracle
-def test_damaged_tower_refused(k3v, tmp_path):
+def test_damaged_tower_refused(k3v, tmp_path, oracle_env):
     import torch
     from safetensors.torch import load_file, save_file
 
@@ -341,16 +341,7 @@ def test_damaged_tower_refused(k3v, tmp_path):
         convert(nopre, tmp_path / "out_nopre", experts="f32", trunk="f32")
     for case, target in (("missing", "v.mm_post_norm.weight"),
                          ("shape", "v.blk.0.attn_qkv.weight")):
-        bad = tmp_path / f"c_{case}"
-        shutil.copytree(path, bad)
-        man = json.loads((bad / "manifest.json").read_text())
-        ts = man["trunk"]["tensors"]
-        if case == "missing":
-            man["trunk"]["tensors"] = [t for t in ts if t["name"] != target]
-        else:
-            t = next(t for t in ts if t["name"] == target)
-            t["shape"] = [t["shape"][1], t["shape"][0]]  # same bytes, transposed
-        (bad / "manifest.json").write_text(json.dumps(man))
+        bad = oracle_env.damaged_copy(path, tmp_path / f"c_{case}", target, case)
         with pytest.raises(errors.ModelFormatError, match=target.replace(".", r"\.")):
             _open(bad)
 
