@@ -752,13 +752,10 @@ def encode_chunks(t: SrcTensor, dtype: str, copy_raw: bool) -> Iterator[np.ndarr
     step = max(1, _ROW_CHUNK_ELEMS // max(cols, 1))
     if copy_raw:
         assert t.raw is not None
+        flat = np.ascontiguousarray(t.raw()).reshape(-1).view(np.uint8)  # read once
+        rb = flat.size // max(n_rows, 1)
         for r0 in range(0, n_rows, step):
-            r1 = min(n_rows, r0 + step)
-            whole = t.raw()  # a mapping of its own for a mapped source, dropped below
-            flat = np.ascontiguousarray(whole).reshape(-1).view(np.uint8)
-            rb = flat.size // max(n_rows, 1)
-            piece = np.array(flat[r0 * rb : r1 * rb])
-            del whole, flat
+            piece = flat[r0 * rb : min(n_rows, r0 + step) * rb]
             quant.check_blocks(piece, dtype, t.name)
             yield piece
         return
