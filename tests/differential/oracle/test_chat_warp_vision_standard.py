@@ -23,12 +23,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+from langchain_tests.integration_tests import ChatModelIntegrationTests
 
 _IMAGE_TESTS = ("test_image_inputs", "test_image_tool_message")
 _SUITE_URL = "https://raw.githubusercontent.com/"
 
-langchain_tests = pytest.importorskip("langchain_tests.integration_tests")
-ChatModelIntegrationTests = langchain_tests.ChatModelIntegrationTests
 
 
 def _picture() -> bytes:

@@ -18,6 +18,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from support import requires
 
 from warp_providers.synth._common import byte_tokenizer_json
 from warp_providers.tokenizer import Tokenizer, _drop_segment_cache
@@ -34,8 +35,7 @@ class _MallInfo2(ctypes.Structure):
 def _in_use_bytes() -> Callable[[], int]:
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
     fn = getattr(libc, "mallinfo2", None)
-    if fn is None:
-        pytest.skip("glibc mallinfo2 (glibc >= 2.33) is not available on this C library")
+    requires(fn is not None, "glibc mallinfo2 (glibc >= 2.33), which CI's C library has")
     fn.restype = _MallInfo2
     return lambda: int(fn().uordblks)
 
