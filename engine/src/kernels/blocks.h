@@ -30,6 +30,8 @@ enum {
 #define WPI_CHUNK_MAX 512  /* the largest chunk of a table: the driver's buffer width */
 #define WPI_BUF_ALIGN 64   /* the buffer's alignment: a whole AVX-512 vector */
 #define WPI_MULTI_TOK 8    /* the most tokens one multi-kernel call takes */
+/* An initializer giving every slot of a per-dtype array the value n. */
+#define WPI_EACH_SLOT(n) {n, n, n, n, n, n, n}
 
 /*
  * MXFP4 (docs/FORMAT.md section 1): a 17-byte block is the E8M0 scale byte e, then 16
@@ -84,9 +86,10 @@ typedef struct wpi_blocks {
     wpi_dequant_fn dequant[WPI_SLOTS];     /* not called for f32: read in place */
     wpi_apply_fn apply;                    /* many tokens */
     /* Optional (NULL: the driver's tiled path): a multi kernel per dtype, used for
-     * 2 <= n_tok <= multi_max; a pointer so that a table may share another's. */
+     * 2 <= n_tok <= multi_max[slot] (0 or 1: never); a pointer so that a table may share
+     * another's. */
     const wpi_rows_multi_fn *multi;
-    size_t multi_max;
+    size_t multi_max[WPI_SLOTS];
     float (*dot_f32)(const float *a, const float *b, size_t n);
     void (*axpy_f32)(float a, const float *x, float *y, size_t n);
 } wpi_blocks;
@@ -182,13 +185,5 @@ extern const wpi_blocks wpi_blocks_ref;
 extern const wpi_blocks wpi_blocks_avx2;
 extern const wpi_blocks wpi_blocks_avx512;
 extern const wpi_blocks wpi_blocks_neon;
-
-/* The AVX2 multi kernels, which the AVX-512 table shares (x86-64 builds only), and the
- * largest n_tok they take and the AVX-512 table sends to them: at 16 tokens and more
- * the tiled path, whose 2 x 4 tile needs fewer loads per FMA, was as fast or faster
- * (AMD EPYC, Zen 2). The AVX2 table itself stops at 5 (kernels_avx2.c: its tiled path
- * has a 4 x 3 tile). */
-extern const wpi_rows_multi_fn wpi_avx2_multi[WPI_SLOTS];
-#define WPI_AVX2_MULTI_MAX 8
 
 #endif /* WP_KERNELS_BLOCKS_H */

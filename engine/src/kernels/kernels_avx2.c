@@ -8,8 +8,8 @@
  * (each 32-weight block widened to float in registers, int8/nibbles -> int32 -> float,
  * dotted with x, scaled by the block's d and added to one of two accumulators, even and
  * odd blocks), a multi kernel per dtype for 2..8 tokens (each block decoded once into
- * registers and FMA'd against every token; the AVX-512 table shares these), and for
- * more tokens a chunk dequantizer per dtype and a 2 rows x 4 tokens tile.
+ * registers and FMA'd against every token), and for more tokens a chunk dequantizer per
+ * dtype and tiles of 4 rows x 3 tokens and 2 rows x 4 tokens.
  */
 #include <stddef.h>
 #include <stdint.h>
@@ -797,11 +797,10 @@ MULTI_DTYPE(q4_0, tail_none, 0)
 MULTI_DTYPE(q4_1, tail_none, 0)
 MULTI_DTYPE(mxfp4, tail_none, 0)
 
-/* Shared with the AVX-512 table (kernels_avx512.c), which runs these on AVX-512 CPUs. */
 /* None for f32: its rows are read in place by the tiled path, whose 2 x 4 tile needs 6
  * loads per 8 FMAs against 1 per FMA here, with nothing to decode (4 tokens cost 1.9
  * single-token calls there, 2.4 here, on 64 rows in cache, AMD EPYC Zen 2). */
-const wpi_rows_multi_fn wpi_avx2_multi[WPI_SLOTS] = {
+static const wpi_rows_multi_fn multi_avx2[WPI_SLOTS] = {
     [WPI_SLOT_F16] = multi_f16, [WPI_SLOT_BF16] = multi_bf16,
     [WPI_SLOT_Q8_0] = multi_q8_0, [WPI_SLOT_Q4_0] = multi_q4_0, [WPI_SLOT_Q4_1] = multi_q4_1,
     [WPI_SLOT_MXFP4] = multi_mxfp4,
@@ -815,8 +814,7 @@ const wpi_rows_multi_fn wpi_avx2_multi[WPI_SLOTS] = {
  * path with its 4 x 3 tile was faster for every dtype with a multi kernel: 6 tokens
  * took 0.79x-0.93x the multi kernels' time, 8 tokens 0.87x-0.92x on q4_0 and q8_0 and
  * 0.93x-1.04x on q4_1, mxfp4 and f16; bf16 alone was slower at 7-8 (1.05x-1.25x). AMD
- * EPYC Zen 2, benchmarks/kernels.c --ntok, two alternated runs. The AVX-512 table, whose
- * own tiled path has only the 2 x 4 tile, keeps WPI_AVX2_MULTI_MAX. */
+ * EPYC Zen 2, benchmarks/kernels.c --ntok, two alternated runs. */
 #define AVX2_MULTI_MAX 5
 
 const wpi_blocks wpi_blocks_avx2 = {
@@ -834,8 +832,8 @@ const wpi_blocks wpi_blocks_avx2 = {
         [WPI_SLOT_Q4_1] = dequant_q4_1, [WPI_SLOT_MXFP4] = dequant_mxfp4,
     },
     .apply = apply_avx2,
-    .multi = wpi_avx2_multi,
-    .multi_max = AVX2_MULTI_MAX,
+    .multi = multi_avx2,
+    .multi_max = WPI_EACH_SLOT(AVX2_MULTI_MAX),
     .dot_f32 = dot_f32_avx2,
     .axpy_f32 = axpy_f32_avx2,
 };

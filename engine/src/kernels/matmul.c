@@ -96,7 +96,7 @@ static void matmul(const wpi_blocks *b, int slot, int dtype, const void *w, size
         return;
     if (n_tok == 1)
         matvec(b, slot, w, rb, cols, r0, r1, x, y);
-    else if (b->multi && b->multi[slot] && n_tok <= b->multi_max)
+    else if (b->multi && b->multi[slot] && n_tok <= b->multi_max[slot])
         matmul_multi(b, slot, w, rb, cols, r0, r1, x, ldx, n_tok, y, ldy);
     else
         matmul_tiled(b, slot, w, rb, cols, r0, r1, x, ldx, n_tok, y, ldy);
