@@ -4,10 +4,11 @@
  * The driver owns every loop of a matmul: the row range, the split between one token
  * (a matrix-vector product straight from the stored weights), a few (each row's blocks
  * decoded once into registers and applied to a group of up to WPI_MULTI_TOK tokens, the
- * table's multi kernels) and many (rows dequantized a chunk at a time into a stack
- * buffer, then applied to the tokens by the table's apply: tiles of 2 rows x 4 tokens,
- * and in the AVX2 table also 4 rows x 3 tokens), the row tiles, the
- * token groups and the column chunks. An ISA file
+ * table's multi kernels, up to a per-dtype multi_max) and many (rows dequantized a
+ * chunk at a time into a stack buffer, f32 rows read in place, then applied to the
+ * tokens by the table's apply: tiles of 2 rows x 4 tokens in the scalar and NEON
+ * tables, 4 x 3 and 2 x 4 in the AVX2 one, 4 rows x 1..4 tokens in the AVX-512 one),
+ * the row tiles, the token groups and the column chunks. An ISA file
  * (kernels_ref.c, kernels_avx2.c, kernels_avx512.c, kernels_neon.c) only fills one
  * wpi_blocks table with the kernels below, compiled under its own target pragma.
  * Private to engine/src/kernels/.
@@ -65,7 +66,9 @@ typedef void (*wpi_rows_dot_fn)(const uint8_t *w, size_t row_bytes, size_t n_row
 typedef void (*wpi_dequant_fn)(const uint8_t *row, size_t c, size_t n, float *out);
 /* nr rows wr (nc floats each, dequantized) applied to every token of x (token t at
  * x + t * ldx): each row's sums over the nc columns are added into y (token t, row i at
- * y[t * ldy + i]). Made by WPI_APPLY_TILES from a 2 rows x 4 tokens tile kernel. */
+ * y[t * ldy + i]); a sum depends on nc only, never on nr, n_tok or the other rows and
+ * tokens. Made by WPI_APPLY_TILES from a 2 rows x 4 tokens tile kernel, or by the ISA
+ * file around its own tiles. */
 typedef void (*wpi_apply_fn)(const float *const wr[], size_t nr, const float *x, size_t ldx,
                              size_t n_tok, size_t nc, float *y, size_t ldy);
 

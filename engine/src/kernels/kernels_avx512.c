@@ -1,11 +1,12 @@
 /*
  * kernels_avx512.c -- AVX-512 (F, BW, VL) block kernels for the matmul, and dot and axpy.
  *
- * The same block kernels as kernels_avx2.c, for matmul.c's driver (blocks.h), 16 lanes
- * wide with mask registers for tails: for one token a 32-weight block is two vectors
- * (q4: low nibbles = weights 0..15, high = 16..31), dotted with x, scaled by d and added
- * to an even or odd accumulator; for several, a chunk dequantizer per dtype and a
- * 2 rows x 4 tokens tile.
+ * The same kinds of block kernel as kernels_avx2.c, for matmul.c's driver (blocks.h),
+ * 16 lanes wide with mask registers for tails. For one token a 32-weight block is two
+ * vectors (q4: low nibbles = weights 0..15, high = 16..31), dotted with x, scaled by d
+ * and added to an even or odd accumulator; for a few, a multi kernel per dtype but f32
+ * (each block decoded once into two registers and FMA'd against 1..8 tokens); for many,
+ * a chunk dequantizer per dtype and tiles of 4 rows x 1..4 tokens using 32 registers.
  * Activations stay float32, so VNNI (int8 dot products) has nothing to do here.
  */
 #include <stddef.h>
@@ -610,11 +611,11 @@ const wpi_blocks wpi_blocks_avx512 = {
     },
     .apply = apply_4x4,
     .multi = multi_avx512,
-    /* Measured as above, the multi kernels against the tiles at each n_tok: for the
-     * quantized dtypes 2 and 3 tokens cost 0.66x-0.75x the tiled time and 4 about the
-     * same, but 5 to 8 tokens 1.1x-1.35x (the tiles there decode a block once per call,
-     * the multi kernels once per 4-token group... of rows); f16 and bf16 multi kernels
-     * stay faster up to 8 (0.75x-0.85x). */
+    /* The multi kernels' time over the tiles' on 2048 x 2048 (the table rebuilt with
+     * multi_max 1, 4 and 8, benchmarks/kernels.c --ntok --cpu, and the two paths timed
+     * interleaved in one process; AMD EPYC, shared, load 5 to 9, so +-15%): 2 and 3
+     * tokens 0.6x-1.05x (most near 0.8x) for every dtype, 4 tokens 0.75x-1.4x, 8
+     * tokens 1.15x-1.5x on the quantized dtypes but 0.9x-1.1x on f16 and bf16. */
     .multi_max = {[WPI_SLOT_F16] = 8, [WPI_SLOT_BF16] = 8, [WPI_SLOT_Q8_0] = 4,
                   [WPI_SLOT_Q4_0] = 4, [WPI_SLOT_Q4_1] = 4, [WPI_SLOT_MXFP4] = 4},
     .dot_f32 = dot_f32_avx512,
