@@ -723,52 +723,8 @@ typedef void (*multi_row_fn)(const uint8_t *row, const float *x, size_t ldx, siz
  * accumulators of the 2 x 4 kernel. */
 static const int multi_acc[WPI_MULTI_TOK + 1] = {0, 4, 4, 2, 2, 2, 1, 1, 1};
 #define MULTI_ACC 10
-/* Blocks per column chunk, 32 for up to 4 tokens and 16 for more: the chunk of the
- * group's activations (at most 16 KiB) is copied into a buffer, one token every
- * chunk * 32 + 48 floats (a stride that spreads the tokens over the L1 sets, where a
- * power-of-two ldx would put them all in the same ones), and stays in L1 while the chunk
- * of each of MULTI_ROWS rows is applied to it. Read in place, 8 tokens cost 5
- * single-token calls on an AMD EPYC (Zen 2), and 4.05 from the buffer (weights in cache). */
-#define MULTI_CHUNK_FEW 32
-#define MULTI_CHUNK_MANY 16
-#define MULTI_XS_MAX (WPI_MULTI_TOK * (MULTI_CHUNK_MANY * 32 + 48))
-#define MULTI_ROWS 16
-
-/* Rows [0, n_rows) against n_tok tokens through the T = n_tok kernel fn: MULTI_ROWS rows
- * at a time, column chunk by column chunk, then each accumulator set summed in order. */
-static void multi_rows(multi_row_fn fn, const uint8_t *w, size_t rb, size_t n_rows,
-                       const float *x, size_t ldx, size_t n_tok, size_t cols, float *y,
-                       size_t ldy)
-{
-    _Alignas(32) float xs[MULTI_XS_MAX];
-    size_t nb = cols / 32, rem = cols % 32;
-    size_t chunk = n_tok <= 4 ? MULTI_CHUNK_FEW : MULTI_CHUNK_MANY, xs_ld = chunk * 32 + 48;
-    int A = multi_acc[n_tok];
-    for (size_t r0 = 0; r0 < n_rows; r0 += MULTI_ROWS) {
-        size_t nr = n_rows - r0 < MULTI_ROWS ? n_rows - r0 : MULTI_ROWS;
-        __m256 acc[MULTI_ROWS][MULTI_ACC];
-        for (size_t i = 0; i < nr; i++)
-            for (int a = 0; a < MULTI_ACC; a++)
-                acc[i][a] = _mm256_setzero_ps();
-        for (size_t cb = 0;; cb += chunk) {
-            size_t ce = nb - cb < chunk ? nb : cb + chunk;
-            size_t r = ce == nb ? rem : 0, nc = (ce - cb) * 32 + r;
-            for (size_t t = 0; t < n_tok; t++)
-                memcpy(xs + t * xs_ld, x + t * ldx + cb * 32, nc * sizeof(float));
-            for (size_t i = 0; i < nr; i++)
-                fn(w + (r0 + i) * rb, xs, xs_ld, cb, ce, r, acc[i]);
-            if (ce >= nb)
-                break;
-        }
-        for (size_t i = 0; i < nr; i++)
-            for (size_t t = 0; t < n_tok; t++) {
-                __m256 s = acc[i][t * A];
-                for (int a = 1; a < A; a++)
-                    s = _mm256_add_ps(s, acc[i][t * A + a]);
-                y[t * ldy + r0 + i] = hsum(s);
-            }
-    }
-}
+WPI_MULTI_ROWS(multi_rows, multi_row_fn, __m256, _mm256_setzero_ps(), _mm256_add_ps, hsum,
+               multi_acc, MULTI_ACC)
 
 /* The multi kernel of a dtype (a wpi_rows_multi_fn), with its T-token kernels. */
 #define MULTI_DTYPE(sfx, tail, floaty)                                                  \
@@ -780,15 +736,7 @@ static void multi_rows(multi_row_fn fn, const uint8_t *w, size_t rb, size_t n_ro
     MULTI_T(multi6_##sfx, dec_##sfx, tail, floaty, 6, 1)                                \
     MULTI_T(multi7_##sfx, dec_##sfx, tail, floaty, 7, 1)                                \
     MULTI_T(multi8_##sfx, dec_##sfx, tail, floaty, 8, 1)                                \
-    static void multi_##sfx(const uint8_t *w, size_t rb, size_t n_rows, const float *x, \
-                            size_t ldx, size_t n_tok, size_t cols, float *y, size_t ldy) \
-    {                                                                                   \
-        static const multi_row_fn fns[WPI_MULTI_TOK + 1] = {                            \
-            NULL, multi1_##sfx, multi2_##sfx, multi3_##sfx, multi4_##sfx,               \
-            multi5_##sfx, multi6_##sfx, multi7_##sfx, multi8_##sfx,                     \
-        };                                                                              \
-        multi_rows(fns[n_tok], w, rb, n_rows, x, ldx, n_tok, cols, y, ldy);             \
-    }
+    WPI_MULTI_ENTRY(sfx, multi_row_fn, multi_rows)
 
 MULTI_DTYPE(f16, tail_f16, 1)
 MULTI_DTYPE(bf16, tail_bf16, 1)
