@@ -563,12 +563,13 @@ const wpi_blocks wpi_blocks_avx512 = {
     },
     .apply = apply_4x4,
     .multi = multi_avx512,
-    /* The multi kernels' time over the tiles' on 2048 x 2048 (the table rebuilt with
-     * multi_max 1, 4 and 8, benchmarks/kernels.c --ntok --cpu, and the two paths timed
-     * interleaved in one process; AMD EPYC, shared, load 5 to 9, so +-15%): 2 and 3
-     * tokens 0.6x-1.05x (most near 0.8x) for every dtype, 4 tokens 0.75x-1.4x, 8
-     * tokens 1.15x-1.5x on the quantized dtypes but 0.9x-1.1x on f16 and bf16. */
-    .multi_max = {[WPI_SLOT_F16] = 8, [WPI_SLOT_BF16] = 8, [WPI_SLOT_Q8_0] = 4,
+    /* The multi kernels' time over the tiles' (the table rebuilt with multi_max 1, 4
+     * and 8, benchmarks/kernels.c --ntok --cpu on 2048 x 2048, and the two paths timed
+     * interleaved in one process on 2048 x 2048, 512 x 1024 and 1024 x 512; AMD EPYC,
+     * shared, load 3 to 9, so +-15%): 2 and 3 tokens 0.6x-1.05x for every dtype (most
+     * near 0.75x), 4 to 6 tokens 0.8x-1.1x, 8 tokens 1.2x-1.4x on the quantized dtypes
+     * and 1.0x-1.3x on f16 and bf16, which stay ahead up to 6 (0.8x-1.0x). */
+    .multi_max = {[WPI_SLOT_F16] = 6, [WPI_SLOT_BF16] = 6, [WPI_SLOT_Q8_0] = 4,
                   [WPI_SLOT_Q4_0] = 4, [WPI_SLOT_Q4_1] = 4, [WPI_SLOT_MXFP4] = 4},
     .dot_f32 = dot_f32_avx512,
     .axpy_f32 = axpy_f32_avx512,
