@@ -8,8 +8,8 @@
  * (each 32-weight block widened to float in registers, int8/nibbles -> int32 -> float,
  * dotted with x, scaled by the block's d and added to one of two accumulators, even and
  * odd blocks), a multi kernel per dtype for 2..8 tokens (each block decoded once into
- * registers and FMA'd against every token; the AVX-512 table shares these), and for
- * more tokens a chunk dequantizer per dtype and a 2 rows x 4 tokens tile.
+ * registers and FMA'd against every token), and for more tokens a chunk dequantizer per
+ * dtype and tiles of 4 rows x 3 tokens and 2 rows x 4 tokens.
  */
 #include <stddef.h>
 #include <stdint.h>
@@ -723,52 +723,8 @@ typedef void (*multi_row_fn)(const uint8_t *row, const float *x, size_t ldx, siz
  * accumulators of the 2 x 4 kernel. */
 static const int multi_acc[WPI_MULTI_TOK + 1] = {0, 4, 4, 2, 2, 2, 1, 1, 1};
 #define MULTI_ACC 10
-/* Blocks per column chunk, 32 for up to 4 tokens and 16 for more: the chunk of the
- * group's activations (at most 16 KiB) is copied into a buffer, one token every
- * chunk * 32 + 48 floats (a stride that spreads the tokens over the L1 sets, where a
- * power-of-two ldx would put them all in the same ones), and stays in L1 while the chunk
- * of each of MULTI_ROWS rows is applied to it. Read in place, 8 tokens cost 5
- * single-token calls on an AMD EPYC (Zen 2), and 4.05 from the buffer (weights in cache). */
-#define MULTI_CHUNK_FEW 32
-#define MULTI_CHUNK_MANY 16
-#define MULTI_XS_MAX (WPI_MULTI_TOK * (MULTI_CHUNK_MANY * 32 + 48))
-#define MULTI_ROWS 16
-
-/* Rows [0, n_rows) against n_tok tokens through the T = n_tok kernel fn: MULTI_ROWS rows
- * at a time, column chunk by column chunk, then each accumulator set summed in order. */
-static void multi_rows(multi_row_fn fn, const uint8_t *w, size_t rb, size_t n_rows,
-                       const float *x, size_t ldx, size_t n_tok, size_t cols, float *y,
-                       size_t ldy)
-{
-    _Alignas(32) float xs[MULTI_XS_MAX];
-    size_t nb = cols / 32, rem = cols % 32;
-    size_t chunk = n_tok <= 4 ? MULTI_CHUNK_FEW : MULTI_CHUNK_MANY, xs_ld = chunk * 32 + 48;
-    int A = multi_acc[n_tok];
-    for (size_t r0 = 0; r0 < n_rows; r0 += MULTI_ROWS) {
-        size_t nr = n_rows - r0 < MULTI_ROWS ? n_rows - r0 : MULTI_ROWS;
-        __m256 acc[MULTI_ROWS][MULTI_ACC];
-        for (size_t i = 0; i < nr; i++)
-            for (int a = 0; a < MULTI_ACC; a++)
-                acc[i][a] = _mm256_setzero_ps();
-        for (size_t cb = 0;; cb += chunk) {
-            size_t ce = nb - cb < chunk ? nb : cb + chunk;
-            size_t r = ce == nb ? rem : 0, nc = (ce - cb) * 32 + r;
-            for (size_t t = 0; t < n_tok; t++)
-                memcpy(xs + t * xs_ld, x + t * ldx + cb * 32, nc * sizeof(float));
-            for (size_t i = 0; i < nr; i++)
-                fn(w + (r0 + i) * rb, xs, xs_ld, cb, ce, r, acc[i]);
-            if (ce >= nb)
-                break;
-        }
-        for (size_t i = 0; i < nr; i++)
-            for (size_t t = 0; t < n_tok; t++) {
-                __m256 s = acc[i][t * A];
-                for (int a = 1; a < A; a++)
-                    s = _mm256_add_ps(s, acc[i][t * A + a]);
-                y[t * ldy + r0 + i] = hsum(s);
-            }
-    }
-}
+WPI_MULTI_ROWS(multi_rows, multi_row_fn, __m256, _mm256_setzero_ps(), _mm256_add_ps, hsum,
+               multi_acc, MULTI_ACC)
 
 /* The multi kernel of a dtype (a wpi_rows_multi_fn), with its T-token kernels. */
 #define MULTI_DTYPE(sfx, tail, floaty)                                                  \
@@ -780,15 +736,7 @@ static void multi_rows(multi_row_fn fn, const uint8_t *w, size_t rb, size_t n_ro
     MULTI_T(multi6_##sfx, dec_##sfx, tail, floaty, 6, 1)                                \
     MULTI_T(multi7_##sfx, dec_##sfx, tail, floaty, 7, 1)                                \
     MULTI_T(multi8_##sfx, dec_##sfx, tail, floaty, 8, 1)                                \
-    static void multi_##sfx(const uint8_t *w, size_t rb, size_t n_rows, const float *x, \
-                            size_t ldx, size_t n_tok, size_t cols, float *y, size_t ldy) \
-    {                                                                                   \
-        static const multi_row_fn fns[WPI_MULTI_TOK + 1] = {                            \
-            NULL, multi1_##sfx, multi2_##sfx, multi3_##sfx, multi4_##sfx,               \
-            multi5_##sfx, multi6_##sfx, multi7_##sfx, multi8_##sfx,                     \
-        };                                                                              \
-        multi_rows(fns[n_tok], w, rb, n_rows, x, ldx, n_tok, cols, y, ldy);             \
-    }
+    WPI_MULTI_ENTRY(sfx, multi_row_fn, multi_rows)
 
 MULTI_DTYPE(f16, tail_f16, 1)
 MULTI_DTYPE(bf16, tail_bf16, 1)
@@ -797,11 +745,10 @@ MULTI_DTYPE(q4_0, tail_none, 0)
 MULTI_DTYPE(q4_1, tail_none, 0)
 MULTI_DTYPE(mxfp4, tail_none, 0)
 
-/* Shared with the AVX-512 table (kernels_avx512.c), which runs these on AVX-512 CPUs. */
 /* None for f32: its rows are read in place by the tiled path, whose 2 x 4 tile needs 6
  * loads per 8 FMAs against 1 per FMA here, with nothing to decode (4 tokens cost 1.9
  * single-token calls there, 2.4 here, on 64 rows in cache, AMD EPYC Zen 2). */
-const wpi_rows_multi_fn wpi_avx2_multi[WPI_SLOTS] = {
+static const wpi_rows_multi_fn multi_avx2[WPI_SLOTS] = {
     [WPI_SLOT_F16] = multi_f16, [WPI_SLOT_BF16] = multi_bf16,
     [WPI_SLOT_Q8_0] = multi_q8_0, [WPI_SLOT_Q4_0] = multi_q4_0, [WPI_SLOT_Q4_1] = multi_q4_1,
     [WPI_SLOT_MXFP4] = multi_mxfp4,
@@ -815,8 +762,7 @@ const wpi_rows_multi_fn wpi_avx2_multi[WPI_SLOTS] = {
  * path with its 4 x 3 tile was faster for every dtype with a multi kernel: 6 tokens
  * took 0.79x-0.93x the multi kernels' time, 8 tokens 0.87x-0.92x on q4_0 and q8_0 and
  * 0.93x-1.04x on q4_1, mxfp4 and f16; bf16 alone was slower at 7-8 (1.05x-1.25x). AMD
- * EPYC Zen 2, benchmarks/kernels.c --ntok, two alternated runs. The AVX-512 table, whose
- * own tiled path has only the 2 x 4 tile, keeps WPI_AVX2_MULTI_MAX. */
+ * EPYC Zen 2, benchmarks/kernels.c --ntok, two alternated runs. */
 #define AVX2_MULTI_MAX 5
 
 const wpi_blocks wpi_blocks_avx2 = {
@@ -834,8 +780,8 @@ const wpi_blocks wpi_blocks_avx2 = {
         [WPI_SLOT_Q4_1] = dequant_q4_1, [WPI_SLOT_MXFP4] = dequant_mxfp4,
     },
     .apply = apply_avx2,
-    .multi = wpi_avx2_multi,
-    .multi_max = AVX2_MULTI_MAX,
+    .multi = multi_avx2,
+    .multi_max = WPI_EACH_SLOT(AVX2_MULTI_MAX),
     .dot_f32 = dot_f32_avx2,
     .axpy_f32 = axpy_f32_avx2,
 };

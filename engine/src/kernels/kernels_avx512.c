@@ -1,11 +1,12 @@
 /*
  * kernels_avx512.c -- AVX-512 (F, BW, VL) block kernels for the matmul, and dot and axpy.
  *
- * The same block kernels as kernels_avx2.c, for matmul.c's driver (blocks.h), 16 lanes
- * wide with mask registers for tails: for one token a 32-weight block is two vectors
- * (q4: low nibbles = weights 0..15, high = 16..31), dotted with x, scaled by d and added
- * to an even or odd accumulator; for several, a chunk dequantizer per dtype and a
- * 2 rows x 4 tokens tile.
+ * The same kinds of block kernel as kernels_avx2.c, for matmul.c's driver (blocks.h),
+ * 16 lanes wide with mask registers for tails. For one token a 32-weight block is two
+ * vectors (q4: low nibbles = weights 0..15, high = 16..31), dotted with x, scaled by d
+ * and added to an even or odd accumulator; for a few, a multi kernel per dtype but f32
+ * (each block decoded once into two registers and FMA'd against 1..8 tokens); for many,
+ * a chunk dequantizer per dtype and tiles of 4 rows x 1..4 tokens using 32 registers.
  * Activations stay float32, so VNNI (int8 dot products) has nothing to do here.
  */
 #include <stddef.h>
@@ -32,6 +33,10 @@
 #else
 #define KEEP_IN_REGISTER(v) ((void)0)
 #endif
+
+/* Fully unrolls a loop over the registers of a tile (GCC does not at -O2, and the tile's
+ * accumulators then live in memory). */
+#define UNROLL4 _Pragma("GCC unroll 4")
 
 /* ---- helpers --------------------------------------------------------------------- */
 
@@ -269,64 +274,275 @@ static inline void dequant_block_mxfp4(const uint8_t *blk, float *out)
 WPI_DEQUANT_QUANT(dequant_q4_1, dequant_block_q4_1, 20)
 WPI_DEQUANT_QUANT(dequant_mxfp4, dequant_block_mxfp4, WPI_MXFP4_BYTES)
 
-/*
- * The tile: sums of w_i[0..n) * x_t[0..n) for 2 rows x 4 tokens, one accumulator per
- * (row, token). Every (row, token) sum is formed in the same order whatever its
- * neighbours.
- */
-static void tile_2x4(const float *w0, const float *w1, const float *const xt[4], size_t n,
-                     float out[2][4])
+/* ---- lane sums: one order for every tile -------------------------------------- */
+
+/* The upper 256 bits of v (AVX-512F: no DQ needed). */
+static inline __m256 upper_half(__m512 v)
 {
-    const float *x0 = xt[0], *x1 = xt[1], *x2 = xt[2], *x3 = xt[3];
-    __m512 a00 = _mm512_setzero_ps(), a01 = a00, a02 = a00, a03 = a00;
-    __m512 a10 = a00, a11 = a00, a12 = a00, a13 = a00;
+    return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+}
+
+/* The lane sum of v: the two 256-bit halves added, then the two 128-bit halves, then
+ * lanes 0 + 2 and 1 + 3, then those two. */
+static inline float hsum(__m512 v)
+{
+    __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), upper_half(v));
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* hsum of v[0..3] into lanes 0..3, each sum formed in hsum's order, so the same bits
+ * as four hsum calls with the shuffles shared. */
+static inline __m128 hsum4(const __m512 v[4])
+{
+    __m128 s[4];
+    UNROLL4 for (int k = 0; k < 4; k++) {
+        __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v[k]), upper_half(v[k]));
+        s[k] = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    }
+    /* [s0[0] + s0[2], s1[0] + s1[2], s0[1] + s0[3], s1[1] + s1[3]], and for s2, s3 */
+    __m128 u01 = _mm_add_ps(_mm_unpacklo_ps(s[0], s[1]), _mm_unpackhi_ps(s[0], s[1]));
+    __m128 u23 = _mm_add_ps(_mm_unpacklo_ps(s[2], s[3]), _mm_unpackhi_ps(s[2], s[3]));
+    return _mm_add_ps(_mm_movelh_ps(u01, u23), _mm_movehl_ps(u23, u01));
+}
+
+/* ---- many tokens: tiles of 4 rows x 1..4 tokens over dequantized (or f32) rows ---- */
+
+/*
+ * Sums of w_r[0..n) * x_t[0..n) for 4 rows x nt tokens (nt a constant 1..4 in each
+ * caller) into out[t] (lane r): one accumulator per (row, token) over j in order, then
+ * hsum's order, so a sum depends on n only, never on the other rows, the other tokens or
+ * nt, and a ragged tile may repeat a row pointer. At nt = 4: 16 independent FMA chains
+ * and 8 loads per 16 FMAs, in 21 of the 32 vector registers (the 2 x 4 tile it replaced
+ * needed 6 loads per 8 FMAs and a whole lane sum per (row, token), where this one shares
+ * the shuffles of four).
+ */
+static inline __attribute__((always_inline)) void
+tile_4xn(const float *const w[4], const float *const xt[4], size_t n, __m128 out[4],
+         const int nt)
+{
+    __m512 a[4][4];
+    UNROLL4 for (int r = 0; r < 4; r++)
+        UNROLL4 for (int t = 0; t < nt; t++)
+            a[r][t] = _mm512_setzero_ps();
     size_t i = 0;
     for (; i + 16 <= n; i += 16) {
-        __m512 u = _mm512_loadu_ps(w0 + i), v = _mm512_loadu_ps(w1 + i), xv;
-        xv = _mm512_loadu_ps(x0 + i);
-        KEEP_IN_REGISTER(xv);
-        a00 = _mm512_fmadd_ps(u, xv, a00);
-        a10 = _mm512_fmadd_ps(v, xv, a10);
-        xv = _mm512_loadu_ps(x1 + i);
-        KEEP_IN_REGISTER(xv);
-        a01 = _mm512_fmadd_ps(u, xv, a01);
-        a11 = _mm512_fmadd_ps(v, xv, a11);
-        xv = _mm512_loadu_ps(x2 + i);
-        KEEP_IN_REGISTER(xv);
-        a02 = _mm512_fmadd_ps(u, xv, a02);
-        a12 = _mm512_fmadd_ps(v, xv, a12);
-        xv = _mm512_loadu_ps(x3 + i);
-        KEEP_IN_REGISTER(xv);
-        a03 = _mm512_fmadd_ps(u, xv, a03);
-        a13 = _mm512_fmadd_ps(v, xv, a13);
+        __m512 xv[4];
+        UNROLL4 for (int t = 0; t < nt; t++) {
+            xv[t] = _mm512_loadu_ps(xt[t] + i);
+            KEEP_IN_REGISTER(xv[t]);
+        }
+        UNROLL4 for (int r = 0; r < 4; r++) {
+            __m512 u = _mm512_loadu_ps(w[r] + i);
+            UNROLL4 for (int t = 0; t < nt; t++)
+                a[r][t] = _mm512_fmadd_ps(u, xv[t], a[r][t]);
+        }
     }
     if (i < n) {
         __mmask16 m = tail_mask(n - i);
-        __m512 u = _mm512_maskz_loadu_ps(m, w0 + i), v = _mm512_maskz_loadu_ps(m, w1 + i), xv;
-        xv = _mm512_maskz_loadu_ps(m, x0 + i);
-        a00 = _mm512_fmadd_ps(u, xv, a00);
-        a10 = _mm512_fmadd_ps(v, xv, a10);
-        xv = _mm512_maskz_loadu_ps(m, x1 + i);
-        a01 = _mm512_fmadd_ps(u, xv, a01);
-        a11 = _mm512_fmadd_ps(v, xv, a11);
-        xv = _mm512_maskz_loadu_ps(m, x2 + i);
-        a02 = _mm512_fmadd_ps(u, xv, a02);
-        a12 = _mm512_fmadd_ps(v, xv, a12);
-        xv = _mm512_maskz_loadu_ps(m, x3 + i);
-        a03 = _mm512_fmadd_ps(u, xv, a03);
-        a13 = _mm512_fmadd_ps(v, xv, a13);
+        __m512 xv[4];
+        UNROLL4 for (int t = 0; t < nt; t++)
+            xv[t] = _mm512_maskz_loadu_ps(m, xt[t] + i);
+        UNROLL4 for (int r = 0; r < 4; r++) {
+            __m512 u = _mm512_maskz_loadu_ps(m, w[r] + i);
+            UNROLL4 for (int t = 0; t < nt; t++)
+                a[r][t] = _mm512_fmadd_ps(u, xv[t], a[r][t]);
+        }
     }
-    out[0][0] = _mm512_reduce_add_ps(a00);
-    out[0][1] = _mm512_reduce_add_ps(a01);
-    out[0][2] = _mm512_reduce_add_ps(a02);
-    out[0][3] = _mm512_reduce_add_ps(a03);
-    out[1][0] = _mm512_reduce_add_ps(a10);
-    out[1][1] = _mm512_reduce_add_ps(a11);
-    out[1][2] = _mm512_reduce_add_ps(a12);
-    out[1][3] = _mm512_reduce_add_ps(a13);
+    UNROLL4 for (int t = 0; t < nt; t++) {
+        __m512 col[4] = {a[0][t], a[1][t], a[2][t], a[3][t]};
+        out[t] = hsum4(col);
+    }
 }
 
-WPI_APPLY_TILES(apply_tiles, tile_2x4)
+typedef void (*tile_fn)(const float *const w[4], const float *const xt[4], size_t n,
+                        __m128 out[4]);
+
+#define TILE_4XN(nt)                                                                     \
+    static void tile_4x##nt(const float *const w[4], const float *const xt[4], size_t n, \
+                            __m128 out[4])                                               \
+    {                                                                                    \
+        tile_4xn(w, xt, n, out, nt);                                                     \
+    }
+TILE_4XN(1)
+TILE_4XN(2)
+TILE_4XN(3)
+TILE_4XN(4)
+
+/* The table's apply (a wpi_apply_fn): tokens 4 at a time, the last 1..3 through the
+ * tile of that width, rows 4 at a time (a ragged row tile repeats its first row pointer
+ * and drops those sums). Every tile forms a sum alike, so a (row, token) result depends
+ * on nc only. */
+static void apply_4x4(const float *const wr[], size_t nr, const float *x, size_t ldx,
+                      size_t n_tok, size_t nc, float *y, size_t ldy)
+{
+    static const tile_fn tiles[5] = {NULL, tile_4x1, tile_4x2, tile_4x3, tile_4x4};
+    for (size_t t = 0; t < n_tok; t += 4) {
+        size_t nt = n_tok - t < 4 ? n_tok - t : 4;
+        const float *xt[4];
+        for (size_t k = 0; k < nt; k++)
+            xt[k] = x + (t + k) * ldx;
+        for (size_t i = 0; i < nr; i += 4) {
+            size_t ni = nr - i < 4 ? nr - i : 4;
+            const float *w4[4];
+            __m128 s[4];
+            for (size_t k = 0; k < 4; k++)
+                w4[k] = wr[i + (k < ni ? k : 0)];
+            tiles[nt](w4, xt, nc, s);
+            __mmask8 m = (__mmask8)((1u << ni) - 1u);
+            for (size_t k = 0; k < nt; k++) {
+                float *yk = y + (t + k) * ldy + i;
+                _mm_mask_storeu_ps(yk, m, _mm_add_ps(_mm_maskz_loadu_ps(m, yk), s[k]));
+            }
+        }
+    }
+}
+
+/* ---- a few tokens: each block decoded once into registers, applied to each token ---- */
+
+/* Block b of a row as its 32 final float weights, two vectors (weights 0..15, 16..31).
+ * The quantized ones fold the scale in (one rounding of q * d, as the reference's
+ * dequantization; q4_1's d * q + m is one fused rounding where the reference has two). */
+static inline void dec_f16(const uint8_t *row, size_t b, __m512 w[2])
+{
+    const uint16_t *p = (const uint16_t *)row + b * 32;
+    w[0] = load16_f16(p, 16);
+    w[1] = load16_f16(p + 16, 16);
+}
+
+static inline void dec_bf16(const uint8_t *row, size_t b, __m512 w[2])
+{
+    const uint16_t *p = (const uint16_t *)row + b * 32;
+    w[0] = load16_bf16(p, 16);
+    w[1] = load16_bf16(p + 16, 16);
+}
+
+static inline void dec_q8_0(const uint8_t *row, size_t b, __m512 w[2])
+{
+    const uint8_t *blk = row + b * 34;
+    __m512 d = _mm512_set1_ps(load_f16(blk));
+    widen_q8(blk + 2, &w[0], &w[1]);
+    w[0] = _mm512_mul_ps(w[0], d);
+    w[1] = _mm512_mul_ps(w[1], d);
+}
+
+static inline void dec_q4_0(const uint8_t *row, size_t b, __m512 w[2])
+{
+    const uint8_t *blk = row + b * 18;
+    __m512 d = _mm512_set1_ps(load_f16(blk));
+    widen_q4(blk + 2, 8, &w[0], &w[1]);
+    w[0] = _mm512_mul_ps(w[0], d);
+    w[1] = _mm512_mul_ps(w[1], d);
+}
+
+static inline void dec_q4_1(const uint8_t *row, size_t b, __m512 w[2])
+{
+    const uint8_t *blk = row + b * 20;
+    __m512 d = _mm512_set1_ps(load_f16(blk)), m = _mm512_set1_ps(load_f16(blk + 2));
+    widen_q4(blk + 4, 0, &w[0], &w[1]);
+    w[0] = _mm512_fmadd_ps(d, w[0], m);
+    w[1] = _mm512_fmadd_ps(d, w[1], m);
+}
+
+static inline void dec_mxfp4(const uint8_t *row, size_t b, __m512 w[2])
+{
+    widen_mxfp4(row + b * WPI_MXFP4_BYTES, &w[0], &w[1]);
+}
+
+/* The last n < 32 weights of a half-precision row from column c, zero past n (quantized
+ * rows are whole blocks: their kernels never take this branch). */
+static inline void tail_row(int slot, const uint8_t *row, size_t c, size_t n, __m512 w[2])
+{
+    size_t n0 = n < 16 ? n : 16, n1 = n - n0;
+    if (slot == WPI_SLOT_F16) {
+        w[0] = load16_f16((const uint16_t *)row + c, n0);
+        w[1] = load16_f16((const uint16_t *)row + c + 16, n1);
+    } else {
+        w[0] = load16_bf16((const uint16_t *)row + c, n0);
+        w[1] = load16_bf16((const uint16_t *)row + c + 16, n1);
+    }
+}
+
+/*
+ * MULTI_T defines name(row, x, ldx, b0, b1, rem, acc): blocks [b0, b1) of one row (and,
+ * for f16 and bf16, the rem < 32 weights after block b1) against T tokens, added into
+ * the row's accumulators acc_io (A per token, token t's at acc_io[t * A]): each block
+ * is decoded once and vector k of it FMA'd into accumulator k % A of every token. The
+ * accumulators live in memory between calls, so the column chunks never change a sum.
+ */
+#define MULTI_T(name, sfx, slot, T, A)                                                   \
+    static void name(const uint8_t *row, const float *x, size_t ldx, size_t b0,         \
+                     size_t b1, size_t rem, __m512 *acc_io)                             \
+    {                                                                                   \
+        __m512 acc[T][A];                                                               \
+        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++)                             \
+            _Pragma("GCC unroll 2") for (int a = 0; a < A; a++)                         \
+                acc[t][a] = acc_io[t * A + a];                                          \
+        for (size_t j = 0; j < b1 - b0; j++) {                                          \
+            __m512 w[2];                                                                \
+            dec_##sfx(row, b0 + j, w);                                                  \
+            const float *xj = x + j * 32;                                               \
+            _Pragma("GCC unroll 8") for (int t = 0; t < T; t++)                         \
+                _Pragma("GCC unroll 2") for (int k = 0; k < 2; k++)                     \
+                    acc[t][k % A] = _mm512_fmadd_ps(                                    \
+                        w[k], _mm512_loadu_ps(xj + t * ldx + 16 * k), acc[t][k % A]);   \
+        }                                                                               \
+        if (slot <= WPI_SLOT_BF16 && rem) {                                             \
+            __m512 w[2];                                                                \
+            const float *xj = x + (b1 - b0) * 32;                                       \
+            size_t n0 = rem < 16 ? rem : 16;                                            \
+            __mmask16 m[2] = {tail_mask(n0), tail_mask(rem - n0)};                      \
+            tail_row(slot, row, b1 * 32, rem, w);                                       \
+            _Pragma("GCC unroll 8") for (int t = 0; t < T; t++)                         \
+                _Pragma("GCC unroll 2") for (int k = 0; k < 2; k++)                     \
+                    acc[t][k % A] = _mm512_fmadd_ps(                                    \
+                        w[k], _mm512_maskz_loadu_ps(m[k], xj + t * ldx + 16 * k),       \
+                        acc[t][k % A]);                                                 \
+        }                                                                               \
+        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++)                             \
+            _Pragma("GCC unroll 2") for (int a = 0; a < A; a++)                         \
+                acc_io[t * A + a] = acc[t][a];                                          \
+    }
+
+typedef void (*multi_row_fn)(const uint8_t *row, const float *x, size_t ldx, size_t b0,
+                             size_t b1, size_t rem, __m512 *acc);
+
+/* Accumulators per token of the T-token kernel (index T): two (one per half-block
+ * vector) keep 2 * T chains; T * A <= MULTI_ACC. */
+static const int multi_acc[WPI_MULTI_TOK + 1] = {0, 2, 2, 2, 2, 2, 2, 2, 2};
+#define MULTI_ACC 16
+WPI_MULTI_ROWS(multi_rows, multi_row_fn, __m512, _mm512_setzero_ps(), _mm512_add_ps, hsum,
+               multi_acc, MULTI_ACC)
+
+/* The multi kernel of a dtype (a wpi_rows_multi_fn), with its T-token kernels. */
+#define MULTI_DTYPE(sfx, slot)                                                          \
+    MULTI_T(multi1_##sfx, sfx, slot, 1, 2)                                              \
+    MULTI_T(multi2_##sfx, sfx, slot, 2, 2)                                              \
+    MULTI_T(multi3_##sfx, sfx, slot, 3, 2)                                              \
+    MULTI_T(multi4_##sfx, sfx, slot, 4, 2)                                              \
+    MULTI_T(multi5_##sfx, sfx, slot, 5, 2)                                              \
+    MULTI_T(multi6_##sfx, sfx, slot, 6, 2)                                              \
+    MULTI_T(multi7_##sfx, sfx, slot, 7, 2)                                              \
+    MULTI_T(multi8_##sfx, sfx, slot, 8, 2)                                              \
+    WPI_MULTI_ENTRY(sfx, multi_row_fn, multi_rows)
+
+MULTI_DTYPE(f16, WPI_SLOT_F16)
+MULTI_DTYPE(bf16, WPI_SLOT_BF16)
+MULTI_DTYPE(q8_0, WPI_SLOT_Q8_0)
+MULTI_DTYPE(q4_0, WPI_SLOT_Q4_0)
+MULTI_DTYPE(q4_1, WPI_SLOT_Q4_1)
+MULTI_DTYPE(mxfp4, WPI_SLOT_MXFP4)
+
+/* None for f32: its rows are read in place by the tiles, with no decode to share and 8
+ * loads per 16 FMAs against one per FMA here (2..8 tokens cost 1.9x-3.1x single-token
+ * calls here, 1.3x-2.7x tiled; AMD EPYC, 2048 x 2048, benchmarks/kernels.c --ntok). */
+static const wpi_rows_multi_fn multi_avx512[WPI_SLOTS] = {
+    [WPI_SLOT_F16] = multi_f16, [WPI_SLOT_BF16] = multi_bf16,
+    [WPI_SLOT_Q8_0] = multi_q8_0, [WPI_SLOT_Q4_0] = multi_q4_0, [WPI_SLOT_Q4_1] = multi_q4_1,
+    [WPI_SLOT_MXFP4] = multi_mxfp4,
+};
 
 #if defined(__clang__)
 #pragma clang attribute pop
@@ -345,9 +561,16 @@ const wpi_blocks wpi_blocks_avx512 = {
         [WPI_SLOT_Q8_0] = dequant_q8_0, [WPI_SLOT_Q4_0] = dequant_q4_0,
         [WPI_SLOT_Q4_1] = dequant_q4_1, [WPI_SLOT_MXFP4] = dequant_mxfp4,
     },
-    .apply = apply_tiles,
-    .multi = wpi_avx2_multi, /* kernels_avx2.c's: AVX-512 CPUs run AVX2 */
-    .multi_max = WPI_AVX2_MULTI_MAX,
+    .apply = apply_4x4,
+    .multi = multi_avx512,
+    /* The multi kernels' time over the tiles' (the table rebuilt with multi_max 1, 4
+     * and 8, benchmarks/kernels.c --ntok --cpu on 2048 x 2048, and the two paths timed
+     * interleaved in one process on 2048 x 2048, 512 x 1024 and 1024 x 512; AMD EPYC,
+     * shared, load 3 to 9, so +-15%): 2 and 3 tokens 0.6x-1.05x for every dtype (most
+     * near 0.75x), 4 to 6 tokens 0.8x-1.1x, 8 tokens 1.2x-1.4x on the quantized dtypes
+     * and 1.0x-1.3x on f16 and bf16, which stay ahead up to 6 (0.8x-1.0x). */
+    .multi_max = {[WPI_SLOT_F16] = 6, [WPI_SLOT_BF16] = 6, [WPI_SLOT_Q8_0] = 4,
+                  [WPI_SLOT_Q4_0] = 4, [WPI_SLOT_Q4_1] = 4, [WPI_SLOT_MXFP4] = 4},
     .dot_f32 = dot_f32_avx512,
     .axpy_f32 = axpy_f32_avx512,
 };

@@ -512,7 +512,7 @@ const wpi_blocks wpi_blocks_ref = {
     },
     .apply = apply_tiles,
     .multi = multi_ref,
-    .multi_max = 16,
+    .multi_max = WPI_EACH_SLOT(16),
     .dot_f32 = dot_f32_ref,
     .axpy_f32 = axpy_f32_ref,
 };

@@ -8,16 +8,19 @@
  * Three paths with float32 activations:
  *   n_tok == 1 (decode): each row of [r0, r1) is dotted with x straight from the stored
  *     weights by the table's row kernel of the dtype.
- *   2 <= n_tok <= the table's multi_max (batched decode, short prefill): the tokens are
- *     split into groups of at most WPI_MULTI_TOK, as even as possible (9 = 4 + 5), and
- *     for each tile of WPI_TILE_ROWS rows the table's multi kernel applies every block
- *     of a row, decoded once into registers, to each group in turn (a tile of about
- *     64 KiB of weights, which stay in cache between groups). No token is padded and nothing is dequantized to
- *     memory.
+ *   2 <= n_tok <= the table's multi_max for the dtype (batched decode, short prefill:
+ *     in the AVX-512 table up to 4 tokens on quantized rows and 6 on f16/bf16, in the
+ *     AVX2 one 5; neither has one for f32, whose rows the tiles read in place): the
+ *     tokens are split into groups of at most WPI_MULTI_TOK, as even as possible
+ *     (9 = 4 + 5), and for each tile of WPI_TILE_ROWS rows the table's multi kernel
+ *     applies every block of a row, decoded once into registers, to each group in turn
+ *     (a tile of about 64 KiB of weights, which stay in cache between groups). No token
+ *     is padded and nothing is dequantized to memory.
  *   more tokens (prefill): a tile of up to WPI_TILE_ROWS rows is dequantized `chunk`
  *     columns at a time into a stack buffer (f32 rows are read in place), then the
- *     table's apply kernel adds every token's chunk sums into y (tiles of 2 rows x 4
- *     tokens, or 4 x 3), so each weight is decoded once per call.
+ *     table's apply kernel adds every token's chunk sums into y (register tiles: 2 rows
+ *     x 4 tokens, AVX2 also 4 x 3, AVX-512 4 rows x 1..4 tokens), so each weight is
+ *     decoded once per call.
  * Each row's arithmetic is the same whatever row range or tile it sits in, so splitting
  * rows across threads never changes a result.
  */
@@ -96,7 +99,7 @@ static void matmul(const wpi_blocks *b, int slot, int dtype, const void *w, size
         return;
     if (n_tok == 1)
         matvec(b, slot, w, rb, cols, r0, r1, x, y);
-    else if (b->multi && b->multi[slot] && n_tok <= b->multi_max)
+    else if (b->multi && b->multi[slot] && n_tok <= b->multi_max[slot])
         matmul_multi(b, slot, w, rb, cols, r0, r1, x, ldx, n_tok, y, ldy);
     else
         matmul_tiled(b, slot, w, rb, cols, r0, r1, x, ldx, n_tok, y, ldy);
