@@ -75,7 +75,9 @@ def machine() -> str:
         if line.startswith("model name"):
             cpu = line.split(":", 1)[1].strip()
             break
-    flags = [f for f in ("avx2", "fma", "f16c", "avx512f", "avx512_vnni") if f" {f}" in info]
+    have = cpu_flags()
+    flags = [f for f in ("avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512bw",
+                         "avx512vbmi", "avx512_vnni", "avx512_bf16", "amx_tile") if f in have]
     mem = "?"
     for line in Path("/proc/meminfo").read_text().splitlines():
         if line.startswith("MemTotal"):
@@ -376,42 +378,59 @@ def fmt(s: dict[str, float], prec: int) -> str:
     return f"{s['median']:.{prec}f} [{s['min']:.{prec}f}-{s['max']:.{prec}f}]"
 
 
-def targets(row: dict[str, Any]) -> list[str]:
-    """The issue's targets this row misses (empty: all met)."""
+def targets(row: dict[str, Any], arm: str = "warp") -> list[str]:
+    """The issue's targets this row misses for `arm` ("warp", or "int8": the --int8
+    arm), empty when it meets them all."""
+    dec = row[f"{arm}_decode"]["median"] / row["llama_decode"]["median"]
+    pre = row[f"{arm}_prefill"]["median"] / row["llama_prefill"]["median"]
+    roof = row[f"{arm}_decode"]["median"] / row["roofline_tok_s"]
     miss = []
-    if row["decode_ratio"] < TARGET_DECODE:
-        miss.append(f"decode {row['decode_ratio']:.2f}x < {TARGET_DECODE}x")
-    if row["prefill_ratio"] < TARGET_PREFILL:
-        miss.append(f"prefill {row['prefill_ratio']:.2f}x < {TARGET_PREFILL}x")
-    if row["moe"] and row["warp_roofline"] < TARGET_MOE_ROOFLINE:
-        miss.append(f"roofline {100 * row['warp_roofline']:.0f}% < "
-                    f"{100 * TARGET_MOE_ROOFLINE:.0f}%")
+    if dec < TARGET_DECODE:
+        miss.append(f"decode {dec:.2f}x < {TARGET_DECODE}x")
+    if pre < TARGET_PREFILL:
+        miss.append(f"prefill {pre:.2f}x < {TARGET_PREFILL}x")
+    if row["moe"] and roof < TARGET_MOE_ROOFLINE:
+        miss.append(f"roofline {100 * roof:.0f}% < {100 * TARGET_MOE_ROOFLINE:.0f}%")
     return miss
 
 
 def summary(rows: list[dict[str, Any]]) -> str:
-    met = [r for r in rows if not targets(r)]
-    lines = [f"targets (decode >= {TARGET_DECODE}x, prefill >= {TARGET_PREFILL}x llama.cpp; "
-             f"MoE decode >= {100 * TARGET_MOE_ROOFLINE:.0f}% of roofline): "
-             f"{len(met)} of {len(rows)} rows meet all"]
-    lines += [f"- {r['model']} t={r['threads']}: " + "; ".join(targets(r))
-              for r in rows if targets(r)]
+    lines = []
+    for arm in ("warp", "int8"):
+        arm_rows = [r for r in rows if f"{arm}_decode" in r]
+        if not arm_rows:
+            continue
+        met = [r for r in arm_rows if not targets(r, arm)]
+        lines.append(f"targets for {'warp' if arm == 'warp' else 'warp int8'} (decode >= "
+                     f"{TARGET_DECODE}x, prefill >= {TARGET_PREFILL}x llama.cpp; MoE decode "
+                     f">= {100 * TARGET_MOE_ROOFLINE:.0f}% of roofline): {len(met)} of "
+                     f"{len(arm_rows)} rows meet all")
+        lines += [f"- {r['model']} t={r['threads']}: " + "; ".join(targets(r, arm))
+                  for r in arm_rows if targets(r, arm)]
     return "\n".join(lines)
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    out = ["| model | threads | warp decode | llama.cpp decode | decode ratio | warp prefill "
-           "| llama.cpp prefill | prefill ratio | decode roofline (warp / llama.cpp) "
-           "| logit corr |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+    """The rows as markdown; with the --int8 arm, its decode / prefill and logit
+    correlation in three more columns."""
+    int8 = any("int8_decode" in r for r in rows)
+    head = ["model", "threads", "warp decode", "llama.cpp decode", "decode ratio",
+            "warp prefill", "llama.cpp prefill", "prefill ratio",
+            "decode roofline (warp / llama.cpp)", "logit corr"]
+    if int8:
+        head += ["warp int8 decode", "warp int8 prefill", "int8 logit corr"]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        out.append(
-            f"| {r['model']} | {r['threads']} | {fmt(r['warp_decode'], 1)} | "
-            f"{fmt(r['llama_decode'], 1)} | **{r['decode_ratio']:.2f}x** | "
-            f"{fmt(r['warp_prefill'], 1)} | {fmt(r['llama_prefill'], 1)} | "
-            f"{r['prefill_ratio']:.2f}x | {r['roofline_tok_s']:.0f} tok/s: "
-            f"{100 * r['warp_roofline']:.0f}% / {100 * r['llama_roofline']:.0f}% | "
-            f"{r['logit_corr']:.4f} |")
+        cells = [r["model"], str(r["threads"]), fmt(r["warp_decode"], 1),
+                 fmt(r["llama_decode"], 1), f"**{r['decode_ratio']:.2f}x**",
+                 fmt(r["warp_prefill"], 1), fmt(r["llama_prefill"], 1),
+                 f"{r['prefill_ratio']:.2f}x",
+                 f"{r['roofline_tok_s']:.0f} tok/s: {100 * r['warp_roofline']:.0f}% / "
+                 f"{100 * r['llama_roofline']:.0f}%", f"{r['logit_corr']:.4f}"]
+        if int8:
+            cells += ([fmt(r["int8_decode"], 1), fmt(r["int8_prefill"], 1),
+                       f"{r['int8_logit_corr']:.4f}"] if "int8_decode" in r else ["-"] * 3)
+        out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out)
 
 
