@@ -8,7 +8,7 @@ copies of each --gguf made by llama.cpp's quantizer (`llama_model_quantize`): q4
 q8_0 pure (every matrix of that type), mxfp4 as llama.cpp's MXFP4 MoE file type (routed
 experts MXFP4, every other matrix Q8_0). Every GGUF is imported by `warp convert` byte for
 byte (its Q8_0/Q4_0/Q4_1/MXFP4 blocks keep their bytes), so both engines multiply the
-same weights; each row checks that both hold the same parameters per type.
+same weights; each model's line checks that both hold the same parameters per type.
 
 Method (ENGINE_LESSONS C10: compare arms in one process): for each model and thread
 count both engines are opened side by side, warmed up (one prefill + a few decode
@@ -22,7 +22,8 @@ The comparison is only fair against a llama.cpp compiled for this CPU's instruct
 `python benchmarks/decode.py --cmake-args` prints the CMAKE_ARGS for this host (native
 detection off, each x86 extension the CPU has switched on explicitly, the rest and AMX
 off) to build llama-cpp-python with `pip install --no-cache-dir` (so no cached wheel
-built for another machine is reused); every run prints both engines' instruction sets.
+built for another machine is reused); every run prints both engines' instruction sets
+and names any x86 extension of this CPU that the loaded llama.cpp was built without.
 
 Each run also measures the machine's memory bandwidth (a streaming read over a buffer
 far larger than the last-level cache, with the row's thread count) and prints each row's
