@@ -5,11 +5,12 @@
  *
  * Bounds, per output y = sum_j w_j x_j (w the dequantized weights, x~ = d_b q_j the
  * quantized activations of block b):
- *   mag = sum_j (|w_j| + |m_b|) |x~_j| + sum_b |m_b s_b| (m_b: q4_1's offset, else 0)
+ *   mag = sum_j (|w_j| + |m_b|) |x~_j| + sum_b |m_b s_b| (m_b: q4_1's offset, else 0),
+ *   x~_j = d_b (q_j + r_j / 256) (the two planes)
  *   scalar int8 vs sum_j w_j x~_j in double, and each SIMD table vs the scalar int8:
  *     <= 1e-6 * mag + 1e-30 (float accumulation order and the rounded scale products)
- *   scalar int8 vs the float32 path: <= sum_b d_b / 2 * sum_{j in b} |w_j| (each
- *     |x_j - x~_j| <= d_b / 2), plus 1e-5 * (mag + sum_j |w_j x_j|)
+ *   scalar int8 vs the float32 path: <= sum_b d_b / 256 * sum_{j in b} |w_j| (each
+ *     |x_j - x~_j| <= d_b / 256), plus 1e-5 * (mag + sum_j |w_j x_j|)
  * and neither splitting a row range in two nor computing one token at a time changes a
  * bit.
  */
@@ -45,19 +46,21 @@ static void test_quantizer(void)
                   q[b].d);
             continue;
         }
-        int sum = 0, amax = 0;
+        int sum = 0, sum_r = 0, amax = 0;
         for (int j = 0; j < 32; j++) {
-            int v = q[b].q[j];
+            int v = q[b].q[j], e = q[b].r[j];
             sum += v;
+            sum_r += e;
             amax = abs(v) > amax ? abs(v) : amax;
-            double err = fabs((double)x[b * 32 + j] - (double)q[b].d * v);
-            CHECK(v >= -127 && v <= 127 && err <= q[b].d * 0.5 * (1 + 1e-6),
-                  "block %d x %g q %d d %g", b, x[b * 32 + j], v, q[b].d);
+            double err = fabs((double)x[b * 32 + j] - (double)q[b].d * (v + e / 256.0));
+            CHECK(v >= -127 && v <= 127 && e >= -127 && e <= 127 &&
+                      err <= q[b].d * (1 / 256.0 + 1e-5),
+                  "block %d x %g q %d r %d d %g", b, x[b * 32 + j], v, e, q[b].d);
         }
         CHECK(b == 0 ? (q[b].d == 0.0f && amax == 0) : amax == 127,
               "block %d: largest |q| %d, d %g", b, amax, q[b].d);
-        CHECK(q[b].s == q[b].d * (float)sum, "block %d: s %g, d * sum %g", b, q[b].s,
-              q[b].d * (float)sum);
+        float s = q[b].d * ((float)sum + (float)sum_r / 256.0f);
+        CHECK(q[b].s == s, "block %d: s %g, d * (sum q + sum r / 256) %g", b, q[b].s, s);
     }
 }
 
@@ -129,14 +132,15 @@ static void x8_case(const wpi_kernels *k, int dtype, size_t rows, size_t cols, s
             for (size_t b = 0; b < nb; b++) {
                 double m = fabs(offset(dtype, w + r * rb, b)), wsum = 0.0;
                 for (size_t j = 0; j < 32; j++) {
-                    double wj = deq[r * cols + b * 32 + j], xj = (double)q[b].d * q[b].q[j];
+                    double wj = deq[r * cols + b * 32 + j];
+                    double xj = (double)q[b].d * (q[b].q[j] + q[b].r[j] / 256.0);
                     e8 += wj * xj;
                     mag += (fabs(wj) + m) * fabs(xj);
                     magf += fabs(wj * x[t * ldx + b * 32 + j]);
                     wsum += fabs(wj);
                 }
                 mag += m * fabs(q[b].s);
-                qerr += q[b].d * 0.5 * wsum;
+                qerr += q[b].d / 256.0 * wsum;
             }
             double tol = 1e-6 * mag + 1e-30, ref = yr[t * ldy + r];
             double e1 = fabs(ref - e8) / tol, e2 = fabs((double)v - ref) / tol;

@@ -57,9 +57,10 @@ typedef void (*wpi_matmul_fn)(const void *w, size_t cols, size_t r0, size_t r1,
  * d = NaN, so the outputs it touches are NaN, as on the float32 path.
  */
 typedef struct wpi_xq {
-    float d;
-    float s;
-    int8_t q[32];
+    float d;       /* x[j] ~= d * (q[j] + r[j] / 256.0f) */
+    float s;       /* d * (sum of q + sum of r / 256): q4_1's offset term */
+    int8_t q[32];  /* round(x / d), d = amax / 127, clamped to [-127, 127] */
+    int8_t r[32];  /* round((x / d - q) * 256), clamped to [-127, 127] */
 } wpi_xq;
 
 /* Quantizes cols (a multiple of 32) activations into cols / 32 blocks. */

@@ -20,6 +20,10 @@
 #define X8_TABLE wpi_x8_avx2
 #define X8_NAME "avx2"
 #include "kernels/x8_avx2_body.h"
+/* The tile kernels (x8_tile.h), signed weights by the sign trick. */
+#define X8T_FLIP 0
+#define X8T_TABLE wpi_x8t_avx2
+#include "kernels/x8_tile_w256.h"
 
 #if defined(__clang__)
 #pragma clang attribute pop

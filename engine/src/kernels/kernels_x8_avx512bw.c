@@ -21,6 +21,10 @@
 #define X8_TABLE wpi_x8_avx512bw
 #define X8_NAME "avx512bw"
 #include "kernels/x8_avx512_body.h"
+/* The tile kernels (x8_tile.h), signed weights by the sign trick. */
+#define X8T_FLIP 0
+#define X8T_TABLE wpi_x8t_avx512bw
+#include "kernels/x8_tile_w512.h"
 
 #if defined(__clang__)
 #pragma clang attribute pop

@@ -25,15 +25,20 @@ void wpi_quant_x8(const float *x, size_t cols, wpi_xq *out)
         }
         float d = amax / 127.0f;
         float id = d != 0.0f && finite ? 1.0f / d : 0.0f;
-        int sum = 0;
+        int sum = 0, sum_r = 0;
         for (int j = 0; j < WPI_QK; j++) {
-            float v = finite ? roundf(x[j] * id) : 0.0f;
+            float u = finite ? x[j] * id : 0.0f;
+            float v = roundf(u);
             v = v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v;
+            float e = roundf((u - v) * 256.0f);
+            e = e > 127.0f ? 127.0f : e < -127.0f ? -127.0f : e;
             out[b].q[j] = (int8_t)v;
+            out[b].r[j] = (int8_t)e;
             sum += out[b].q[j];
+            sum_r += out[b].r[j];
         }
         out[b].d = finite ? d : NAN;
-        out[b].s = out[b].d * (float)sum;
+        out[b].s = out[b].d * ((float)sum + (float)sum_r / 256.0f);
     }
 }
 
