@@ -44,7 +44,61 @@ X8T_INLINE float xt_dw(int k, const uint8_t *p)
     return (k == 3 ? wpi_e8m0_half(p[0]) : x8_f16(p)) / 256.0f;
 }
 
-/* R rows (row i at w + i * rb) times T tokens, blocks of `bytes` bytes. */
+/* Block group b (X8T_G blocks, or one where two is 0) of R rows (row i at w + i * rb)
+ * times T tokens, added to acc. */
+X8T_INLINE void xt_group(const int k, const size_t bytes, const int R, const int T,
+                         const uint8_t *w, size_t rb, const wpi_xq *xq, size_t ldq, size_t b,
+                         const int two, xt_f acc[X8T_R][X8T_T])
+{
+    xt_i wv[X8T_R], wk[X8T_R]; /* signed: the lanes' start (X8T_FLIP) or |w| */
+    xt_f dw[X8T_R], mw[X8T_R];
+#pragma GCC unroll 8
+    for (int i = 0; i < R; i++) {
+        const uint8_t *p = w + i * rb + b * bytes, *p1 = two ? p + bytes : NULL;
+        wv[i] = xt_weights(k, p, p1);
+        dw[i] = xt_seg(xt_dw(k, p), two ? xt_dw(k, p1) : 0.0f);
+        if (k == 2)
+            mw[i] = xt_seg(x8_f16(p + 2), two ? x8_f16(p1 + 2) : 0.0f);
+        if (X8T_SIGNED(k) && X8T_FLIP) {
+            xt_i c = X8_DPBUSD(xt_zero_i(), xt_set1_i8(-128), wv[i]);
+            wk[i] = xt_sub(xt_zero_i(), xt_add(xt_shl8(c), c));
+        } else if (X8T_SIGNED(k)) {
+            wk[i] = xt_abs8(wv[i]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++) {
+        const wpi_xq *x = xq + t * ldq + b;
+        xt_i q = xt_bytes(x[0].q, two ? x[1].q : NULL);
+        xt_i r = xt_bytes(x[0].r, two ? x[1].r : NULL);
+        xt_f dx = xt_seg(x[0].d, two ? x[1].d : 0.0f), sx = xt_zero_f();
+        xt_i start = xt_zero_i();
+        if (k == 1)
+            start = xt_sub(xt_zero_i(), X8T_DOT2(xt_zero_i(), xt_set1_i8(8), q, r));
+        if (k == 2)
+            sx = xt_seg(x[0].s / 8.0f, two ? x[1].s / 8.0f : 0.0f);
+        if (X8T_SIGNED(k) && X8T_FLIP) {
+            q = xt_xor(q, xt_set1_i8(-128));
+            r = xt_xor(r, xt_set1_i8(-128));
+        }
+#pragma GCC unroll 8
+        for (int i = 0; i < R; i++) {
+            xt_i s;
+            if (X8T_SIGNED(k) && X8T_FLIP)
+                s = xt_add(xt_shl8(X8_DPBUSD(xt_zero_i(), q, wv[i])),
+                           X8_DPBUSD(wk[i], r, wv[i]));
+            else if (X8T_SIGNED(k))
+                s = X8T_DOT2(xt_zero_i(), wk[i], xt_sign8(q, wv[i]), xt_sign8(r, wv[i]));
+            else
+                s = X8T_DOT2(start, wv[i], q, r);
+            acc[i][t] = xt_fma(xt_cvt(s), xt_mul(dw[i], dx), acc[i][t]);
+            if (k == 2)
+                acc[i][t] = xt_fma(mw[i], sx, acc[i][t]);
+        }
+    }
+}
+
+/* R rows times T tokens: the whole groups, then a last lone block. */
 X8T_INLINE void xt_tile(const int k, const size_t bytes, const int R, const int T,
                         const uint8_t *w, size_t rb, const wpi_xq *xq, size_t ldq, size_t nb,
                         float *y, size_t ldy)
@@ -55,55 +109,11 @@ X8T_INLINE void xt_tile(const int k, const size_t bytes, const int R, const int 
 #pragma GCC unroll 8
         for (int t = 0; t < T; t++)
             acc[i][t] = xt_zero_f();
-    for (size_t b = 0; b < nb; b += X8T_G) {
-        int two = X8T_G == 2 && b + 1 < nb;
-        xt_i wv[X8T_R], wk[X8T_R]; /* signed: the lanes' start (X8T_FLIP) or |w| */
-        xt_f dw[X8T_R], mw[X8T_R];
-#pragma GCC unroll 8
-        for (int i = 0; i < R; i++) {
-            const uint8_t *p = w + i * rb + b * bytes, *p1 = two ? p + bytes : NULL;
-            wv[i] = xt_weights(k, p, p1);
-            dw[i] = xt_seg(xt_dw(k, p), two ? xt_dw(k, p1) : 0.0f);
-            if (k == 2)
-                mw[i] = xt_seg(x8_f16(p + 2), two ? x8_f16(p1 + 2) : 0.0f);
-            if (X8T_SIGNED(k) && X8T_FLIP) {
-                xt_i c = X8_DPBUSD(xt_zero_i(), xt_set1_i8(-128), wv[i]);
-                wk[i] = xt_sub(xt_zero_i(), xt_add(xt_shl8(c), c));
-            } else if (X8T_SIGNED(k)) {
-                wk[i] = xt_abs8(wv[i]);
-            }
-        }
-#pragma GCC unroll 8
-        for (int t = 0; t < T; t++) {
-            const wpi_xq *x = xq + t * ldq + b;
-            xt_i q = xt_bytes(x[0].q, two ? x[1].q : NULL);
-            xt_i r = xt_bytes(x[0].r, two ? x[1].r : NULL);
-            xt_f dx = xt_seg(x[0].d, two ? x[1].d : 0.0f), sx = xt_zero_f();
-            xt_i start = xt_zero_i();
-            if (k == 1)
-                start = xt_sub(xt_zero_i(), X8T_DOT2(xt_zero_i(), xt_set1_i8(8), q, r));
-            if (k == 2)
-                sx = xt_seg(x[0].s / 8.0f, two ? x[1].s / 8.0f : 0.0f);
-            if (X8T_SIGNED(k) && X8T_FLIP) {
-                q = xt_xor(q, xt_set1_i8(-128));
-                r = xt_xor(r, xt_set1_i8(-128));
-            }
-#pragma GCC unroll 8
-            for (int i = 0; i < R; i++) {
-                xt_i s;
-                if (X8T_SIGNED(k) && X8T_FLIP)
-                    s = xt_add(xt_shl8(X8_DPBUSD(xt_zero_i(), q, wv[i])),
-                               X8_DPBUSD(wk[i], r, wv[i]));
-                else if (X8T_SIGNED(k))
-                    s = X8T_DOT2(xt_zero_i(), wk[i], xt_sign8(q, wv[i]), xt_sign8(r, wv[i]));
-                else
-                    s = X8T_DOT2(start, wv[i], q, r);
-                acc[i][t] = xt_fma(xt_cvt(s), xt_mul(dw[i], dx), acc[i][t]);
-                if (k == 2)
-                    acc[i][t] = xt_fma(mw[i], sx, acc[i][t]);
-            }
-        }
-    }
+    size_t b = 0;
+    for (; b + X8T_G <= nb; b += X8T_G)
+        xt_group(k, bytes, R, T, w, rb, xq, ldq, b, X8T_G == 2, acc);
+    if (b < nb)
+        xt_group(k, bytes, R, T, w, rb, xq, ldq, b, 0, acc);
 #pragma GCC unroll 8
     for (int i = 0; i < R; i++)
 #pragma GCC unroll 8
