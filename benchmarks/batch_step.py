@@ -9,10 +9,11 @@ wall ms per step, the median CPU ms per step (all the process's threads: on a ma
 shared with other jobs the steadier figure of work done, with --threads 1 exactly the
 step's work), aggregate tok/s (N / median wall step) and its ratio to one sequence. With --resident every expert is read at
 open (a hotlist naming them all; give a --budget that holds the container) and the run
-waits for that preload, so no expert is read while timing.
+waits for that preload, so no expert is read while timing. --no-exact runs the 8-bit
+activation path (the engine's `exact` option off), --exact (the default) the float32 one.
 
     python benchmarks/batch_step.py --container model.warp --budget 2G --resident \
-        [--streams 1,2,4,8] [--steps 32] [--threads 2]
+        [--streams 1,2,4,8] [--steps 32] [--threads 2] [--no-exact]
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ def measure(a: argparse.Namespace, n: int) -> dict:
     from warp_providers import _engine
     from warp_providers.engine import parse_size
 
-    opts: dict = {"n_threads": a.threads, "max_sequences": n, "ctx_tokens": 512}
+    opts: dict = {"n_threads": a.threads, "max_sequences": n, "ctx_tokens": 512,
+                  "exact": int(a.exact)}
     if a.budget:
         opts["budget_bytes"] = parse_size(a.budget)
     if a.resident:
@@ -75,8 +77,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--streams", default="1,2,4,8")
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--exact", action=argparse.BooleanOptionalAction, default=True,
+                    help="float32 activations (default); --no-exact: 8-bit activations")
     a = ap.parse_args(argv)
-    print(f"{a.container.name}; load {os.getloadavg()}; threads {a.threads}")
+    print(f"{a.container.name}; load {os.getloadavg()}; threads {a.threads}; "
+          f"exact {a.exact}")
     print("streams  ms/step (median)   best  cpu ms/step  tok/s  vs 1")
     base = None
     for n in (int(s) for s in a.streams.split(",")):

@@ -3,7 +3,8 @@
  * that x8_tile_w512.h or x8_tile_w256.h defines (xt_i / xt_f, X8T_G blocks per vector,
  * tiles of X8T_R rows x X8T_T tokens). The ISA file defines X8_DPBUSD(acc, u, s) (acc plus,
  * per int32 lane, four unsigned-by-signed byte products), X8T_FLIP (1 where X8_DPBUSD is
- * vpdpbusd, which cannot saturate; 0 for maddubs, whose int16 pairs can) and X8T_TABLE.
+ * vpdpbusd, which cannot saturate; 0 for maddubs, whose int16 pairs can), X8T_TABLE and
+ * optionally X8T_DOT2.
  *
  * Per block group (X8T_G blocks) and (row, token), the two activation planes give
  * 256 * sum(w q) + sum(w r) in int32 lanes:
@@ -23,9 +24,12 @@
 #define X8T_INLINE static inline __attribute__((always_inline))
 #define X8T_SIGNED(k) ((k) == 0 || (k) == 3) /* slot index k: q8_0, q4_0, q4_1, mxfp4 */
 
-/* 256 * sum(u q) + sum(u r) + start, per lane: u unsigned, q and r signed bytes. */
+/* 256 * sum(u q) + sum(u r) + start, per lane: u unsigned, q and r signed bytes (the ISA
+ * file may define its own). */
+#ifndef X8T_DOT2
 #define X8T_DOT2(start, u, q, r)                                                         \
     xt_add(xt_shl8(X8_DPBUSD(xt_zero_i(), (u), (q))), X8_DPBUSD((start), (u), (r)))
+#endif
 
 /* The weights of the group at p (and p1, or none where p1 is NULL), for slot index k. */
 X8T_INLINE xt_i xt_weights(int k, const uint8_t *p, const uint8_t *p1)
@@ -151,7 +155,8 @@ X8T_INLINE void xt_tokens(const int k, const size_t bytes, const int R, size_t n
                 xt_tokens(k, bytes, X8T_R, n, w + i * rb, rb, x, ldq, nb, y + t * ldy + i, \
                           ldy);                                                          \
             for (; i < nr; i++)                                                          \
-                xt_tokens(k, bytes, 1, n, w + i * rb, rb, x, ldq, nb, y + t * ldy + i, ldy); \
+                xt_tokens(k, bytes, 1, n, w + i * rb, rb, x, ldq, nb, y + t * ldy + i,   \
+                          ldy);                                                          \
         }                                                                                \
     }
 
