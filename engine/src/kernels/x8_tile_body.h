@@ -11,7 +11,7 @@
  *   q4_0, q4_1: unsigned nibbles u times signed q and r; q4_0's -8 * sum(q, r) term is
  *     the same for every row, formed once per token as the lanes' starting value;
  *   q8_0, mxfp4 (signed weights w), X8T_FLIP: q + 128 and r + 128 (x ^ 0x80, once per
- *     token) times w, the lanes starting at -257 * 128 * sum(w) (once per row);
+ *     token) times w, each plane's lanes starting at -128 * sum(w) (once per row);
  *   the same without X8T_FLIP: |w| times q and r negated where w < 0.
  * The lanes are converted to float and added to the (row, token) accumulator times
  * (d_w / 256) * d (one multiply of the row's and the token's per-lane scales); q4_1 adds
@@ -54,7 +54,7 @@ X8T_INLINE void xt_group(const int k, const size_t bytes, const int R, const int
                          const uint8_t *w, size_t rb, const wpi_xq *xq, size_t ldq, size_t b,
                          const int two, xt_f acc[X8T_R][X8T_T])
 {
-    xt_i wv[X8T_R], wk[X8T_R]; /* signed: the lanes' start (X8T_FLIP) or |w| */
+    xt_i wv[X8T_R], wk[X8T_R]; /* signed: the planes' start (X8T_FLIP) or |w| */
     xt_f dw[X8T_R], mw[X8T_R];
 #pragma GCC unroll 8
     for (int i = 0; i < R; i++) {
@@ -63,10 +63,9 @@ X8T_INLINE void xt_group(const int k, const size_t bytes, const int R, const int
         dw[i] = xt_seg(xt_dw(k, p), two ? xt_dw(k, p1) : 0.0f);
         if (k == 2)
             mw[i] = xt_seg(x8_f16(p + 2), two ? x8_f16(p1 + 2) : 0.0f);
-        if (X8T_SIGNED(k) && X8T_FLIP) {
-            xt_i c = X8_DPBUSD(xt_zero_i(), xt_set1_i8(-128), wv[i]);
-            wk[i] = xt_sub(xt_zero_i(), xt_add(xt_shl8(c), c));
-        } else if (X8T_SIGNED(k)) {
+        if (X8T_SIGNED(k) && X8T_FLIP)
+            wk[i] = xt_sub(xt_zero_i(), X8_DPBUSD(xt_zero_i(), xt_set1_i8(-128), wv[i]));
+        else if (X8T_SIGNED(k)) {
             wk[i] = xt_abs8(wv[i]);
         }
     }
@@ -89,8 +88,7 @@ X8T_INLINE void xt_group(const int k, const size_t bytes, const int R, const int
         for (int i = 0; i < R; i++) {
             xt_i s;
             if (X8T_SIGNED(k) && X8T_FLIP)
-                s = xt_add(xt_shl8(X8_DPBUSD(xt_zero_i(), q, wv[i])),
-                           X8_DPBUSD(wk[i], r, wv[i]));
+                s = xt_add(xt_shl8(X8_DPBUSD(wk[i], q, wv[i])), X8_DPBUSD(wk[i], r, wv[i]));
             else if (X8T_SIGNED(k))
                 s = X8T_DOT2(xt_zero_i(), wk[i], xt_sign8(q, wv[i]), xt_sign8(r, wv[i]));
             else
