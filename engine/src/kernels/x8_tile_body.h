@@ -22,6 +22,7 @@
 #include "kernels/x8_tile.h"
 
 #define X8T_INLINE static inline __attribute__((always_inline))
+#define X8T_RMAX (X8T_R1 > X8T_R ? X8T_R1 : X8T_R)
 #define X8T_SIGNED(k) ((k) == 0 || (k) == 3) /* slot index k: q8_0, q4_0, q4_1, mxfp4 */
 
 /* 256 * sum(u q) + sum(u r) + start, per lane: u unsigned, q and r signed bytes (the ISA
@@ -52,10 +53,10 @@ X8T_INLINE float xt_dw(int k, const uint8_t *p)
  * times T tokens, added to acc. */
 X8T_INLINE void xt_group(const int k, const size_t bytes, const int R, const int T,
                          const uint8_t *w, size_t rb, const wpi_xq *xq, size_t ldq, size_t b,
-                         const int two, xt_f acc[X8T_R][X8T_T])
+                         const int two, xt_f acc[X8T_RMAX][X8T_T])
 {
-    xt_i wv[X8T_R], wk[X8T_R]; /* signed: the planes' start (X8T_FLIP) or |w| */
-    xt_f dw[X8T_R], mw[X8T_R];
+    xt_i wv[X8T_RMAX], wk[X8T_RMAX]; /* signed: the planes' start (X8T_FLIP) or |w| */
+    xt_f dw[X8T_RMAX], mw[X8T_RMAX];
 #pragma GCC unroll 8
     for (int i = 0; i < R; i++) {
         const uint8_t *p = w + i * rb + b * bytes, *p1 = two ? p + bytes : NULL;
@@ -105,7 +106,7 @@ X8T_INLINE void xt_tile(const int k, const size_t bytes, const int R, const int 
                         const uint8_t *w, size_t rb, const wpi_xq *xq, size_t ldq, size_t nb,
                         float *y, size_t ldy)
 {
-    xt_f acc[X8T_R][X8T_T];
+    xt_f acc[X8T_RMAX][X8T_T];
 #pragma GCC unroll 8
     for (int i = 0; i < R; i++)
 #pragma GCC unroll 8
@@ -149,6 +150,9 @@ X8T_INLINE void xt_tokens(const int k, const size_t bytes, const int R, size_t n
             size_t n = nt - t < X8T_T ? nt - t : X8T_T;                                  \
             const wpi_xq *x = xq + t * ldq;                                              \
             size_t i = 0;                                                                \
+            for (; n == 1 && i + X8T_R1 <= nr; i += X8T_R1)                              \
+                xt_tile(k, bytes, X8T_R1, 1, w + i * rb, rb, x, ldq, nb, y + t * ldy + i, \
+                        ldy);                                                            \
             for (; i + X8T_R <= nr; i += X8T_R)                                          \
                 xt_tokens(k, bytes, X8T_R, n, w + i * rb, rb, x, ldq, nb, y + t * ldy + i, \
                           ldy);                                                          \

@@ -1,7 +1,8 @@
 /*
  * x8_tile_w512.h -- the 512-bit vectors of the 8-bit-activation tile kernels: a group of
  * two blocks per vector (int32 lanes 0..7 the first block, 8..15 the second; a last odd
- * block is paired with zeros), tiles of 4 rows x 4 tokens. Included by
+ * block is paired with zeros), tiles of 4 rows x 4 tokens (8 rows x 1 for a lone token,
+ * whose activations are then loaded once per 8 rows). Included by
  * kernels_x8_avx512bw.c and kernels_x8_avx512vnni.c under their target pragmas, after
  * their row-dot body (which brings x8_blocks.h); includes x8_tile_body.h.
  * Private to engine/src/kernels/.
@@ -12,6 +13,7 @@ typedef __m512 xt_f;
 #define X8T_G 2 /* blocks per vector */
 #define X8T_R 4 /* rows per tile */
 #define X8T_T 4 /* tokens per tile */
+#define X8T_R1 8 /* rows per tile of a lone token */
 
 #define xt_add _mm512_add_epi32
 #define xt_sub _mm512_sub_epi32
