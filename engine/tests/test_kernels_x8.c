@@ -189,7 +189,7 @@ static void x8_case(const wpi_kernels *k, int dtype, size_t rows, size_t cols, s
 static void test_set(const wpi_kernels *k)
 {
     static const size_t colss[] = {32, 64, 96, 160, 4096 + 32};
-    static const size_t ntoks[] = {1, 2, 3, 5};
+    static const size_t ntoks[] = {1, 2, 3, 4, 5, 9};
     static const size_t rowss[] = {1, 3, 13, 17};
     for (size_t di = 0; di < sizeof DTYPES / sizeof DTYPES[0]; di++) {
         int dt = DTYPES[di];

@@ -116,14 +116,15 @@ static void matmul_x8(const wpi_blocks_x8 *b, int slot, int dtype, const void *w
     for (size_t r = r0; r < r1; r++) {
         const uint8_t *row = (const uint8_t *)w + r * rb;
         size_t t = 0;
-        for (; dot4 && t + 2 <= n_tok; t += 4) {
-            size_t nt = n_tok - t < 4 ? n_tok - t : 4;
+        /* Whole groups of 4 only: a 4-token dot costs 2.7-3.7 row dots (two planes,
+         * docs/BENCHMARKS.md), so 2 or 3 tokens padded to 4 cost more than alone. */
+        for (; dot4 && t + 4 <= n_tok; t += 4) {
             const wpi_xq *xt[4];
             float s[4];
             for (size_t k = 0; k < 4; k++)
-                xt[k] = xq + (t + (k < nt ? k : 0)) * ldq;
+                xt[k] = xq + (t + k) * ldq;
             dot4(row, xt, nb, s);
-            for (size_t k = 0; k < nt; k++)
+            for (size_t k = 0; k < 4; k++)
                 y[(t + k) * ldy + r] = s[k];
         }
         for (; t < n_tok; t++)
