@@ -6,8 +6,8 @@
  *
  * One block per vector: its 32 weights as bytes, signed products through the sign trick
  * (|w| times x with w's sign), x's q plane then its r plane, 256 * w.q + w.r as 8 int32
- * lane sums (each <= 257 * 4 * 128 * 127 in magnitude) converted to float and multiplied by
- * the block's two scales into one of two float accumulators (even and odd blocks);
+ * lane sums (each <= 257 * 4 * 128 * 127 in magnitude) converted to float and multiplied
+ * by the block's two scales into one of two float accumulators (even and odd blocks);
  * q4_1's m * s terms go into a third sum.
  * Private to engine/src/kernels/.
  */

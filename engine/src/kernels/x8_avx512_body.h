@@ -7,9 +7,9 @@
  * Two blocks per vector (lanes 0..7 the even block, 8..15 the odd one; a last odd block
  * is paired with zeros), signed products through the sign trick (|w| times x negated
  * where w < 0), x's q plane then its r plane, 256 * w.q + w.r as 16 int32 lane sums
- * (each <= 257 * 4 * 128 * 127 in magnitude) converted to float and multiplied by each half's
- * scales into one of two float accumulators (alternate pairs); q4_1's m * s terms go into
- * a third sum.
+ * (each <= 257 * 4 * 128 * 127 in magnitude) converted to float and multiplied by each
+ * half's scales into one of two float accumulators (alternate pairs); q4_1's m * s terms
+ * go into a third sum.
  * Private to engine/src/kernels/.
  */
 #define X8_HAVE_ROW4 1 /* this body defines X8_ROW4 */
