@@ -60,6 +60,9 @@ X8T_INLINE void xt_group(const int k, const size_t bytes, const int R, const int
 #pragma GCC unroll 8
     for (int i = 0; i < R; i++) {
         const uint8_t *p = w + i * rb + b * bytes, *p1 = two ? p + bytes : NULL;
+        /* the next tile's rows: R rows read side by side defeat the hardware prefetch of
+         * weights streamed from DRAM (1.4x slower at n_tok = 1 on [32768 x 1024] q8_0) */
+        _mm_prefetch((const char *)(p + R * rb + 64), _MM_HINT_T0);
         wv[i] = xt_weights(k, p, p1);
         dw[i] = xt_seg(xt_dw(k, p), two ? xt_dw(k, p1) : 0.0f);
         if (k == 2)
