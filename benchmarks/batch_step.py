@@ -12,10 +12,11 @@ open (a hotlist naming them all; give a --budget that holds the container) and t
 waits for that preload, so no expert is read while timing. With --prefill N, also one
 N-token prompt on one sequence (`prefill_chunk` N, so one matmul per weight carries all N
 rows), timed --steps // 4 times after a warm-up: median wall and CPU ms, and CPU ms per
-token against one decode step's.
+token against one decode step's. --no-exact runs the 8-bit activation path (the engine's
+`exact` option off), --exact (the default) the float32 one.
 
     python benchmarks/batch_step.py --container model.warp --budget 2G --resident \
-        [--streams 1,2,4,8] [--steps 32] [--threads 2] [--prefill 64]
+        [--streams 1,2,4,8] [--steps 32] [--threads 2] [--prefill 64] [--no-exact]
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ def open_ctx(a: argparse.Namespace, n: int, **extra: int):
     from warp_providers import _engine
     from warp_providers.engine import parse_size
 
-    opts: dict = {"n_threads": a.threads, "max_sequences": n, "ctx_tokens": 512, **extra}
+    opts: dict = {"n_threads": a.threads, "max_sequences": n, "ctx_tokens": 512,
+                  "exact": int(a.exact), **extra}
     if a.budget:
         opts["budget_bytes"] = parse_size(a.budget)
     if a.resident:
@@ -104,8 +106,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--prefill", type=int, default=0)
+    ap.add_argument("--exact", action=argparse.BooleanOptionalAction, default=True,
+                    help="float32 activations (default); --no-exact: 8-bit activations")
     a = ap.parse_args(argv)
-    print(f"{a.container.name}; load {os.getloadavg()}; threads {a.threads}")
+    print(f"{a.container.name}; load {os.getloadavg()}; threads {a.threads}; "
+          f"exact {a.exact}")
     print("streams  ms/step (median)   best  cpu ms/step  tok/s  vs 1")
     base, one_cpu = None, None
     for n in (int(s) for s in a.streams.split(",")):

@@ -339,7 +339,8 @@ class Engine:
                 reader_threads, prefill_chunk (also the prompt tokens a request evaluates
                 per step while others decode), isa ("auto"/"scalar"/"avx2"/"avx512"/"neon"),
                 exact (True: float32 activations in every matmul; False: 8-bit
-                activations against quantized weights; None: the engine's default),
+                activations, two int8 planes of about 16 bits in all, against quantized
+                weights; None: the engine's default, False),
                 experts_per_token (routed experts per token, 1..the model's top_k: the
                 router keeps the N highest-scoring experts and weights them as the model's
                 routing weights its top_k, so the model runs as its top-N variant; fewer

@@ -7,10 +7,12 @@ replies to 10 fixed prompts are the same token for token. The tests measure both
 fail if the default is the 8-bit path while either bound is broken; they also check the
 two paths really differ (the option is not ignored) and exact=True is the float32 path.
 Measured with the routed experts, dense FFNs and shared experts on the 8-bit path too
-(x86-64, AVX2): mean KL above 5e-4 on 7 of 11 architectures, deepseek_v3 (q8_0 3.99e-3,
-q4_0 3.72e-3), deepseek_v4 (6.52e-4, 5.93e-4), glm4_moe (4.12e-3, 1.22e-3), gpt_oss
-(q4_0 1.49e-3), kimi_linear (5.44e-4, 7.17e-3), mixtral (q8_0 7.35e-4) and qwen3_moe
-(q4_0 5.26e-4), and 9 of the 10 SmolLM2 replies changed, so exact=True is the default.
+(x86-64, AVX-512 VNNI set), activations as two int8 planes (x ~= d (q + r / 256)): mean
+KL from 4.3e-10 (glm5_next) to 1.1e-8 (deepseek_v4 q4_0), e.g. deepseek_v3 (q8_0
+2.47e-9, q4_0 3.17e-9), glm4_moe (3.89e-9, 3.54e-9), kimi_linear (7.03e-9, 7.43e-9),
+mixtral (8.82e-10, 9.10e-10), and 10 of the 10 SmolLM2 replies unchanged, so the 8-bit
+path is the default. With the q plane alone KL passed 5e-4 on 7 of 11 architectures (up
+to 7.17e-3, kimi_linear q4_0) and 9 of 10 replies changed.
 test_int8_routed_experts checks that exact=False reaches the routed experts.
 """
 

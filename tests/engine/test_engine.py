@@ -54,12 +54,17 @@ def test_info_and_eval_shapes(model):
         assert all_.shape == (4, eng.vocab_size)
 
 
-def test_incremental_equals_batched(model):
-    with Engine.open(model, threads=2) as eng:
+@pytest.mark.parametrize("exact, tol", [(True, 1e-5), (False, 1e-3)])
+def test_incremental_equals_batched(model, exact, tol):
+    """Within float reassociation on the float32 path. On the 8-bit path a reassociated
+    input can round to the next step of the residual plane (d / 256), and that step
+    shows in the logits: about 1.5e-4 here."""
+    with Engine.open(model, threads=2, exact=exact) as eng:
         batched = eng.eval(PROMPT, all_logits=True)
         eng.reset()
         steps = np.stack([eng.eval([t]) for t in PROMPT])
-    assert np.abs(batched - steps).max() <= 1e-5
+    assert np.abs(batched - steps).max() <= tol
+    assert (batched.argmax(-1) == steps.argmax(-1)).all()
 
 
 def test_threads_do_not_change_results(model):

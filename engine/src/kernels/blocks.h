@@ -252,6 +252,7 @@ static inline void wpi_prefetch_range(const uint8_t *p, size_t b, size_t e)
  * Tables are indexed by slot - WPI_SLOT_Q8_0 (q8_0, q4_0, q4_1, mxfp4). */
 typedef float (*wpi_row_dot_x8_fn)(const uint8_t *row, const wpi_xq *xq, size_t nb);
 #define WPI_X8_SLOTS 4
+#define WPI_X8_R (1.0f / 256.0f) /* the r plane's step: sum 256 w.q + w.r counts d / 256 */
 
 /* Optional: one row dotted with 4 tokens' blocks (xt[k], repeated for a ragged group),
  * the weights decoded once; out[k] must equal row_dot's result for xt[k] bit for bit. */

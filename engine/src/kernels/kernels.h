@@ -49,17 +49,20 @@ typedef void (*wpi_matmul_fn)(const void *w, size_t cols, size_t r0, size_t r1,
                               float *y, size_t ldy);
 
 /*
- * 8-bit activations (the default path; wp_cfg.exact selects the float32 one above): a
- * token's activations are quantized once per call in blocks of 32, as q8_0 weights are
- * (d = amax / 127, q = round(x / d), half away from zero), and quantized weight rows
- * are dotted with them in integer arithmetic, one float multiply per block. s is
- * d * sum(q), the term q4_1's offset m needs. A block holding a NaN or infinity gets
- * d = NaN, so the outputs it touches are NaN, as on the float32 path.
+ * 8-bit activations (wp_cfg.exact = 0; exact = 1 selects the float32 path above): a
+ * token's activations are quantized once per call in blocks of 32 into two int8 planes,
+ * q as q8_0 weights are (d = amax / 127, q = round(x / d), half away from zero) and r the
+ * residual x / d - q in steps of 1/256, so x is held to about 16 bits while every
+ * product is a byte by a byte. Quantized weight rows are dotted with both planes in
+ * integer arithmetic, 256 * sum(w q) + sum(w r), one float multiply per block. s is
+ * q4_1's offset term. A block holding a NaN or infinity gets d = NaN, so the outputs it
+ * touches are NaN, as on the float32 path.
  */
 typedef struct wpi_xq {
-    float d;
-    float s;
-    int8_t q[32];
+    float d;       /* x[j] ~= d * (q[j] + r[j] / 256.0f) */
+    float s;       /* d * (sum of q + sum of r / 256): q4_1's offset term */
+    int8_t q[32];  /* round(x / d), d = amax / 127, clamped to [-127, 127] */
+    int8_t r[32];  /* round((x / d - q) * 256), clamped to [-127, 127] */
 } wpi_xq;
 
 /* Quantizes cols (a multiple of 32) activations into cols / 32 blocks. */

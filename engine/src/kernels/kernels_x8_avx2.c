@@ -20,6 +20,15 @@
 #define X8_TABLE wpi_x8_avx2
 #define X8_NAME "avx2"
 #include "kernels/x8_avx2_body.h"
+/* The tile kernels (x8_tile.h), signed weights by the sign trick. */
+#define X8T_FLIP 0
+/* Each plane's int16 pair sums widened by one madd, the q plane's times 256. */
+#define X8T_MADD(u, s, k)                                                                \
+    _mm256_madd_epi16(_mm256_maddubs_epi16((u), (s)), _mm256_set1_epi16(k))
+#define X8T_DOT2(start, u, q, r)                                                         \
+    _mm256_add_epi32(_mm256_add_epi32((start), X8T_MADD(u, q, 256)), X8T_MADD(u, r, 1))
+#define X8T_TABLE wpi_x8t_avx2
+#include "kernels/x8_tile_w256.h"
 
 #if defined(__clang__)
 #pragma clang attribute pop

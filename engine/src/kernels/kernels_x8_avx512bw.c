@@ -21,6 +21,15 @@
 #define X8_TABLE wpi_x8_avx512bw
 #define X8_NAME "avx512bw"
 #include "kernels/x8_avx512_body.h"
+/* The tile kernels (x8_tile.h), signed weights by the sign trick. */
+#define X8T_FLIP 0
+/* Each plane's int16 pair sums widened by one madd, the q plane's times 256. */
+#define X8T_MADD(u, s, k)                                                                \
+    _mm512_madd_epi16(_mm512_maddubs_epi16((u), (s)), _mm512_set1_epi16(k))
+#define X8T_DOT2(start, u, q, r)                                                         \
+    _mm512_add_epi32(_mm512_add_epi32((start), X8T_MADD(u, q, 256)), X8T_MADD(u, r, 1))
+#define X8T_TABLE wpi_x8t_avx512bw
+#include "kernels/x8_tile_w512.h"
 
 #if defined(__clang__)
 #pragma clang attribute pop

@@ -19,6 +19,10 @@
 #define X8_TABLE wpi_x8_avx512vnni
 #define X8_NAME "avx512vnni"
 #include "kernels/x8_avx512_body.h"
+/* The tile kernels (x8_tile.h), signed weights by x ^ 0x80. */
+#define X8T_FLIP 1
+#define X8T_TABLE wpi_x8t_avx512vnni
+#include "kernels/x8_tile_w512.h"
 
 #if defined(__clang__)
 #pragma clang attribute pop

@@ -18,6 +18,10 @@
 #define X8_TABLE wpi_x8_avxvnni
 #define X8_NAME "avxvnni"
 #include "kernels/x8_avx2_body.h"
+/* The tile kernels (x8_tile.h), signed weights by x ^ 0x80. */
+#define X8T_FLIP 1
+#define X8T_TABLE wpi_x8t_avxvnni
+#include "kernels/x8_tile_w256.h"
 
 #if defined(__clang__)
 #pragma clang attribute pop

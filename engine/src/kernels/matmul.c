@@ -29,6 +29,7 @@
 
 #include "kernels/blocks.h"
 #include "kernels/kernels.h"
+#include "kernels/x8_tile.h"
 
 static void matvec(const wpi_blocks *b, int slot, const uint8_t *w, size_t rb, size_t cols,
                    size_t r0, size_t r1, const float *x, float *y)
@@ -105,32 +106,23 @@ static void matmul(const wpi_blocks *b, int slot, int dtype, const void *w, size
         matmul_tiled(b, slot, w, rb, cols, r0, r1, x, ldx, n_tok, y, ldy);
 }
 
-/* 8-bit activations: each row, read once, is dotted with every token's blocks. */
-static void matmul_x8(const wpi_blocks_x8 *b, int slot, int dtype, const void *w,
+/* Rows per call of an 8-bit tile kernel: about this many bytes of weights, which stay in
+ * L2 while each group of tokens passes over them. */
+#define X8_TILE_BYTES 65536
+
+/* 8-bit activations: tiles of rows times every token (x8_tile.h). */
+static void matmul_x8(const wpi_tiles_x8 *tt, int slot, int dtype, const void *w,
                       size_t cols, size_t r0, size_t r1, const wpi_xq *xq, size_t ldq,
                       size_t n_tok, float *y, size_t ldy)
 {
     size_t rb = wpi_row_bytes(dtype, cols);
     if (rb == 0 && cols != 0)
         return;
-    wpi_row_dot_x8_fn dot = b->row_dot[slot - WPI_SLOT_Q8_0];
-    wpi_row_dot4_x8_fn dot4 = b->row_dot4[slot - WPI_SLOT_Q8_0];
-    size_t nb = cols / WPI_QK;
-    for (size_t r = r0; r < r1; r++) {
-        const uint8_t *row = (const uint8_t *)w + r * rb;
-        size_t t = 0;
-        for (; dot4 && t + 2 <= n_tok; t += 4) {
-            size_t nt = n_tok - t < 4 ? n_tok - t : 4;
-            const wpi_xq *xt[4];
-            float s[4];
-            for (size_t k = 0; k < 4; k++)
-                xt[k] = xq + (t + (k < nt ? k : 0)) * ldq;
-            dot4(row, xt, nb, s);
-            for (size_t k = 0; k < nt; k++)
-                y[(t + k) * ldy + r] = s[k];
-        }
-        for (; t < n_tok; t++)
-            y[t * ldy + r] = dot(row, xq + t * ldq, nb);
+    wpi_tile_x8_fn tile = tt->tile[slot - WPI_SLOT_Q8_0];
+    size_t step = rb && rb < X8_TILE_BYTES ? X8_TILE_BYTES / rb : 1;
+    for (size_t r = r0; r < r1; r += step) {
+        size_t nr = r1 - r < step ? r1 - r : step;
+        tile((const uint8_t *)w + r * rb, rb, nr, xq, ldq, n_tok, cols / WPI_QK, y + r, ldy);
     }
 }
 
@@ -139,7 +131,7 @@ static void matmul_x8(const wpi_blocks_x8 *b, int slot, int dtype, const void *w
                                        const wpi_xq *xq, size_t ldq, size_t n_tok,        \
                                        float *y, size_t ldy)                              \
     {                                                                                    \
-        matmul_x8(&wpi_x8_##x8, slot, dtype, w, cols, r0, r1, xq, ldq, n_tok, y, ldy);   \
+        matmul_x8(&wpi_x8t_##x8, slot, dtype, w, cols, r0, r1, xq, ldq, n_tok, y, ldy);   \
     }
 
 #define X8_SET(x8)                                                                       \

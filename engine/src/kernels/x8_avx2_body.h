@@ -5,8 +5,9 @@
  * of four unsigned-by-signed byte products) and X8_TABLE (the table's name).
  *
  * One block per vector: its 32 weights as bytes, signed products through the sign trick
- * (|w| times x with w's sign), 8 int32 lane sums converted to float and multiplied by
- * the block's two scales into one of two float accumulators (even and odd blocks);
+ * (|w| times x with w's sign), x's q plane then its r plane, 256 * w.q + w.r as 8 int32
+ * lane sums (each <= 257 * 4 * 128 * 127 in magnitude) converted to float and multiplied
+ * by the block's two scales into one of two float accumulators (even and odd blocks);
  * q4_1's m * s terms go into a third sum.
  * Private to engine/src/kernels/.
  */
@@ -20,10 +21,34 @@ static inline float x8_hsum(__m256 v)
     return _mm_cvtss_f32(s);
 }
 
-/* Signed w times signed x, 8 lanes of int32 sums. */
-static inline __m256i x8_dot_ss(__m256i w, __m256i x)
+/* Block x's two planes times weights u (unsigned) as 8 lanes of int32 sums, q's
+ * shifted up 8 bits before r's are added (sq, sr: the planes, signs already applied). */
+static inline __m256i x8_planes(__m256i u, __m256i sq, __m256i sr)
 {
-    return X8_DPBUSD(_mm256_setzero_si256(), _mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+    return X8_DPBUSD(_mm256_slli_epi32(X8_DPBUSD(_mm256_setzero_si256(), u, sq), 8), u, sr);
+}
+
+static inline __m256i x8_q(const wpi_xq *x)
+{
+    return _mm256_loadu_si256((const __m256i *)x->q);
+}
+
+static inline __m256i x8_r(const wpi_xq *x)
+{
+    return _mm256_loadu_si256((const __m256i *)x->r);
+}
+
+/* Signed w times block x. */
+static inline __m256i x8_dot_ss(__m256i w, const wpi_xq *x)
+{
+    return x8_planes(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x8_q(x), w),
+                     _mm256_sign_epi8(x8_r(x), w));
+}
+
+/* Unsigned w times block x. */
+static inline __m256i x8_dot_us(__m256i w, const wpi_xq *x)
+{
+    return x8_planes(w, x8_q(x), x8_r(x));
 }
 
 static inline __m256 x8_scaled(__m256i s, float d, __m256 acc)
@@ -32,7 +57,7 @@ static inline __m256 x8_scaled(__m256i s, float d, __m256 acc)
 }
 
 /* One block's lane sums: W(p) is block p's weights as 32 bytes, DOT the product. */
-#define X8_BLOCK(W, DOT, p, x) DOT(W(p), _mm256_loadu_si256((const __m256i *)(x)->q))
+#define X8_BLOCK(W, DOT, p, x) DOT(W(p), (x))
 
 /* The loop over blocks, even and odd blocks into two accumulators; D(p, b) is block b's
  * weight scale times x's, EXTRA(p, b) a per-block float added to a third sum. */
@@ -56,6 +81,6 @@ static inline __m256 x8_scaled(__m256i s, float d, __m256 acc)
         return x8_hsum(_mm256_add_ps(e, o)) + extra;                                     \
     }
 
-#define X8_DOT_US(w, x) X8_DPBUSD(_mm256_setzero_si256(), (w), (x))
+#define X8_DOT_US x8_dot_us
 
 X8_ROWS

@@ -6,9 +6,10 @@
  *
  * Two blocks per vector (lanes 0..7 the even block, 8..15 the odd one; a last odd block
  * is paired with zeros), signed products through the sign trick (|w| times x negated
- * where w < 0), 16 int32 lane sums converted to float and multiplied by each half's
- * scales into one of two float accumulators (alternate pairs); q4_1's m * s terms go into
- * a third sum.
+ * where w < 0), x's q plane then its r plane, 256 * w.q + w.r as 16 int32 lane sums
+ * (each <= 257 * 4 * 128 * 127 in magnitude) converted to float and multiplied by each
+ * half's scales into one of two float accumulators (alternate pairs); q4_1's m * s terms
+ * go into a third sum.
  * Private to engine/src/kernels/.
  */
 #define X8_HAVE_ROW4 1 /* this body defines X8_ROW4 */
@@ -19,19 +20,45 @@ static inline __m512i x8_pair(__m256i lo, __m256i hi)
     return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
 }
 
-static inline __m512i x8_dot_ss(__m512i w, __m512i x)
+/* Two blocks' two planes, lanes 0..7 block b, 8..15 block b + 1 (or zeros). */
+typedef struct x8_xv {
+    __m512i q, r;
+} x8_xv;
+
+/* The two planes times weights u (unsigned) as 16 lanes of int32 sums, q's shifted up 8
+ * bits before r's are added (sq, sr: the planes, signs already applied). */
+static inline __m512i x8_planes(__m512i u, __m512i sq, __m512i sr)
 {
-    __m512i sx = _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(w), _mm512_setzero_si512(), x);
-    return X8_DPBUSD(_mm512_setzero_si512(), _mm512_abs_epi8(w), sx);
+    return X8_DPBUSD(_mm512_slli_epi32(X8_DPBUSD(_mm512_setzero_si512(), u, sq), 8), u, sr);
+}
+
+/* Signed w times x: |w| times x negated where w < 0. */
+static inline __m512i x8_dot_ss(__m512i w, x8_xv x)
+{
+    __mmask64 neg = _mm512_movepi8_mask(w);
+    __m512i z = _mm512_setzero_si512();
+    return x8_planes(_mm512_abs_epi8(w), _mm512_mask_sub_epi8(x.q, neg, z, x.q),
+                     _mm512_mask_sub_epi8(x.r, neg, z, x.r));
+}
+
+/* Unsigned w times x. */
+static inline __m512i x8_dot_us(__m512i w, x8_xv x)
+{
+    return x8_planes(w, x.q, x.r);
+}
+
+static inline __m512i x8_load2(const int8_t *lo, const int8_t *hi)
+{
+    return x8_pair(_mm256_loadu_si256((const __m256i *)lo),
+                   hi ? _mm256_loadu_si256((const __m256i *)hi) : _mm256_setzero_si256());
 }
 
 /* Blocks b and b + 1 of x (b + 1 only if odd_too; else zeros). */
-static inline __m512i x8_load_x(const wpi_xq *xq, size_t b, int odd_too)
+static inline x8_xv x8_load_x(const wpi_xq *xq, size_t b, int odd_too)
 {
-    __m256i lo = _mm256_loadu_si256((const __m256i *)xq[b].q);
-    __m256i hi = odd_too ? _mm256_loadu_si256((const __m256i *)xq[b + 1].q)
-                         : _mm256_setzero_si256();
-    return x8_pair(lo, hi);
+    x8_xv v = {x8_load2(xq[b].q, odd_too ? xq[b + 1].q : NULL),
+               x8_load2(xq[b].r, odd_too ? xq[b + 1].r : NULL)};
+    return v;
 }
 
 static inline __m512 x8_scaled(__m512i s, float d0, float d1, __m512 acc)
@@ -111,6 +138,6 @@ static inline __m512 x8_scaled(__m512i s, float d0, float d1, __m512 acc)
         }                                                                                \
     }
 
-#define X8_DOT_US(w, x) X8_DPBUSD(_mm512_setzero_si512(), (w), (x))
+#define X8_DOT_US x8_dot_us
 
 X8_ROWS

@@ -1,7 +1,8 @@
 /*
  * x8_blocks.h -- what the 256- and 512-bit 8-bit-activation bodies (x8_avx2_body.h,
  * x8_avx512_body.h) share: a block's f16 scale, its nibbles as bytes, each dtype's
- * weights as 32 bytes W_*(p) (a __m256i), its weight scale times x's D_*(p, b), q4_1's
+ * weights as 32 bytes W_*(p) (a __m256i), its weight scale times x's and 1/256 D_*(p, b)
+ * (a block's integer sum counts x in steps of d / 256: 256 * w.q + w.r), q4_1's
  * offset term M_Q4_1, and X8_ROWS, which defines the four row dots and the table X8_TABLE
  * from the body's X8_ROW(name, bytes, W, D, EXTRA, DOT), x8_dot_ss (signed weights) and
  * X8_DOT_US (unsigned weights). Included once per body, under the file's target pragma.
@@ -28,13 +29,13 @@ static inline __m256i x8_nibbles(const uint8_t *q)
 
 #define X8_NONE(p, b) 0.0f
 #define W_Q8_0(p) _mm256_loadu_si256((const __m256i *)((p) + 2))
-#define D_Q8_0(p, b) (x8_f16(p) * xq[b].d)
+#define D_Q8_0(p, b) (x8_f16(p) * xq[b].d * WPI_X8_R)
 #define W_Q4_0(p) _mm256_sub_epi8(x8_nibbles((p) + 2), _mm256_set1_epi8(8))
 #define W_Q4_1(p) x8_nibbles((p) + 4)
 #define M_Q4_1(p, b) (x8_f16((p) + 2) * xq[b].s)
 #define W_MXFP4(p) _mm256_shuffle_epi8(_mm256_setr_epi8(WPI_MXFP4_X2, WPI_MXFP4_X2),      \
                                        x8_nibbles((p) + 1))
-#define D_MXFP4(p, b) (wpi_e8m0_half((p)[0]) * xq[b].d)
+#define D_MXFP4(p, b) (wpi_e8m0_half((p)[0]) * xq[b].d * WPI_X8_R)
 
 #define X8_ROWS                                                                          \
     X8_ROW(x8_q8_0, 34, W_Q8_0, D_Q8_0, X8_NONE, x8_dot_ss)                              \

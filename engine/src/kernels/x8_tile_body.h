@@ -1,0 +1,176 @@
+/*
+ * x8_tile_body.h -- the 8-bit-activation tile kernels (x8_tile.h) over a vector width
+ * that x8_tile_w512.h or x8_tile_w256.h defines (xt_i / xt_f, X8T_G blocks per vector,
+ * tiles of X8T_R rows x X8T_T tokens). The ISA file defines X8_DPBUSD(acc, u, s) (acc plus,
+ * per int32 lane, four unsigned-by-signed byte products), X8T_FLIP (1 where X8_DPBUSD is
+ * vpdpbusd, which cannot saturate; 0 for maddubs, whose int16 pairs can), X8T_TABLE and
+ * optionally X8T_DOT2.
+ *
+ * Per block group (X8T_G blocks) and (row, token), the two activation planes give
+ * 256 * sum(w q) + sum(w r) in int32 lanes:
+ *   q4_0, q4_1: unsigned nibbles u times signed q and r; q4_0's -8 * sum(q, r) term is
+ *     the same for every row, formed once per token as the lanes' starting value;
+ *   q8_0, mxfp4 (signed weights w), X8T_FLIP: q + 128 and r + 128 (x ^ 0x80, once per
+ *     token) times w, each plane's lanes starting at -128 * sum(w) (once per row);
+ *   the same without X8T_FLIP: |w| times q and r negated where w < 0.
+ * The lanes are converted to float and added to the (row, token) accumulator times
+ * (d_w / 256) * d (one multiply of the row's and the token's per-lane scales); q4_1 adds
+ * m * (s / 8) in each of its block's 8 lanes. The accumulator's lanes are summed once at
+ * the end. Every step is per (row, token), so a tile's shape never changes a result.
+ * Private to engine/src/kernels/.
+ */
+#include "kernels/x8_tile.h"
+
+#define X8T_INLINE static inline __attribute__((always_inline))
+#define X8T_RMAX (X8T_R1 > X8T_R ? X8T_R1 : X8T_R)
+#define X8T_SIGNED(k) ((k) == 0 || (k) == 3) /* slot index k: q8_0, q4_0, q4_1, mxfp4 */
+
+/* 256 * sum(u q) + sum(u r) + start, per lane: u unsigned, q and r signed bytes (the ISA
+ * file may define its own). */
+#ifndef X8T_DOT2
+#define X8T_DOT2(start, u, q, r)                                                         \
+    xt_add(xt_shl8(X8_DPBUSD(xt_zero_i(), (u), (q))), X8_DPBUSD((start), (u), (r)))
+#endif
+
+/* The weights of the group at p (and p1, or none where p1 is NULL), for slot index k. */
+X8T_INLINE xt_i xt_weights(int k, const uint8_t *p, const uint8_t *p1)
+{
+    switch (k) {
+    case 0: return xt_bytes(p + 2, p1 ? p1 + 2 : NULL);
+    case 1: return xt_nibbles(p + 2, p1 ? p1 + 2 : NULL);
+    case 2: return xt_nibbles(p + 4, p1 ? p1 + 4 : NULL);
+    default: return xt_mxfp4(xt_nibbles(p + 1, p1 ? p1 + 1 : NULL));
+    }
+}
+
+/* Block p's weight scale over 256 (exact: a power-of-2 factor, never below 2^-149). */
+X8T_INLINE float xt_dw(int k, const uint8_t *p)
+{
+    return (k == 3 ? wpi_e8m0_half(p[0]) : x8_f16(p)) / 256.0f;
+}
+
+/* Block group b (X8T_G blocks, or one where two is 0) of R rows (row i at w + i * rb)
+ * times T tokens, added to acc. */
+X8T_INLINE void xt_group(const int k, const size_t bytes, const int R, const int T,
+                         const uint8_t *w, size_t rb, const wpi_xq *xq, size_t ldq, size_t b,
+                         const int two, xt_f acc[X8T_RMAX][X8T_T])
+{
+    xt_i wv[X8T_RMAX], wk[X8T_RMAX]; /* signed: the planes' start (X8T_FLIP) or |w| */
+    xt_f dw[X8T_RMAX], mw[X8T_RMAX];
+#pragma GCC unroll 8
+    for (int i = 0; i < R; i++) {
+        const uint8_t *p = w + i * rb + b * bytes, *p1 = two ? p + bytes : NULL;
+        /* the next tile's rows: R rows read side by side defeat the hardware prefetch of
+         * weights streamed from DRAM (1.4x slower at n_tok = 1 on [32768 x 1024] q8_0) */
+        _mm_prefetch((const char *)(p + R * rb + 64), _MM_HINT_T0);
+        wv[i] = xt_weights(k, p, p1);
+        dw[i] = xt_seg(xt_dw(k, p), two ? xt_dw(k, p1) : 0.0f);
+        if (k == 2)
+            mw[i] = xt_seg(x8_f16(p + 2), two ? x8_f16(p1 + 2) : 0.0f);
+        if (X8T_SIGNED(k) && X8T_FLIP)
+            wk[i] = xt_sub(xt_zero_i(), X8_DPBUSD(xt_zero_i(), xt_set1_i8(-128), wv[i]));
+        else if (X8T_SIGNED(k)) {
+            wk[i] = xt_abs8(wv[i]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++) {
+        const wpi_xq *x = xq + t * ldq + b;
+        xt_i q = xt_bytes(x[0].q, two ? x[1].q : NULL);
+        xt_i r = xt_bytes(x[0].r, two ? x[1].r : NULL);
+        xt_f dx = xt_seg(x[0].d, two ? x[1].d : 0.0f), sx = xt_zero_f();
+        xt_i start = xt_zero_i();
+        if (k == 1)
+            start = xt_sub(xt_zero_i(), X8T_DOT2(xt_zero_i(), xt_set1_i8(8), q, r));
+        if (k == 2)
+            sx = xt_seg(x[0].s / 8.0f, two ? x[1].s / 8.0f : 0.0f);
+        if (X8T_SIGNED(k) && X8T_FLIP) {
+            q = xt_xor(q, xt_set1_i8(-128));
+            r = xt_xor(r, xt_set1_i8(-128));
+        }
+#pragma GCC unroll 8
+        for (int i = 0; i < R; i++) {
+            xt_i s;
+            if (X8T_SIGNED(k) && X8T_FLIP)
+                s = xt_add(xt_shl8(X8_DPBUSD(wk[i], q, wv[i])), X8_DPBUSD(wk[i], r, wv[i]));
+            else if (X8T_SIGNED(k))
+                s = X8T_DOT2(xt_zero_i(), wk[i], xt_sign8(q, wv[i]), xt_sign8(r, wv[i]));
+            else
+                s = X8T_DOT2(start, wv[i], q, r);
+            acc[i][t] = xt_fma(xt_cvt(s), xt_mul(dw[i], dx), acc[i][t]);
+            if (k == 2)
+                acc[i][t] = xt_fma(mw[i], sx, acc[i][t]);
+        }
+    }
+}
+
+/* R rows times T tokens: the whole groups, then a last lone block. */
+X8T_INLINE void xt_tile(const int k, const size_t bytes, const int R, const int T,
+                        const uint8_t *w, size_t rb, const wpi_xq *xq, size_t ldq, size_t nb,
+                        float *y, size_t ldy)
+{
+    xt_f acc[X8T_RMAX][X8T_T];
+#pragma GCC unroll 8
+    for (int i = 0; i < R; i++)
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++)
+            acc[i][t] = xt_zero_f();
+    size_t b = 0;
+    for (; b + X8T_G <= nb; b += X8T_G)
+        xt_group(k, bytes, R, T, w, rb, xq, ldq, b, X8T_G == 2, acc);
+    if (b < nb)
+        xt_group(k, bytes, R, T, w, rb, xq, ldq, b, 0, acc);
+#pragma GCC unroll 8
+    for (int i = 0; i < R; i++)
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++)
+            y[t * ldy + i] = xt_reduce(acc[i][t]);
+}
+
+_Static_assert(X8T_T >= 1 && X8T_T <= 4, "xt_tokens has cases for 1..4 tokens");
+
+/* R rows times nt <= X8T_T tokens. */
+X8T_INLINE void xt_tokens(const int k, const size_t bytes, const int R, size_t nt,
+                          const uint8_t *w, size_t rb, const wpi_xq *xq, size_t ldq, size_t nb,
+                          float *y, size_t ldy)
+{
+    switch (nt) {
+    case 1: xt_tile(k, bytes, R, 1, w, rb, xq, ldq, nb, y, ldy); break;
+    case 2: xt_tile(k, bytes, R, 2 <= X8T_T ? 2 : 1, w, rb, xq, ldq, nb, y, ldy); break;
+    case 3: xt_tile(k, bytes, R, 3 <= X8T_T ? 3 : 1, w, rb, xq, ldq, nb, y, ldy); break;
+    default: xt_tile(k, bytes, R, X8T_T, w, rb, xq, ldq, nb, y, ldy); break;
+    }
+}
+
+/* The tile kernel of slot index k: tokens in groups of X8T_T (the activations of a group
+ * stay in L1 while every row passes), rows in tiles of X8T_R, a ragged last few rows one
+ * at a time. */
+#define X8T_FN(name, k, bytes)                                                           \
+    static void name(const uint8_t *w, size_t rb, size_t nr, const wpi_xq *xq, size_t ldq, \
+                     size_t nt, size_t nb, float *y, size_t ldy)                         \
+    {                                                                                    \
+        for (size_t t = 0; t < nt; t += X8T_T) {                                         \
+            size_t n = nt - t < X8T_T ? nt - t : X8T_T;                                  \
+            const wpi_xq *x = xq + t * ldq;                                              \
+            size_t i = 0;                                                                \
+            for (; n == 1 && i + X8T_R1 <= nr; i += X8T_R1)                              \
+                xt_tile(k, bytes, X8T_R1, 1, w + i * rb, rb, x, ldq, nb, y + t * ldy + i, \
+                        ldy);                                                            \
+            for (; i + X8T_R <= nr; i += X8T_R)                                          \
+                xt_tokens(k, bytes, X8T_R, n, w + i * rb, rb, x, ldq, nb, y + t * ldy + i, \
+                          ldy);                                                          \
+            for (; i < nr; i++)                                                          \
+                xt_tokens(k, bytes, 1, n, w + i * rb, rb, x, ldq, nb, y + t * ldy + i,   \
+                          ldy);                                                          \
+        }                                                                                \
+    }
+
+X8T_FN(x8t_q8_0, 0, 34)
+X8T_FN(x8t_q4_0, 1, 18)
+X8T_FN(x8t_q4_1, 2, 20)
+X8T_FN(x8t_mxfp4, 3, WPI_MXFP4_BYTES)
+
+const wpi_tiles_x8 X8T_TABLE = {
+    .name = X8_NAME,
+    .tile = {x8t_q8_0, x8t_q4_0, x8t_q4_1, x8t_mxfp4},
+};
