@@ -65,7 +65,7 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--exact", action=argparse.BooleanOptionalAction, default=None,
                    help="float32 activations in every matmul (--no-exact: 8-bit "
                         "activations against quantized weights; default: the engine's, "
-                        "--no-exact)")
+                        "--exact)")
     p.add_argument("--experts-per-token", type=int, metavar="N",
                    help="routed experts per token, 1..the model's top-k (default: as "
                         "shipped): fewer expert reads per token, at some loss of fidelity")

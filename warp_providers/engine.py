@@ -340,7 +340,7 @@ class Engine:
                 per step while others decode), isa ("auto"/"scalar"/"avx2"/"avx512"/"neon"),
                 exact (True: float32 activations in every matmul; False: 8-bit
                 activations, two int8 planes of about 16 bits in all, against quantized
-                weights; None: the engine's default, False),
+                weights; None: the engine's default, True),
                 experts_per_token (routed experts per token, 1..the model's top_k: the
                 router keeps the N highest-scoring experts and weights them as the model's
                 routing weights its top_k, so the model runs as its top-N variant; fewer

@@ -70,7 +70,7 @@ typedef struct wp_cfg {
     int32_t isa;                /* wp_isa; default WP_ISA_AUTO */
     int32_t exact;              /* 1 = float32 activations in every matmul; 0 = 8-bit
                                  * activations (two int8 planes, about 16 bits) against
-                                 * quantized weights (default 0) */
+                                 * quantized weights (default 1: docs/ENGINE.md) */
     const char *hotlist_path;   /* usage counts to warm the cache at open; NULL = none */
     uint64_t usable_ram_bytes;  /* 0 = detect (physical RAM and cgroup limits) */
     const char *cgroup_root;    /* where cgroup files are read; NULL = "/sys/fs/cgroup" */

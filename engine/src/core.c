@@ -27,7 +27,7 @@ void wp_cfg_init(wp_cfg *cfg)
     cfg->verify = 0;
     cfg->lookahead = 1;
     cfg->isa = WP_ISA_AUTO;
-    cfg->exact = 0;
+    cfg->exact = 1;
 }
 
 const char *wp_strerror(wp_status status)

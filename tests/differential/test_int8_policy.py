@@ -10,8 +10,10 @@ Measured with the routed experts, dense FFNs and shared experts on the 8-bit pat
 (x86-64, AVX-512 VNNI set), activations as two int8 planes (x ~= d (q + r / 256)): mean
 KL from 4.3e-10 (glm5_next) to 1.1e-8 (deepseek_v4 q4_0), e.g. deepseek_v3 (q8_0
 2.47e-9, q4_0 3.17e-9), glm4_moe (3.89e-9, 3.54e-9), kimi_linear (7.03e-9, 7.43e-9),
-mixtral (8.82e-10, 9.10e-10), and 10 of the 10 SmolLM2 replies unchanged, so the 8-bit
-path is the default. With the q plane alone KL passed 5e-4 on 7 of 11 architectures (up
+mixtral (8.82e-10, 9.10e-10), and 10 of the 10 SmolLM2 replies unchanged: the 8-bit path
+passes the policy. It is still not the default, for speed: on this CPU a 64-token prefill
+costs twice the float32 path's and decode is level (docs/ENGINE.md), and AArch64 has no
+SIMD 8-bit kernels yet. With the q plane alone KL passed 5e-4 on 7 of 11 architectures (up
 to 7.17e-3, kimi_linear q4_0) and 9 of 10 replies changed.
 test_int8_routed_experts checks that exact=False reaches the routed experts.
 """

@@ -135,16 +135,16 @@ def test_chat_repl(model, tmp_path):
 
 
 def test_exact_option(smol):
-    """--no-exact (the 8-bit path) is the default; --exact takes float32 activations on
+    """--exact (float32 activations) is the default; --no-exact takes the 8-bit path on
     SmolLM2's quantized weights, so its logits differ."""
     def top(*opts: str) -> list[float]:
         p = warp("eval", str(smol), "--ids", "1,504,3458,314", "--json", *opts)
         assert p.returncode == 0, p.stderr
         return [t["logit"] for t in json.loads(p.stdout)["top"]]
 
-    int8 = top("--no-exact")
-    assert top() == int8
-    assert top("--exact") != int8
+    exact = top("--exact")
+    assert top() == exact
+    assert top("--no-exact") != exact
 
 
 def test_experts_per_token_option(model):
