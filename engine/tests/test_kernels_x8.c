@@ -19,13 +19,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(__x86_64__)
-#include <cpuid.h>
-#endif
-
 #include "wp.h"
 #include "kernels/kernels.h"
 #include "check.h"
+#include "x8_isas.h"
 
 static const int DTYPES[] = {WPI_Q8_0, WPI_Q4_0, WPI_Q4_1, WPI_MXFP4};
 
@@ -220,28 +217,22 @@ int main(void)
           "float dtypes have no 8-bit path");
     test_set(&wpi_kernels_ref);
 #if defined(__x86_64__)
-    unsigned a, b, c, d;
-    __builtin_cpu_init();
-    int avxvnni = __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 4));
-    int vnni512 = __builtin_cpu_supports("avx512vnni");
-    const wpi_kernels *k2 = wpi_kernels_get(WP_ISA_AVX2), *k5 = wpi_kernels_get(WP_ISA_AVX512);
-    const struct { const wpi_kernels *set; int runs; const char *needs; } sets[] = {
-        {&wpi_kernels_avx2, k2 != NULL, "AVX2"},
-        {&wpi_kernels_avxvnni, k2 && avxvnni, "AVX-VNNI"},
-        {&wpi_kernels_avx512, k5 != NULL, "AVX-512 F/BW/VL"},
-        {&wpi_kernels_avx512vnni, k5 && vnni512, "AVX512-VNNI"},
-    };
-    for (size_t i = 0; i < sizeof sets / sizeof sets[0]; i++) {
-        if (sets[i].runs)
-            test_set(sets[i].set);
+    x8_isas isa = x8_isas_detect();
+    const wpi_kernels *k2 = isa.k2;
+    int avxvnni = isa.avxvnni;
+    const wpi_kernels *sets[X8_ISAS] = {&wpi_kernels_avx2, &wpi_kernels_avxvnni,
+                                        &wpi_kernels_avx512, &wpi_kernels_avx512vnni};
+    for (int i = 0; i < X8_ISAS; i++) {
+        if (isa.runs[i])
+            test_set(sets[i]);
         else
             printf("SKIP %s x8 kernels: this CPU lacks %s [not provided by CI]\n",
-                   sets[i].set->x8_name, sets[i].needs);
+                   sets[i]->x8_name, x8_isa_needs[i]);
     }
     CHECK(!k2 || k2 == (avxvnni ? &wpi_kernels_avxvnni : &wpi_kernels_avx2),
           "dispatch of the AVX2 set: %s", k2 ? k2->x8_name : "-");
-    CHECK(!k5 || k5 == (vnni512 ? &wpi_kernels_avx512vnni : &wpi_kernels_avx512),
-          "dispatch of the AVX-512 set: %s", k5 ? k5->x8_name : "-");
+    CHECK(!isa.k5 || isa.k5 == (isa.runs[3] ? &wpi_kernels_avx512vnni : &wpi_kernels_avx512),
+          "dispatch of the AVX-512 set: %s", isa.k5 ? isa.k5->x8_name : "-");
 #endif
     printf("kernels x8: %d failed\n", failures);
     return failures ? 1 : 0;

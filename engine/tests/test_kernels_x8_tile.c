@@ -15,14 +15,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(__x86_64__)
-#include <cpuid.h>
-#endif
-
 #include "wp.h"
 #include "kernels/kernels.h"
 #include "kernels/x8_tile.h"
 #include "check.h"
+#include "x8_isas.h"
 
 static const int DTYPES[] = {WPI_Q8_0, WPI_Q4_0, WPI_Q4_1, WPI_MXFP4};
 
@@ -214,23 +211,15 @@ int main(void)
 {
     test_table(&wpi_x8t_ref);
 #if defined(__x86_64__)
-    unsigned a, b, c, d;
-    __builtin_cpu_init();
-    int avxvnni = __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 4));
-    int vnni512 = __builtin_cpu_supports("avx512vnni");
-    const wpi_kernels *k2 = wpi_kernels_get(WP_ISA_AVX2), *k5 = wpi_kernels_get(WP_ISA_AVX512);
-    const struct { const wpi_tiles_x8 *table; int runs; const char *needs; } tables[] = {
-        {&wpi_x8t_avx2, k2 != NULL, "AVX2"},
-        {&wpi_x8t_avxvnni, k2 && avxvnni, "AVX-VNNI"},
-        {&wpi_x8t_avx512bw, k5 != NULL, "AVX-512 F/BW/VL"},
-        {&wpi_x8t_avx512vnni, k5 && vnni512, "AVX512-VNNI"},
-    };
-    for (size_t i = 0; i < sizeof tables / sizeof tables[0]; i++) {
-        if (tables[i].runs)
-            test_table(tables[i].table);
+    x8_isas isa = x8_isas_detect();
+    const wpi_tiles_x8 *tables[X8_ISAS] = {&wpi_x8t_avx2, &wpi_x8t_avxvnni, &wpi_x8t_avx512bw,
+                                           &wpi_x8t_avx512vnni};
+    for (int i = 0; i < X8_ISAS; i++) {
+        if (isa.runs[i])
+            test_table(tables[i]);
         else
             printf("SKIP %s x8 tile kernels: this CPU lacks %s [not provided by CI]\n",
-                   tables[i].table->name, tables[i].needs);
+                   tables[i]->name, x8_isa_needs[i]);
     }
 #endif
     printf("kernels x8 tile: %d failed\n", failures);

@@ -1,0 +1,39 @@
+/* x8_isas.h -- which of the four x86 8-bit-activation tables this CPU runs, for the x8
+ * kernel tests (each skips, with the [not provided by CI] reason, a table it cannot run).
+ * Order: avx2, avxvnni, avx512bw, avx512vnni. */
+#ifndef WP_TESTS_X8_ISAS_H
+#define WP_TESTS_X8_ISAS_H
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+
+#include "wp.h"
+#include "kernels/kernels.h"
+
+#define X8_ISAS 4
+static const char *const x8_isa_needs[X8_ISAS] = {"AVX2", "AVX-VNNI", "AVX-512 F/BW/VL",
+                                                   "AVX512-VNNI"};
+
+typedef struct x8_isas {
+    const wpi_kernels *k2, *k5; /* the AVX2 and AVX-512 sets, NULL where not runnable */
+    int avxvnni;                /* AVX-VNNI (CPUID leaf 7 subleaf 1, EAX bit 4) */
+    int runs[X8_ISAS];
+} x8_isas;
+
+static x8_isas x8_isas_detect(void)
+{
+    unsigned a, b, c, d;
+    x8_isas s;
+    __builtin_cpu_init();
+    s.avxvnni = __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 4));
+    s.k2 = wpi_kernels_get(WP_ISA_AVX2);
+    s.k5 = wpi_kernels_get(WP_ISA_AVX512);
+    s.runs[0] = s.k2 != NULL;
+    s.runs[1] = s.k2 && s.avxvnni;
+    s.runs[2] = s.k5 != NULL;
+    s.runs[3] = s.k5 && __builtin_cpu_supports("avx512vnni");
+    return s;
+}
+#endif
+
+#endif
