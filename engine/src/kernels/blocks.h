@@ -248,28 +248,10 @@ static inline void wpi_prefetch_range(const uint8_t *p, size_t b, size_t e)
         rows_fn(fns[n_tok], w, rb, n_rows, x, ldx, n_tok, cols, y, ldy);                 \
     }
 
-/* 8-bit activations: one quantized row (nb blocks) dotted with nb activation blocks.
- * Tables are indexed by slot - WPI_SLOT_Q8_0 (q8_0, q4_0, q4_1, mxfp4). */
-typedef float (*wpi_row_dot_x8_fn)(const uint8_t *row, const wpi_xq *xq, size_t nb);
+/* 8-bit activations: tables are indexed by slot - WPI_SLOT_Q8_0 (q8_0, q4_0, q4_1,
+ * mxfp4); the tile kernels are in x8_tile.h. */
 #define WPI_X8_SLOTS 4
 #define WPI_X8_R (1.0f / 256.0f) /* the r plane's step: sum 256 w.q + w.r counts d / 256 */
-
-/* Optional: one row dotted with 4 tokens' blocks (xt[k], repeated for a ragged group),
- * the weights decoded once; out[k] must equal row_dot's result for xt[k] bit for bit. */
-typedef void (*wpi_row_dot4_x8_fn)(const uint8_t *row, const wpi_xq *const xt[4], size_t nb,
-                                   float out[4]);
-
-typedef struct wpi_blocks_x8 {
-    const char *name;
-    wpi_row_dot_x8_fn row_dot[WPI_X8_SLOTS];
-    wpi_row_dot4_x8_fn row_dot4[WPI_X8_SLOTS]; /* several tokens (prefill) */
-} wpi_blocks_x8;
-
-extern const wpi_blocks_x8 wpi_x8_ref;
-extern const wpi_blocks_x8 wpi_x8_avx2;
-extern const wpi_blocks_x8 wpi_x8_avxvnni;
-extern const wpi_blocks_x8 wpi_x8_avx512bw;
-extern const wpi_blocks_x8 wpi_x8_avx512vnni;
 
 /* The block tables; the AVX ones exist only in x86-64 builds, the NEON one only in
  * AArch64 builds. */

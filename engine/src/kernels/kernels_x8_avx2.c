@@ -1,5 +1,5 @@
 /*
- * kernels_x8_avx2.c -- AVX2 8-bit-activation row dots (x8_avx2_body.h), the byte
+ * kernels_x8_avx2.c -- AVX2 8-bit-activation tile kernels (x8_tile_w256.h), the byte
  * products summed by maddubs (pairs into int16, which cannot saturate: |w| <= 128 and
  * |x| <= 127) then madd with ones (pairs into int32). dispatch.c calls it only on CPUs
  * with AVX2, FMA and F16C; compiles to nothing off x86-64.
@@ -17,9 +17,8 @@
 #define X8_DPBUSD(acc, u, s)                                                             \
     _mm256_add_epi32((acc), _mm256_madd_epi16(_mm256_maddubs_epi16((u), (s)),           \
                                               _mm256_set1_epi16(1)))
-#define X8_TABLE wpi_x8_avx2
 #define X8_NAME "avx2"
-#include "kernels/x8_avx2_body.h"
+#include "kernels/x8_blocks.h"
 /* The tile kernels (x8_tile.h), signed weights by the sign trick. */
 #define X8T_FLIP 0
 /* Each plane's int16 pair sums widened by one madd, the q plane's times 256. */

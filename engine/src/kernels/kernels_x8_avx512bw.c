@@ -1,5 +1,5 @@
 /*
- * kernels_x8_avx512bw.c -- AVX-512 BW 8-bit-activation row dots (x8_avx512_body.h), the
+ * kernels_x8_avx512bw.c -- AVX-512 BW 8-bit-activation tile kernels (x8_tile_w512.h), the
  * byte products summed by maddubs (pairs into int16, which cannot saturate: |w| <= 128
  * and |x| <= 127) then madd with ones. dispatch.c calls it only where the AVX-512 set
  * runs (F, BW, VL with AVX2, FMA, F16C); compiles to nothing off x86-64.
@@ -18,9 +18,8 @@
 #define X8_DPBUSD(acc, u, s)                                                             \
     _mm512_add_epi32((acc), _mm512_madd_epi16(_mm512_maddubs_epi16((u), (s)),           \
                                               _mm512_set1_epi16(1)))
-#define X8_TABLE wpi_x8_avx512bw
 #define X8_NAME "avx512bw"
-#include "kernels/x8_avx512_body.h"
+#include "kernels/x8_blocks.h"
 /* The tile kernels (x8_tile.h), signed weights by the sign trick. */
 #define X8T_FLIP 0
 /* Each plane's int16 pair sums widened by one madd, the q plane's times 256. */

@@ -1,5 +1,5 @@
 /*
- * kernels_x8_avx512vnni.c -- AVX-512 VNNI 8-bit-activation row dots (x8_avx512_body.h),
+ * kernels_x8_avx512vnni.c -- AVX-512 VNNI 8-bit-activation tile kernels (x8_tile_w512.h),
  * the byte products summed into int32 lanes by one vpdpbusd. dispatch.c calls it only
  * where the AVX-512 set runs and the CPU has AVX512-VNNI; compiles to nothing off x86-64.
  */
@@ -16,9 +16,8 @@
 #endif
 
 #define X8_DPBUSD(acc, u, s) _mm512_dpbusd_epi32((acc), (u), (s))
-#define X8_TABLE wpi_x8_avx512vnni
 #define X8_NAME "avx512vnni"
-#include "kernels/x8_avx512_body.h"
+#include "kernels/x8_blocks.h"
 /* The tile kernels (x8_tile.h), signed weights by x ^ 0x80. */
 #define X8T_FLIP 1
 #define X8T_TABLE wpi_x8t_avx512vnni

@@ -1,8 +1,7 @@
 /*
  * x8_tile_w256.h -- the 256-bit vectors of the 8-bit-activation tile kernels: one block
  * per vector (8 int32 lanes), tiles of 2 rows x 4 tokens. Included by kernels_x8_avx2.c
- * and kernels_x8_avxvnni.c under their target pragmas, after their row-dot body (which
- * brings x8_blocks.h); includes x8_tile_body.h.
+ * and kernels_x8_avxvnni.c under their target pragmas, after x8_blocks.h; includes x8_tile_body.h.
  * Private to engine/src/kernels/.
  */
 typedef __m256i xt_i;
@@ -22,6 +21,13 @@ typedef __m256 xt_f;
 #define xt_cvt _mm256_cvtepi32_ps
 #define xt_mul _mm256_mul_ps
 #define xt_fma _mm256_fmadd_ps
+static inline float x8_hsum(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
 #define xt_reduce x8_hsum
 #define xt_abs8 _mm256_abs_epi8
 #define xt_shl8(v) _mm256_slli_epi32((v), 8)

@@ -3,8 +3,7 @@
  * two blocks per vector (int32 lanes 0..7 the first block, 8..15 the second; a last odd
  * block is paired with zeros), tiles of 4 rows x 4 tokens (8 rows x 1 for a lone token,
  * whose activations are then loaded once per 8 rows). Included by
- * kernels_x8_avx512bw.c and kernels_x8_avx512vnni.c under their target pragmas, after
- * their row-dot body (which brings x8_blocks.h); includes x8_tile_body.h.
+ * kernels_x8_avx512bw.c and kernels_x8_avx512vnni.c under their target pragmas, after x8_blocks.h; includes x8_tile_body.h.
  * Private to engine/src/kernels/.
  */
 typedef __m512i xt_i;
