@@ -537,7 +537,7 @@ MULTI_DTYPE(mxfp4, WPI_SLOT_MXFP4)
 
 /*
  * Pairs of rows: PAIR_T defines name(w, rb, n_rows, x, ldx, cols, y, ldy), rows [0,
- * n_rows) of a quantized matrix against T tokens (5 <= T <= 8) straight from the stored
+ * n_rows) of a quantized matrix against T tokens (2 <= T <= 8) straight from the stored
  * weights: each 32-weight block of two rows is decoded once into registers and applied
  * to every token, so each activation vector loaded serves both rows (half a load per
  * FMA, where the one-row kernels above load one per FMA), nothing is dequantized to
@@ -549,7 +549,7 @@ MULTI_DTYPE(mxfp4, WPI_SLOT_MXFP4)
  */
 #define PAIR_AHEAD 4
 #define PAIR_XLD (1024 + 16)
-#define MULTIQ_MAX 16 /* the multi path's reach for quantized dtypes */
+#define MULTIQ_MAX 32 /* the multi path's reach for quantized dtypes */
 #define PAIR_T(name, sfx, bytes, T)                                                     \
     static void name(const uint8_t *w, size_t rb, size_t n_rows, const float *x,        \
                      size_t ldx, size_t cols, float *y, size_t ldy)                     \
@@ -602,9 +602,12 @@ MULTI_DTYPE(mxfp4, WPI_SLOT_MXFP4)
 typedef void (*pair_fn)(const uint8_t *w, size_t rb, size_t n_rows, const float *x,
                         size_t ldx, size_t cols, float *y, size_t ldy);
 
-/* The multi kernel of a quantized dtype: the one-row kernels up to 4 tokens, pairs of
- * rows from 5 to 8. */
+/* The multi kernel of a quantized dtype: pairs of rows from 2 tokens (the one-row kernel
+ * for a single token, which the driver sends to the row dots instead). */
 #define PAIR_DTYPE(sfx, bytes)                                                          \
+    PAIR_T(pair2_##sfx, sfx, bytes, 2)                                                  \
+    PAIR_T(pair3_##sfx, sfx, bytes, 3)                                                  \
+    PAIR_T(pair4_##sfx, sfx, bytes, 4)                                                  \
     PAIR_T(pair5_##sfx, sfx, bytes, 5)                                                  \
     PAIR_T(pair6_##sfx, sfx, bytes, 6)                                                  \
     PAIR_T(pair7_##sfx, sfx, bytes, 7)                                                  \
@@ -612,12 +615,13 @@ typedef void (*pair_fn)(const uint8_t *w, size_t rb, size_t n_rows, const float 
     static void multiq_##sfx(const uint8_t *w, size_t rb, size_t n_rows, const float *x, \
                              size_t ldx, size_t n_tok, size_t cols, float *y, size_t ldy) \
     {                                                                                   \
-        static const pair_fn fns[4] = {pair5_##sfx, pair6_##sfx, pair7_##sfx,           \
+        static const pair_fn fns[7] = {pair2_##sfx, pair3_##sfx, pair4_##sfx,           \
+                                       pair5_##sfx, pair6_##sfx, pair7_##sfx,           \
                                        pair8_##sfx};                                    \
-        if (n_tok <= 4)                                                                 \
+        if (n_tok < 2)                                                                  \
             multi_##sfx(w, rb, n_rows, x, ldx, n_tok, cols, y, ldy);                    \
         else                                                                            \
-            fns[n_tok - 5](w, rb, n_rows, x, ldx, cols, y, ldy);                        \
+            fns[n_tok - 2](w, rb, n_rows, x, ldx, cols, y, ldy);                        \
     }
 
 PAIR_DTYPE(q8_0, 34)
@@ -659,10 +663,12 @@ const wpi_blocks wpi_blocks_avx512 = {
      * shared, load 3 to 9, so +-15%): 2 and 3 tokens 0.6x-1.05x for every dtype (most
      * near 0.75x), 4 to 6 tokens 0.8x-1.1x, 8 tokens 1.2x-1.4x on the quantized dtypes
      * and 1.0x-1.3x on f16 and bf16, which stay ahead up to 6 (0.8x-1.0x). */
-    /* Quantized dtypes: the pair kernels from 5 tokens, up to MULTIQ_MAX (two groups of
-     * up to 8; in groups of 5 to 8 an expert's 768 x 1024 q8_0, q4_0 or mxfp4 matrix
-     * costs 0.75x-0.8x the tiles' time in cache and 0.6x-0.8x from memory at 8 to 16
-     * tokens, 0.6x at 5, on an Intel Xeon with AVX-512, thread CPU clock). */
+    /* Quantized dtypes: the pair kernels up to MULTIQ_MAX tokens (groups of up to 8).
+     * Against the kernels they replace, on a 768 x 1024 q8_0, q4_0 and mxfp4 matrix
+     * (an expert's gate of the generated Qwen3-MoE; Intel Xeon with AVX-512, thread CPU
+     * clock, the matrix in cache / one of 200 from memory): 2 to 4 tokens (the one-row
+     * multi kernels) 0.73x-0.92x / 0.76x-0.86x, 5 to 16 tokens (the tiles) 0.73x-0.94x /
+     * 0.5x-0.8x, 24 and 32 tokens 0.92x / 0.8x-0.88x, 64 even (left to the tiles). */
     .multi_max = {[WPI_SLOT_F16] = 6, [WPI_SLOT_BF16] = 6, [WPI_SLOT_Q8_0] = MULTIQ_MAX,
                   [WPI_SLOT_Q4_0] = MULTIQ_MAX, [WPI_SLOT_Q4_1] = MULTIQ_MAX,
                   [WPI_SLOT_MXFP4] = MULTIQ_MAX},
