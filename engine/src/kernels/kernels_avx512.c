@@ -53,6 +53,15 @@ static inline float load_f16(const uint8_t *p)
     return _cvtsh_ss(h);
 }
 
+/* A block's float16 scale in every lane: broadcast as a half and widened (fewer shuffles
+ * than widening one half and broadcasting the float). */
+static inline __m512 bcast_f16(const uint8_t *p)
+{
+    int16_t h;
+    memcpy(&h, p, 2);
+    return _mm512_cvtph_ps(_mm256_set1_epi16(h));
+}
+
 /* 16 halves at p as floats; n < 16 reads only n of them, the rest are 0. */
 static inline __m512 load16_f16(const uint16_t *p, size_t n)
 {
@@ -243,14 +252,14 @@ static inline void dequant_block_q8_0(const uint8_t *blk, float *out)
 {
     __m512 w0, w1;
     widen_q8(blk + 2, &w0, &w1);
-    store_block(out, _mm512_set1_ps(load_f16(blk)), _mm512_setzero_ps(), w0, w1);
+    store_block(out, bcast_f16(blk), _mm512_setzero_ps(), w0, w1);
 }
 
 static inline void dequant_block_q4_0(const uint8_t *blk, float *out)
 {
     __m512 w0, w1;
     widen_q4(blk + 2, 8, &w0, &w1);
-    store_block(out, _mm512_set1_ps(load_f16(blk)), _mm512_setzero_ps(), w0, w1);
+    store_block(out, bcast_f16(blk), _mm512_setzero_ps(), w0, w1);
 }
 
 static inline void dequant_block_q4_1(const uint8_t *blk, float *out)
@@ -422,7 +431,7 @@ static inline void dec_bf16(const uint8_t *row, size_t b, __m512 w[2])
 static inline void dec_q8_0(const uint8_t *row, size_t b, __m512 w[2])
 {
     const uint8_t *blk = row + b * 34;
-    __m512 d = _mm512_set1_ps(load_f16(blk));
+    __m512 d = bcast_f16(blk);
     widen_q8(blk + 2, &w[0], &w[1]);
     w[0] = _mm512_mul_ps(w[0], d);
     w[1] = _mm512_mul_ps(w[1], d);
@@ -431,7 +440,7 @@ static inline void dec_q8_0(const uint8_t *row, size_t b, __m512 w[2])
 static inline void dec_q4_0(const uint8_t *row, size_t b, __m512 w[2])
 {
     const uint8_t *blk = row + b * 18;
-    __m512 d = _mm512_set1_ps(load_f16(blk));
+    __m512 d = bcast_f16(blk);
     widen_q4(blk + 2, 8, &w[0], &w[1]);
     w[0] = _mm512_mul_ps(w[0], d);
     w[1] = _mm512_mul_ps(w[1], d);
