@@ -175,7 +175,7 @@ static void test_matmul(const wpi_kernels *k)
 {
     static const size_t quant_cols[] = {32, 64, 96, 4096 + 32};
     static const size_t float_cols[] = {1, 7, 8, 9, 15, 17, 31, 33, 100, 255, 257, 300, 513};
-    static const size_t ntoks[] = {1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 64};
+    static const size_t ntoks[] = {1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 32, 33, 64};
     static const size_t rowss[] = {1, 3, 8, 13, 17, 33};
     for (size_t di = 0; di < N_DTYPES; di++) {
         int dt = DTYPES[di];

@@ -9,8 +9,9 @@
  *   n_tok == 1 (decode): each row of [r0, r1) is dotted with x straight from the stored
  *     weights by the table's row kernel of the dtype.
  *   2 <= n_tok <= the table's multi_max for the dtype (batched decode, short prefill:
- *     in the AVX-512 table up to 4 tokens on quantized rows and 6 on f16/bf16, in the
- *     AVX2 one 5; neither has one for f32, whose rows the tiles read in place): the
+ *     in the AVX-512 table up to 32 tokens on quantized rows (pairs of rows, each block
+ *     decoded once for both) and 6 on f16/bf16, in the AVX2 one 5; neither has one for
+ *     f32, whose rows the tiles read in place): the
  *     tokens are split into groups of at most WPI_MULTI_TOK, as even as possible
  *     (9 = 4 + 5), and for each tile of WPI_TILE_ROWS rows the table's multi kernel
  *     applies every block of a row, decoded once into registers, to each group in turn
