@@ -474,7 +474,10 @@ wp_status wpi_model_forward_batch(wpi_model *b, const wpi_arch *arch, wpi_model 
     /* base's rope tables hold every row's own position: the sequences' slices */
     for (uint32_t l = 0; l < hp->n_layers && st == WP_OK; l++) {
         if (arch->mix_in) arch->mix_in(b, l, rows);
-        for (uint32_t i = 0; i < n_seqs; i++) arch->mixer(ms[i], l, n[i], pos[i]);
+        if (arch->mixer_seqs)
+            arch->mixer_seqs(ms, l, n, pos, n_seqs);
+        else
+            for (uint32_t i = 0; i < n_seqs; i++) arch->mixer(ms[i], l, n[i], pos[i]);
         if (arch->mix_out) arch->mix_out(b, l, rows);
         st = arch->ffn(b, l, rows);
     }
