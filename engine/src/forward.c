@@ -273,6 +273,11 @@ wp_status wpi_model_init(wpi_model *m, const wpi_arch *arch, const wpi_container
 
 /* ---- parallel matmul ------------------------------------------------------------- */
 
+uint32_t wpi_tasks_per_thread(uint32_t n_tok)
+{
+    return n_tok > 1 ? WPI_TASKS_MANY : WPI_TASKS_ONE;
+}
+
 #define MAX_JOBS 4
 
 typedef struct mm_ctx {
@@ -355,8 +360,7 @@ void wpi_matmul(wpi_model *m, const wpi_mm *jobs, uint32_t n_jobs,
             mm_run(&c, j, 0, jobs[j].w->rows);
         return;
     }
-    /* About four tasks per thread so that the dynamic claim balances uneven progress. */
-    uint64_t target = (uint64_t)nt * 4;
+    uint64_t target = (uint64_t)nt * wpi_tasks_per_thread(n_tok);
     uint64_t blk = (rows + target - 1) / target;
     blk = (blk + WPI_ROW_BLOCK - 1) / WPI_ROW_BLOCK * WPI_ROW_BLOCK;
     c.blk = (uint32_t)blk;
