@@ -151,10 +151,10 @@ typedef struct wpi_mm {
     size_t ldy;
 } wpi_mm;
 /* Row-block tasks per pool thread of a parallel matmul of n_tok tokens, so that the
- * dynamic claim balances uneven progress (a thread another process preempts, a last
- * short block): four for one token, whose sections are short enough that a claim's cost
- * shows; more for several tokens, whose sections of 4 x n_threads blocks left one thread
- * idle for up to a block (the row counts seldom divide evenly: 576 rows in 80-row
+ * dynamic claim balances uneven progress (a thread another process preempts, a short
+ * last block): four for one token, whose sections are short enough that a claim's cost
+ * shows; sixteen for several tokens, where with four a section's end could leave one
+ * thread idle for most of a block (row counts seldom divide evenly: 576 rows in 80-row
  * blocks are 7.2 of them). */
 #define WPI_TASKS_ONE 4
 #define WPI_TASKS_MANY 16
