@@ -45,6 +45,11 @@ struct wpi_arch {
      * sequences. With them wp_eval_batch runs one ffn over every sequence's rows; without
      * (hyper-connections mix several streams) it evaluates the sequences one by one. */
     void (*mixer)(wpi_model *mdl, uint32_t layer, uint32_t n, uint32_t pos);
+    /* Optional with mixer: mixer on every sequence of a batched step at once (ms[i] on its
+     * n[i] rows at pos[i]), each sequence's results those of mixer on it alone, in fewer
+     * parallel sections (one per layer, not one per sequence). NULL: mixer per sequence. */
+    void (*mixer_seqs)(wpi_model *const *ms, uint32_t layer, const uint32_t *n,
+                       const uint32_t *pos, uint32_t n_seqs);
     wp_status (*ffn)(wpi_model *mdl, uint32_t layer, uint32_t n);
     /* Optional with mixer, both or neither: the stateless parts of the mixer, on n rows of
      * any sequences, so a batched step projects every sequence's rows in one matmul.

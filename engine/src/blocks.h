@@ -43,6 +43,15 @@ float wpi_attend_keys(const wpi_model *m, const float *q, const float *kc, const
 void wpi_attention_project(wpi_model *mdl, uint32_t layer, uint32_t n);
 void wpi_attention_store(wpi_model *mdl, uint32_t layer, uint32_t n, uint32_t pos);
 void wpi_attention_attend(wpi_model *mdl, uint32_t layer, uint32_t n, uint32_t pos);
+/* Store then attend for n_seqs sequences at once (ms[i]: n[i] rows at pos[i]), in one
+ * parallel section per 64 sequences; window 0: every key, else the last `window` of each
+ * position; sinks: the layer's attn_sinks (attention_sw.c). Each sequence's results are
+ * those of it alone. wpi_attention_mixer_seqs: plain attention (arch.h mixer_seqs). */
+void wpi_attention_attend_seqs(wpi_model *const *ms, uint32_t layer, const uint32_t *n,
+                               const uint32_t *pos, uint32_t n_seqs, uint32_t window,
+                               int sinks);
+void wpi_attention_mixer_seqs(wpi_model *const *ms, uint32_t layer, const uint32_t *n,
+                              const uint32_t *pos, uint32_t n_seqs);
 void wpi_attention_output(wpi_model *mdl, uint32_t layer, uint32_t n);
 void wpi_attention_block(wpi_model *mdl, uint32_t layer, uint32_t n, uint32_t pos);
 void wpi_ffn_block(wpi_model *mdl, uint32_t layer, uint32_t n);
@@ -79,11 +88,14 @@ wp_status wpi_moe_decoder_layer(wpi_model *mdl, uint32_t layer, uint32_t n, uint
  * the layer's kind (wpi_attention_project, the attend of its kind, wpi_attention_output);
  * the dense FFN or the MoE block (also the ffn of the MLA and KDA decoders). */
 void wpi_moe_decoder_mixer(wpi_model *mdl, uint32_t layer, uint32_t n, uint32_t pos);
+void wpi_moe_decoder_mixer_seqs(wpi_model *const *ms, uint32_t layer, const uint32_t *n,
+                                const uint32_t *pos, uint32_t n_seqs);
 wp_status wpi_moe_decoder_ffn(wpi_model *mdl, uint32_t layer, uint32_t n);
 /* The hooks of a layer that is wpi_moe_decoder_mixer's parts then _ffn. */
 #define WPI_MOE_DECODER_HOOKS                                                         \
     .layer_forward = wpi_moe_decoder_layer, .mix_in = wpi_attention_project,           \
-    .mixer = wpi_moe_decoder_mixer, .mix_out = wpi_attention_output,                   \
+    .mixer = wpi_moe_decoder_mixer, .mixer_seqs = wpi_moe_decoder_mixer_seqs,           \
+    .mix_out = wpi_attention_output,                                                   \
     .ffn = wpi_moe_decoder_ffn
 /* attention_sw.c: attention with per-head sinks (layer's attn_sinks, if any) over keys
  * p-window+1..p of each position p (window 0: all); biases, RoPE, no qk norm. */

@@ -273,6 +273,11 @@ wp_status wpi_model_init(wpi_model *m, const wpi_arch *arch, const wpi_container
 
 /* ---- parallel matmul ------------------------------------------------------------- */
 
+uint32_t wpi_tasks_per_thread(uint32_t n_tok)
+{
+    return n_tok > 1 ? WPI_TASKS_MANY : WPI_TASKS_ONE;
+}
+
 #define MAX_JOBS 4
 
 typedef struct mm_ctx {
@@ -355,8 +360,7 @@ void wpi_matmul(wpi_model *m, const wpi_mm *jobs, uint32_t n_jobs,
             mm_run(&c, j, 0, jobs[j].w->rows);
         return;
     }
-    /* About four tasks per thread so that the dynamic claim balances uneven progress. */
-    uint64_t target = (uint64_t)nt * 4;
+    uint64_t target = (uint64_t)nt * wpi_tasks_per_thread(n_tok);
     uint64_t blk = (rows + target - 1) / target;
     blk = (blk + WPI_ROW_BLOCK - 1) / WPI_ROW_BLOCK * WPI_ROW_BLOCK;
     c.blk = (uint32_t)blk;
@@ -474,7 +478,10 @@ wp_status wpi_model_forward_batch(wpi_model *b, const wpi_arch *arch, wpi_model 
     /* base's rope tables hold every row's own position: the sequences' slices */
     for (uint32_t l = 0; l < hp->n_layers && st == WP_OK; l++) {
         if (arch->mix_in) arch->mix_in(b, l, rows);
-        for (uint32_t i = 0; i < n_seqs; i++) arch->mixer(ms[i], l, n[i], pos[i]);
+        if (arch->mixer_seqs)
+            arch->mixer_seqs(ms, l, n, pos, n_seqs);
+        else
+            for (uint32_t i = 0; i < n_seqs; i++) arch->mixer(ms[i], l, n[i], pos[i]);
         if (arch->mix_out) arch->mix_out(b, l, rows);
         st = arch->ffn(b, l, rows);
     }

@@ -150,6 +150,15 @@ typedef struct wpi_mm {
     float *y;
     size_t ldy;
 } wpi_mm;
+/* Row-block tasks per pool thread of a parallel matmul of n_tok tokens, so that the
+ * dynamic claim balances uneven progress (a thread another process preempts, a short
+ * last block): four for one token, whose sections are short enough that a claim's cost
+ * shows; sixteen for several tokens, where with four a section's end could leave one
+ * thread idle for most of a block (row counts seldom divide evenly: 576 rows in 80-row
+ * blocks are 7.2 of them). */
+#define WPI_TASKS_ONE 4
+#define WPI_TASKS_MANY 16
+uint32_t wpi_tasks_per_thread(uint32_t n_tok);
 void wpi_matmul(wpi_model *mdl, const wpi_mm *jobs, uint32_t n_jobs,
                 const float *x, size_t ldx, uint32_t n_tok);
 

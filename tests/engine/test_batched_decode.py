@@ -180,6 +180,21 @@ def test_batched_equals_alone(any_model):
         assert s.position == len(PROMPTS[i]) + DECODE
 
 
+def test_batched_step_does_not_depend_on_threads(any_model):
+    """Every sequence's attention of a layer runs in one parallel section, and the matmul
+    row blocks are finer with several tokens: neither changes a bit of any logits row."""
+    runs = []
+    for threads in (1, 3):
+        c = _ctx(any_model, N_SEQS, n_threads=threads)
+        seqs = [None] + [c.seq_open() for _ in range(N_SEQS - 1)]
+        runs.append(_batched(c, seqs, PROMPTS, DECODE))
+        c.close()
+    (toks1, rows1), (toks3, rows3) = runs
+    assert toks1 == toks3
+    for i in range(N_SEQS):
+        assert np.array_equal(rows1[i], rows3[i]), f"sequence {i}"
+
+
 def test_batch_longer_than_a_step_is_split(moe):
     """One sequence's 40-token prompt in a batch with others (chunk 16): its own logits."""
     long = PROMPTS[-1][:40]

@@ -201,6 +201,15 @@ static void mixer(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
                             hp->layer_attn[l] == WPI_ATTN_SLIDING ? hp->sliding_window : 0);
 }
 
+static void mixer_seqs(wpi_model *const *ms, uint32_t l, const uint32_t *n,
+                       const uint32_t *pos, uint32_t n_seqs)
+{
+    const wpi_hparams *hp = ms[0]->hp;
+    wpi_attention_attend_seqs(ms, l, n, pos, n_seqs,
+                              hp->layer_attn[l] == WPI_ATTN_SLIDING ? hp->sliding_window : 0,
+                              1);
+}
+
 static wp_status layer_forward(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
 {
     wpi_attention_project(m, l, n);
@@ -236,6 +245,7 @@ const wpi_arch wpi_arch_gpt_oss = {
     .layer_forward = layer_forward,
     .mix_in = wpi_attention_project,
     .mixer = mixer,
+    .mixer_seqs = mixer_seqs,
     .mix_out = wpi_attention_output,
     .ffn = moe_block,
 };

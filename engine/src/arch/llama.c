@@ -35,6 +35,7 @@ const wpi_arch wpi_arch_llama = {
     .layer_forward = layer_forward,
     .mix_in = wpi_attention_project,
     .mixer = wpi_attention_attend,
+    .mixer_seqs = wpi_attention_mixer_seqs,
     .mix_out = wpi_attention_output,
     .ffn = ffn,
 };

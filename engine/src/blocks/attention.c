@@ -7,9 +7,11 @@
  * "full"), clip_qkv, and RoPE (HF rotate_half on the first rope_dim dims, cos and sin
  * scaled by rope_attn_factor, each row at its own position)); per sequence, k and v
  * copied into the cache rows at its positions and the attention over its cache; the
- * output projection into the residual stream. Each (token, head) is
- * one task: causal softmax in blocks of keys with a running maximum, so no buffer grows
- * with the context, and thread count never changes a result.
+ * output projection into the residual stream. Each (sequence, token, head) is one task:
+ * causal softmax in blocks of keys with a running maximum, so no buffer grows with the
+ * context, and thread count never changes a result. A batched step's sequences share
+ * one parallel section per layer (wpi_attention_attend_seqs): one fork-join, not one per
+ * sequence, and a task's arithmetic is the same as with the sequence alone.
  */
 #include <math.h>
 #include <string.h>
@@ -56,12 +58,6 @@ static void add(float *y, const float *b, size_t n)
     for (size_t i = 0; i < n; i++) y[i] += b[i];
 }
 
-typedef struct attn_ctx {
-    const wpi_model *m;
-    const float *kc, *vc;   /* this layer's cache, row 0 */
-    uint32_t n_heads, pos;
-} attn_ctx;
-
 float wpi_attend_keys(const wpi_model *m, const float *q, const float *kc, const float *vc,
                       size_t kvd, uint32_t lo, uint32_t end, float *out, float *mx_out)
 {
@@ -95,23 +91,56 @@ float wpi_attend_keys(const wpi_model *m, const float *q, const float *kc, const
     return sum;
 }
 
-/* Output of one (token, head): softmax(q k^T * scale) v over positions 0..pos+t. */
+/* Sequences of one parallel section; a larger batch takes several sections. */
+#define SEQS_PER_SECTION 64
+
+/* One sequence of an attention section: its model (q and att rows, cache), this layer's
+ * cache at row 0, its rows' first position, and its first task. */
+typedef struct attn_seq {
+    const wpi_model *m;
+    const float *kc, *vc;
+    uint32_t pos, first;
+} attn_seq;
+
+typedef struct attn_ctx {
+    const attn_seq *s;
+    uint32_t n_seqs, n_heads, window; /* window 0: every key */
+    const float *sinks;               /* [n_heads] or NULL */
+} attn_ctx;
+
+/* Output of one (sequence, token, head): softmax(q k^T * scale) v over the keys
+ * max(0, p - window + 1) .. p of its position p, with the head's sink when set. */
 static void attn_task(void *arg, uint32_t task)
 {
     const attn_ctx *a = arg;
-    const wpi_model *m = a->m;
+    uint32_t i = 0;
+    while (i + 1 < a->n_seqs && task >= a->s[i + 1].first) i++;
+    const attn_seq *sq = &a->s[i];
+    const wpi_model *m = sq->m;
     const wpi_hparams *hp = m->hp;
-    const uint32_t hd = hp->head_dim, t = task / a->n_heads, h = task % a->n_heads;
+    const uint32_t local = task - sq->first;
+    const uint32_t hd = hp->head_dim, t = local / a->n_heads, h = local % a->n_heads;
     const size_t qd = (size_t)hp->n_heads * hd, kvd = (size_t)hp->n_kv_heads * hd;
     const size_t kvh = h / (hp->n_heads / hp->n_kv_heads);
     const float *q = m->q + t * qd + (size_t)h * hd;
-    const float *kc = a->kc + kvh * hd, *vc = a->vc + kvh * hd;
+    const float *kc = sq->kc + kvh * hd, *vc = sq->vc + kvh * hd;
     float *out = m->att + t * qd + (size_t)h * hd;
-    const uint32_t npos = a->pos + t + 1;
+    const uint32_t p = sq->pos + t;
+    const uint32_t lo = a->window && p + 1 > a->window ? p + 1 - a->window : 0;
     float mx;
-    const float sum = wpi_attend_keys(m, q, kc, vc, kvd, 0, npos, out, &mx);
+    float sum = wpi_attend_keys(m, q, kc, vc, kvd, lo, p + 1, out, &mx);
+    if (a->sinks) {
+        const float sk = a->sinks[h];
+        if (sk > mx) {
+            float r = expf(mx - sk);
+            sum = sum * r + 1.0f;
+            for (uint32_t k = 0; k < hd; k++) out[k] *= r;
+        } else {
+            sum += expf(sk - mx);
+        }
+    }
     const float inv = 1.0f / sum;
-    for (uint32_t i = 0; i < hd; i++) out[i] *= inv;
+    for (uint32_t k = 0; k < hd; k++) out[k] *= inv;
 }
 
 void wpi_attention_project(wpi_model *m, uint32_t l, uint32_t n)
@@ -179,22 +208,46 @@ void wpi_attention_output(wpi_model *m, uint32_t l, uint32_t n)
     }
 }
 
+void wpi_attention_attend_seqs(wpi_model *const *ms, uint32_t l, const uint32_t *n,
+                               const uint32_t *pos, uint32_t n_seqs, uint32_t window,
+                               int sinks)
+{
+    for (uint32_t s0 = 0; s0 < n_seqs; s0 += SEQS_PER_SECTION) {
+        const uint32_t ns = n_seqs - s0 < SEQS_PER_SECTION ? n_seqs - s0 : SEQS_PER_SECTION;
+        attn_seq seq[SEQS_PER_SECTION];
+        const wpi_hparams *hp = ms[s0]->hp;
+        const size_t kvd = (size_t)hp->n_kv_heads * hp->head_dim;
+        uint32_t tasks = 0;
+        uint64_t work = 0;
+        for (uint32_t i = 0; i < ns; i++) {
+            wpi_model *m = ms[s0 + i];
+            const uint32_t ni = n[s0 + i], pi = pos[s0 + i];
+            const size_t layer_rows = (size_t)l * m->ctx;
+            wpi_attention_store(m, l, ni, pi);
+            seq[i] = (attn_seq){m, m->kcache + layer_rows * kvd, m->vcache + layer_rows * kvd,
+                                pi, tasks};
+            const uint64_t keys = window && pi + ni > window ? window : pi + ni;
+            tasks += ni * hp->n_heads;
+            work += (uint64_t)ni * hp->n_heads * keys * hp->head_dim * 2;
+        }
+        attn_ctx a = {seq, ns, hp->n_heads, window, sinks ? ms[s0]->layers[l].sinks : NULL};
+        if (work < (1u << 15)) {
+            for (uint32_t i = 0; i < tasks; i++) attn_task(&a, i);
+        } else {
+            wpi_parallel_for(ms[s0]->pool, tasks, attn_task, &a);
+        }
+    }
+}
+
 void wpi_attention_attend(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
 {
-    const wpi_hparams *hp = m->hp;
-    const size_t hd = hp->head_dim, kvd = (size_t)hp->n_kv_heads * hd;
-    const size_t layer_rows = (size_t)l * m->ctx;
+    wpi_attention_attend_seqs(&m, l, &n, &pos, 1, 0, 0);
+}
 
-    wpi_attention_store(m, l, n, pos);
-    attn_ctx a = {m, m->kcache + layer_rows * kvd, m->vcache + layer_rows * kvd,
-                  hp->n_heads, pos};
-    uint32_t tasks = n * hp->n_heads;
-    uint64_t work = (uint64_t)tasks * (pos + n) * hd * 2;
-    if (work < (1u << 15)) {
-        for (uint32_t i = 0; i < tasks; i++) attn_task(&a, i);
-    } else {
-        wpi_parallel_for(m->pool, tasks, attn_task, &a);
-    }
+void wpi_attention_mixer_seqs(wpi_model *const *ms, uint32_t l, const uint32_t *n,
+                              const uint32_t *pos, uint32_t n_seqs)
+{
+    wpi_attention_attend_seqs(ms, l, n, pos, n_seqs, 0, 0);
 }
 
 void wpi_attention_block(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)

@@ -54,6 +54,9 @@ static void gu_task(void *arg, uint32_t task)
         c->fu(c->up->data, c->up->cols, r0, r1, c->x, c->ldx, c->n_tok, u, I);
     }
     const float lim = c->lim;
+    /* SiTU-GLU through wpi_glu; plain SwiGLU inline (the same expression): a call per
+     * element costs about what the activation does */
+    const int situ = c->m->hp && c->m->hp->situ_beta > 0;
     for (uint32_t t = 0; t < c->n_tok; t++)
         for (size_t r = r0; r < r1; r++) {
             float a = g[t * I + r], b = u[t * I + r];
@@ -63,7 +66,7 @@ static void gu_task(void *arg, uint32_t task)
                 a = a < lim ? a : lim;
                 b = b < -lim ? -lim : b > lim ? lim : b;
             }
-            g[t * I + r] = wpi_glu(c->m->hp, a, b);
+            g[t * I + r] = situ ? wpi_glu(c->m->hp, a, b) : a / (1.0f + expf(-a)) * b;
         }
 }
 
@@ -100,7 +103,7 @@ static void swiglu(wpi_model *m, const wpi_wmat *gate, const wpi_wmat *up,
         c.blk = I;
         gu_task(&c, 0);
     } else {
-        uint32_t target = nt * 4;
+        uint32_t target = nt * wpi_tasks_per_thread(n_tok);
         uint32_t blk = (I + target - 1) / target;
         c.blk = (blk + ROW_BLOCK - 1) / ROW_BLOCK * ROW_BLOCK;
         wpi_parallel_for(m->pool, (I + c.blk - 1) / c.blk, gu_task, &c);

@@ -591,6 +591,16 @@ void wpi_moe_decoder_mixer(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
         wpi_attention_attend(m, l, n, pos);
 }
 
+void wpi_moe_decoder_mixer_seqs(wpi_model *const *ms, uint32_t l, const uint32_t *n,
+                                const uint32_t *pos, uint32_t n_seqs)
+{
+    const wpi_hparams *hp = ms[0]->hp;
+    if (hp->layer_attn[l] == WPI_ATTN_SLIDING)
+        wpi_attention_attend_seqs(ms, l, n, pos, n_seqs, hp->sliding_window, 1);
+    else
+        wpi_attention_attend_seqs(ms, l, n, pos, n_seqs, 0, 0);
+}
+
 wp_status wpi_moe_decoder_ffn(wpi_model *m, uint32_t l, uint32_t n)
 {
     if (!m->layers[l].is_moe) {
