@@ -24,6 +24,12 @@
 #define X8T_INLINE static inline __attribute__((always_inline))
 #define X8T_RMAX (X8T_R1 > X8T_R ? X8T_R1 : X8T_R)
 #define X8T_SIGNED(k) ((k) == 0 || (k) == 3) /* slot index k: q8_0, q4_0, q4_1, mxfp4 */
+/* Nibbles kept in place (xt_nib16: a block's high nibble as 16 times its value, scaled
+ * back by the float factor of those lanes) where the byte products sum in int32
+ * (vpdpbusd); maddubs' int16 pairs would saturate on 240 * 127 * 2. */
+#ifndef X8T_NIB16
+#define X8T_NIB16 X8T_FLIP
+#endif
 
 /* 256 * sum(u q) + sum(u r) + start, per lane: u unsigned, q and r signed bytes (the ISA
  * file may define its own). */
@@ -37,16 +43,21 @@ X8T_INLINE xt_i xt_weights(int k, const uint8_t *p, const uint8_t *p1)
 {
     switch (k) {
     case 0: return xt_bytes(p + 2, p1 ? p1 + 2 : NULL);
-    case 1: return xt_nibbles(p + 2, p1 ? p1 + 2 : NULL);
-    case 2: return xt_nibbles(p + 4, p1 ? p1 + 4 : NULL);
+    case 1: return X8T_NIB16 ? xt_nib16(p + 2, p1 ? p1 + 2 : NULL)
+                             : xt_nibbles(p + 2, p1 ? p1 + 2 : NULL);
+    case 2: return X8T_NIB16 ? xt_nib16(p + 4, p1 ? p1 + 4 : NULL)
+                             : xt_nibbles(p + 4, p1 ? p1 + 4 : NULL);
     default: return xt_mxfp4(xt_nibbles(p + 1, p1 ? p1 + 1 : NULL));
     }
 }
 
-/* Block p's weight scale over 256 (exact: a power-of-2 factor, never below 2^-149). */
-X8T_INLINE float xt_dw(int k, const uint8_t *p)
+/* The weight scales of the group at p (and p1), each in its block's lanes: f16 ones
+ * converted as a vector, mxfp4's half scale 2^(e - 128) as wpi_e8m0_half gives it. */
+X8T_INLINE xt_f xt_dw(int k, const uint8_t *p, const uint8_t *p1)
 {
-    return (k == 3 ? wpi_e8m0_half(p[0]) : x8_f16(p)) / 256.0f;
+    if (k == 3)
+        return xt_seg(wpi_e8m0_half(p[0]), p1 ? wpi_e8m0_half(p1[0]) : 0.0f);
+    return xt_seg_h(p, p1);
 }
 
 /* Block group b (X8T_G blocks, or one where two is 0) of R rows (row i at w + i * rb)
@@ -64,9 +75,9 @@ X8T_INLINE void xt_group(const int k, const size_t bytes, const int R, const int
          * weights streamed from DRAM (1.4x slower at n_tok = 1 on [32768 x 1024] q8_0) */
         _mm_prefetch((const char *)(p + R * rb + 64), _MM_HINT_T0);
         wv[i] = xt_weights(k, p, p1);
-        dw[i] = xt_seg(xt_dw(k, p), two ? xt_dw(k, p1) : 0.0f);
+        dw[i] = xt_dw(k, p, p1);
         if (k == 2)
-            mw[i] = xt_seg(x8_f16(p + 2), two ? x8_f16(p1 + 2) : 0.0f);
+            mw[i] = xt_seg_h(p + 2, p1 ? p1 + 2 : NULL);
         if (X8T_SIGNED(k) && X8T_FLIP)
             wk[i] = xt_sub(xt_zero_i(), X8_DPBUSD(xt_zero_i(), xt_set1_i8(-128), wv[i]));
         else if (X8T_SIGNED(k)) {
@@ -78,10 +89,14 @@ X8T_INLINE void xt_group(const int k, const size_t bytes, const int R, const int
         const wpi_xq *x = xq + t * ldq + b;
         xt_i q = xt_bytes(x[0].q, two ? x[1].q : NULL);
         xt_i r = xt_bytes(x[0].r, two ? x[1].r : NULL);
-        xt_f dx = xt_seg(x[0].d, two ? x[1].d : 0.0f), sx = xt_zero_f();
+        /* the token's scale over 256 (over 4096 in the lanes of 16 times the nibble) */
+        xt_f dx = xt_mul(xt_seg(x[0].d, two ? x[1].d : 0.0f),
+                         (k == 1 || k == 2) && X8T_NIB16 ? xt_lane_scale16() : xt_set1_f(1.0f / 256.0f));
+        xt_f sx = xt_zero_f();
         xt_i start = xt_zero_i();
         if (k == 1)
-            start = xt_sub(xt_zero_i(), X8T_DOT2(xt_zero_i(), xt_set1_i8(8), q, r));
+            start = xt_sub(xt_zero_i(), X8T_DOT2(xt_zero_i(),
+                                                 X8T_NIB16 ? xt_eight16() : xt_set1_i8(8), q, r));
         if (k == 2)
             sx = xt_seg(x[0].s / 8.0f, two ? x[1].s / 8.0f : 0.0f);
         if (X8T_SIGNED(k) && X8T_FLIP) {

@@ -59,6 +59,45 @@ static inline xt_i xt_nibbles(const uint8_t *n0, const uint8_t *n1)
     return _mm512_and_si512(v, _mm512_set1_epi8(15));
 }
 
+/* Two blocks' f16 at p0 and p1 (p1 NULL: zeros), each in its block's 8 lanes. */
+static inline xt_f xt_seg_h(const uint8_t *p0, const uint8_t *p1)
+{
+    uint16_t h0, h1 = 0;
+    memcpy(&h0, p0, 2);
+    if (p1)
+        memcpy(&h1, p1, 2);
+    return _mm512_cvtph_ps(_mm256_set_m128i(_mm_set1_epi16((short)h1), _mm_set1_epi16((short)h0)));
+}
+
+/* Two blocks' 16 nibble bytes (n1 NULL: zeros) as 64 bytes, in the order of
+ * xt_nibbles, the high nibbles left in place (16 times the weight). */
+static inline xt_i xt_nib16(const uint8_t *n0, const uint8_t *n1)
+{
+    __m512i v = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)n0));
+    if (n1)
+        v = _mm512_mask_broadcast_i32x4(v, 0xff00, _mm_loadu_si128((const __m128i *)n1));
+    else
+        v = _mm512_maskz_mov_epi32(0x00ff, v);
+    const long long lo = 0x0f0f0f0f0f0f0f0f, hi = (long long)0xf0f0f0f0f0f0f0f0ull;
+    return _mm512_and_si512(v, _mm512_setr_epi64(lo, lo, hi, hi, lo, lo, hi, hi));
+}
+
+/* Per lane of xt_nib16's layout: 1 / 256, or 1 / 4096 in the high nibbles' lanes. */
+static inline xt_f xt_lane_scale16(void)
+{
+    const float a = 1.0f / 256.0f, b = 1.0f / 4096.0f;
+    return _mm512_setr_ps(a, a, a, a, b, b, b, b, a, a, a, a, b, b, b, b);
+}
+
+/* The bytes 8, or 128 in the high nibbles' lanes: q4_0's -8 in xt_nib16's layout. */
+static inline xt_i xt_eight16(void)
+{
+    const long long lo = 0x0808080808080808, hi = (long long)0x8080808080808080ull;
+    return _mm512_setr_epi64(lo, lo, hi, hi, lo, lo, hi, hi);
+}
+
+#define xt_set1_f _mm512_set1_ps
+
 static inline xt_i xt_mxfp4(xt_i nibbles)
 {
     __m128i t = _mm_setr_epi8(WPI_MXFP4_X2);
