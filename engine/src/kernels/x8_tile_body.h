@@ -30,6 +30,20 @@
 #ifndef X8T_NIB16
 #define X8T_NIB16 X8T_FLIP
 #endif
+/* Weights held as unsigned bytes w + bias, the bias times the token's block subtracted
+ * once per token: q4_0 (bias 8), and with X8T_FLIP q8_0 (128) and mxfp4 (12, on twice
+ * the code's value). */
+#define X8T_BIASED(k) ((k) == 1 || (X8T_FLIP && X8T_SIGNED(k)))
+
+/* The bias of slot index k as bytes, in the weights' lane layout. */
+X8T_INLINE xt_i xt_bias(int k)
+{
+    switch (k) {
+    case 0: return xt_set1_i8(-128);
+    case 1: return X8T_NIB16 ? xt_eight16() : xt_set1_i8(8);
+    default: return xt_set1_i8(12);
+    }
+}
 
 /* 256 * sum(u q) + sum(u r) + start, per lane: u unsigned, q and r signed bytes (the ISA
  * file may define its own). */
@@ -42,12 +56,17 @@
 X8T_INLINE xt_i xt_weights(int k, const uint8_t *p, const uint8_t *p1)
 {
     switch (k) {
-    case 0: return xt_bytes(p + 2, p1 ? p1 + 2 : NULL);
+    case 0:
+        if (X8T_FLIP) /* w + 128, unsigned */
+            return xt_xor(xt_bytes(p + 2, p1 ? p1 + 2 : NULL), xt_set1_i8(-128));
+        return xt_bytes(p + 2, p1 ? p1 + 2 : NULL);
     case 1: return X8T_NIB16 ? xt_nib16(p + 2, p1 ? p1 + 2 : NULL)
                              : xt_nibbles(p + 2, p1 ? p1 + 2 : NULL);
     case 2: return X8T_NIB16 ? xt_nib16(p + 4, p1 ? p1 + 4 : NULL)
                              : xt_nibbles(p + 4, p1 ? p1 + 4 : NULL);
-    default: return xt_mxfp4(xt_nibbles(p + 1, p1 ? p1 + 1 : NULL));
+    default: /* with X8T_FLIP, twice the code's value plus 12, unsigned */
+        return X8T_FLIP ? xt_mxfp4u(xt_nibbles(p + 1, p1 ? p1 + 1 : NULL))
+                        : xt_mxfp4(xt_nibbles(p + 1, p1 ? p1 + 1 : NULL));
     }
 }
 
@@ -66,7 +85,7 @@ X8T_INLINE void xt_group(const int k, const size_t bytes, const int R, const int
                          const uint8_t *w, size_t rb, const wpi_xq *xq, size_t ldq, size_t b,
                          const int two, xt_f acc[X8T_RMAX][X8T_T])
 {
-    xt_i wv[X8T_RMAX], wk[X8T_RMAX]; /* signed: the planes' start (X8T_FLIP) or |w| */
+    xt_i wv[X8T_RMAX], wk[X8T_RMAX]; /* wk: |w| (signed weights without X8T_FLIP) */
     xt_f dw[X8T_RMAX], mw[X8T_RMAX];
 #pragma GCC unroll 8
     for (int i = 0; i < R; i++) {
@@ -78,11 +97,8 @@ X8T_INLINE void xt_group(const int k, const size_t bytes, const int R, const int
         dw[i] = xt_dw(k, p, p1);
         if (k == 2)
             mw[i] = xt_seg_h(p + 2, p1 ? p1 + 2 : NULL);
-        if (X8T_SIGNED(k) && X8T_FLIP)
-            wk[i] = xt_sub(xt_zero_i(), X8_DPBUSD(xt_zero_i(), xt_set1_i8(-128), wv[i]));
-        else if (X8T_SIGNED(k)) {
+        if (X8T_SIGNED(k) && !X8T_FLIP)
             wk[i] = xt_abs8(wv[i]);
-        }
     }
 #pragma GCC unroll 8
     for (int t = 0; t < T; t++) {
@@ -94,21 +110,14 @@ X8T_INLINE void xt_group(const int k, const size_t bytes, const int R, const int
                          (k == 1 || k == 2) && X8T_NIB16 ? xt_lane_scale16() : xt_set1_f(1.0f / 256.0f));
         xt_f sx = xt_zero_f();
         xt_i start = xt_zero_i();
-        if (k == 1)
-            start = xt_sub(xt_zero_i(), X8T_DOT2(xt_zero_i(),
-                                                 X8T_NIB16 ? xt_eight16() : xt_set1_i8(8), q, r));
+        if (X8T_BIASED(k)) /* the weights' bias times the token's block, once per token */
+            start = xt_sub(xt_zero_i(), X8T_DOT2(xt_zero_i(), xt_bias(k), q, r));
         if (k == 2)
             sx = xt_seg(x[0].s / 8.0f, two ? x[1].s / 8.0f : 0.0f);
-        if (X8T_SIGNED(k) && X8T_FLIP) {
-            q = xt_xor(q, xt_set1_i8(-128));
-            r = xt_xor(r, xt_set1_i8(-128));
-        }
 #pragma GCC unroll 8
         for (int i = 0; i < R; i++) {
             xt_i s;
-            if (X8T_SIGNED(k) && X8T_FLIP)
-                s = xt_add(xt_shl8(X8_DPBUSD(wk[i], q, wv[i])), X8_DPBUSD(wk[i], r, wv[i]));
-            else if (X8T_SIGNED(k))
+            if (X8T_SIGNED(k) && !X8T_FLIP)
                 s = X8T_DOT2(xt_zero_i(), wk[i], xt_sign8(q, wv[i]), xt_sign8(r, wv[i]));
             else
                 s = X8T_DOT2(start, wv[i], q, r);

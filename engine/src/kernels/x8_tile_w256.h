@@ -92,4 +92,9 @@ static inline xt_i xt_mxfp4(xt_i nibbles)
     return _mm256_shuffle_epi8(_mm256_setr_epi8(WPI_MXFP4_X2, WPI_MXFP4_X2), nibbles);
 }
 
+static inline xt_i xt_mxfp4u(xt_i nibbles)
+{
+    return _mm256_shuffle_epi8(_mm256_setr_epi8(X8_MXFP4_X2_U12, X8_MXFP4_X2_U12), nibbles);
+}
+
 #include "kernels/x8_tile_body.h"

@@ -104,4 +104,10 @@ static inline xt_i xt_mxfp4(xt_i nibbles)
     return _mm512_shuffle_epi8(_mm512_broadcast_i32x4(t), nibbles);
 }
 
+static inline xt_i xt_mxfp4u(xt_i nibbles)
+{
+    __m128i t = _mm_setr_epi8(X8_MXFP4_X2_U12);
+    return _mm512_shuffle_epi8(_mm512_broadcast_i32x4(t), nibbles);
+}
+
 #include "kernels/x8_tile_body.h"
