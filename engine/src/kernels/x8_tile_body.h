@@ -71,11 +71,11 @@ X8T_INLINE xt_i xt_weights(int k, const uint8_t *p, const uint8_t *p1)
 }
 
 /* The weight scales of the group at p (and p1), each in its block's lanes: f16 ones
- * converted as a vector, mxfp4's half scale 2^(e - 128) as wpi_e8m0_half gives it. */
+ * converted as a vector, mxfp4's 2^(e - 127) built from its bits. */
 X8T_INLINE xt_f xt_dw(int k, const uint8_t *p, const uint8_t *p1)
 {
-    if (k == 3)
-        return xt_seg(wpi_e8m0_half(p[0]), p1 ? wpi_e8m0_half(p1[0]) : 0.0f);
+    if (k == 3) /* twice the half scale; the token's factor halves it */
+        return xt_seg_e8m0(p, p1);
     return xt_seg_h(p, p1);
 }
 
@@ -107,7 +107,9 @@ X8T_INLINE void xt_group(const int k, const size_t bytes, const int R, const int
         xt_i r = xt_bytes(x[0].r, two ? x[1].r : NULL);
         /* the token's scale over 256 (over 4096 in the lanes of 16 times the nibble) */
         xt_f dx = xt_mul(xt_seg(x[0].d, two ? x[1].d : 0.0f),
-                         (k == 1 || k == 2) && X8T_NIB16 ? xt_lane_scale16() : xt_set1_f(1.0f / 256.0f));
+                         (k == 1 || k == 2) && X8T_NIB16 ? xt_lane_scale16()
+                         : k == 3                        ? xt_set1_f(1.0f / 512.0f)
+                                                         : xt_set1_f(1.0f / 256.0f));
         xt_f sx = xt_zero_f();
         xt_i start = xt_zero_i();
         if (X8T_BIASED(k)) /* the weights' bias times the token's block, once per token */

@@ -87,6 +87,15 @@ static inline xt_i xt_eight16(void)
 
 #define xt_set1_f _mm256_set1_ps
 
+/* An mxfp4 block's scale 2^(e - 127) (twice wpi_e8m0_half: e = 0 the subnormal 2^-127)
+ * in all 8 lanes, from the byte at p0. */
+static inline xt_f xt_seg_e8m0(const uint8_t *p0, const uint8_t *p1)
+{
+    (void)p1;
+    __m256i e = _mm256_slli_epi32(_mm256_set1_epi32(p0[0]), 23);
+    return _mm256_castsi256_ps(_mm256_max_epu32(e, _mm256_set1_epi32(0x00400000)));
+}
+
 static inline xt_i xt_mxfp4(xt_i nibbles)
 {
     return _mm256_shuffle_epi8(_mm256_setr_epi8(WPI_MXFP4_X2, WPI_MXFP4_X2), nibbles);

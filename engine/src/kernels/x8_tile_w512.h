@@ -51,10 +51,11 @@ static inline xt_i xt_bytes(const void *p0, const void *p1)
  * (weights 0..15) then its high ones (16..31). */
 static inline xt_i xt_nibbles(const uint8_t *n0, const uint8_t *n1)
 {
-    __m128i lo = _mm_loadu_si128((const __m128i *)n0);
-    __m128i hi = n1 ? _mm_loadu_si128((const __m128i *)n1) : _mm_setzero_si128();
-    __m512i v = _mm512_castsi256_si512(_mm256_set_m128i(hi, lo));
-    v = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 1, 0, 1, 2, 3, 2, 3), v);
+    __m512i v = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)n0));
+    if (n1)
+        v = _mm512_mask_broadcast_i32x4(v, 0xff00, _mm_loadu_si128((const __m128i *)n1));
+    else
+        v = _mm512_maskz_mov_epi32(0x00ff, v);
     v = _mm512_srlv_epi64(v, _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4));
     return _mm512_and_si512(v, _mm512_set1_epi8(15));
 }
@@ -97,6 +98,18 @@ static inline xt_i xt_eight16(void)
 }
 
 #define xt_set1_f _mm512_set1_ps
+
+/* Two mxfp4 blocks' scales 2^(e - 127) (twice wpi_e8m0_half: e = 0 the subnormal
+ * 2^-127), each in its block's 8 lanes, from the bytes at p0 and p1 (p1 NULL: zeros). */
+static inline xt_f xt_seg_e8m0(const uint8_t *p0, const uint8_t *p1)
+{
+    __m512i e = _mm512_mask_blend_epi32(0xff00, _mm512_set1_epi32(p0[0]),
+                                        _mm512_set1_epi32(p1 ? p1[0] : 0));
+    e = _mm512_max_epu32(_mm512_slli_epi32(e, 23), _mm512_set1_epi32(0x00400000));
+    if (!p1)
+        e = _mm512_maskz_mov_epi32(0x00ff, e);
+    return _mm512_castsi512_ps(e);
+}
 
 static inline xt_i xt_mxfp4(xt_i nibbles)
 {
