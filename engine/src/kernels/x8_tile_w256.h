@@ -11,6 +11,7 @@ typedef __m256 xt_f;
 #define X8T_R 2
 #define X8T_T 4
 #define X8T_R1 2 /* rows per tile of a lone token */
+#define X8T_GATHER 0 /* the scales row by row */
 
 #define xt_add _mm256_add_epi32
 #define xt_sub _mm256_sub_epi32

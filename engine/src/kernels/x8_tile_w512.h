@@ -13,6 +13,7 @@ typedef __m512 xt_f;
 #define X8T_R 4 /* rows per tile */
 #define X8T_T 4 /* tokens per tile */
 #define X8T_R1 8 /* rows per tile of a lone token */
+#define X8T_GATHER 1 /* mxfp4's scales of a lone token's 8 rows by one gather (x8_tile_body.h) */
 
 #define xt_add _mm512_add_epi32
 #define xt_sub _mm512_sub_epi32
@@ -121,6 +122,40 @@ static inline xt_i xt_mxfp4u(xt_i nibbles)
 {
     __m128i t = _mm_setr_epi8(X8_MXFP4_X2_U12);
     return _mm512_shuffle_epi8(_mm512_broadcast_i32x4(t), nibbles);
+}
+
+/* Gather offsets of two blocks `bytes` apart in each of 8 rows rb apart: lane 2i + j at
+ * i * rb + j * bytes. */
+static inline xt_i xt_gather_index(size_t rb, size_t bytes)
+{
+    return _mm512_add_epi32(
+        _mm512_mullo_epi32(_mm512_set1_epi32((int)rb),
+                           _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7)),
+        _mm512_mullo_epi32(_mm512_set1_epi32((int)bytes),
+                           _mm512_setr_epi32(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1)));
+}
+
+/* 2^(e - 127) for the byte e at base + gi in each lane of m (as xt_seg_e8m0), zeros
+ * elsewhere. */
+static inline xt_f xt_gather_e8m0(const uint8_t *base, xt_i gi, __mmask16 m)
+{
+    __m512i e = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, gi, base, 1);
+    e = _mm512_slli_epi32(_mm512_and_si512(e, _mm512_set1_epi32(255)), 23);
+    e = _mm512_maskz_max_epu32(m, e, _mm512_set1_epi32(0x00400000));
+    return _mm512_castsi512_ps(e);
+}
+
+/* a0 in the even lanes, a1 in the odd ones (a block pair per row, as the gathers). */
+static inline xt_f xt_pairs(float a0, float a1)
+{
+    return _mm512_mask_blend_ps(0xaaaa, _mm512_set1_ps(a0), _mm512_set1_ps(a1));
+}
+
+/* Row i's two blocks' values in their 8 lanes each. */
+static inline xt_f xt_row_pair(xt_f a, int i)
+{
+    const __m512i base = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    return _mm512_permutexvar_ps(_mm512_add_epi32(base, _mm512_set1_epi32(2 * i)), a);
 }
 
 #include "kernels/x8_tile_body.h"
