@@ -13,18 +13,6 @@ static int8_t clamp127(float v)
     return (int8_t)(v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v);
 }
 
-/* roundf (half away from zero), inline where |v| < 2^30 (the C conversion truncates, and
- * v - trunc(v) is exact); roundf's library call was a third of this function's time. A
- * block of tiny activations (amax < 2^-121: 1 / d overflows) gives infinities and NaN
- * here, left to roundf as before. */
-static inline float round_away(float v)
-{
-    if (!(fabsf(v) < 1073741824.0f))
-        return roundf(v);
-    float t = (float)(int32_t)v, f = v - t;
-    return f >= 0.5f ? t + 1.0f : f <= -0.5f ? t - 1.0f : t;
-}
-
 void wpi_quant_x8(const float *x, size_t cols, wpi_xq *out)
 {
     for (size_t b = 0; b < cols / WPI_QK; b++, x += WPI_QK) {
@@ -39,9 +27,9 @@ void wpi_quant_x8(const float *x, size_t cols, wpi_xq *out)
         int32_t sum = 0; /* 256 * sum(q) + sum(r): |sum| <= 32 * 127 * 257 < 2^24 */
         for (int j = 0; j < WPI_QK; j++) {
             float v = finite ? x[j] * id : 0.0f;
-            out[b].q[j] = clamp127(round_away(v));
+            out[b].q[j] = clamp127(roundf(v));
             /* v - q is exact (|v - q| <= 1/2 and v, q within a factor 2, or q == 0) */
-            out[b].r[j] = clamp127(round_away((v - (float)out[b].q[j]) * 256.0f));
+            out[b].r[j] = clamp127(roundf((v - (float)out[b].q[j]) * 256.0f));
             sum += 256 * out[b].q[j] + out[b].r[j];
         }
         out[b].d = finite ? d : NAN;
