@@ -8,15 +8,21 @@
  *
  * Per block group (X8T_G blocks) and (row, token), the two activation planes give
  * 256 * sum(w q) + sum(w r) in int32 lanes:
- *   q4_0, q4_1: unsigned nibbles u times signed q and r; q4_0's -8 * sum(q, r) term is
- *     the same for every row, formed once per token as the lanes' starting value;
- *   q8_0, mxfp4 (signed weights w), X8T_FLIP: q + 128 and r + 128 (x ^ 0x80, once per
- *     token) times w, each plane's lanes starting at -128 * sum(w) (once per row);
- *   the same without X8T_FLIP: |w| times q and r negated where w < 0.
+ *   weights held as unsigned bytes u = w + bias (q4_0: the nibble, bias 8; with X8T_FLIP
+ *     also q8_0: w ^ 0x80, bias 128, and mxfp4: twice the code's value plus 12 by the
+ *     byte table, bias 12) times the signed q and r; the bias times the token's block,
+ *     the same for every row, is formed once per token as the lanes' starting value;
+ *   q4_1: the unsigned nibbles, no bias;
+ *   with X8T_NIB16 (X8T_FLIP) a q4 block's high nibbles stay in place, 16 times the
+ *     weight, in the lanes of weights 16..31 (exact: those lanes are multiples of 16);
+ *   q8_0, mxfp4 without X8T_FLIP: |w| times q and r negated where w < 0.
  * The lanes are converted to float and added to the (row, token) accumulator times
- * (d_w / 256) * d (one multiply of the row's and the token's per-lane scales); q4_1 adds
- * m * (s / 8) in each of its block's 8 lanes. The accumulator's lanes are summed once at
- * the end. Every step is per (row, token), so a tile's shape never changes a result.
+ * d_w * (d * f): f = 1 / 256 (1 / 4096 in the high nibbles' lanes; mxfp4's d_w is twice
+ * the half scale, f = 1 / 512), one multiply of the row's and the token's per-lane
+ * scales; the f16 scales are converted as vectors, mxfp4's built from their bits (for a
+ * lone token's 8 rows, 16 at a time by one gather). q4_1 adds m * (s / 8) in each of its
+ * block's 8 lanes. The accumulator's lanes are summed once at the end. Every step is per
+ * (row, token), so a tile's shape never changes a result.
  * Private to engine/src/kernels/.
  */
 #include "kernels/x8_tile.h"
