@@ -37,9 +37,13 @@
 #define X8T_NIB16 X8T_FLIP
 #endif
 /* Weights held as unsigned bytes w + bias, the bias times the token's block subtracted
- * once per token: q4_0 (bias 8), and with X8T_FLIP q8_0 (128) and mxfp4 (12, on twice
- * the code's value). */
-#define X8T_BIASED(k) ((k) == 1 || (X8T_FLIP && X8T_SIGNED(k)))
+ * once per token: q4_0 (bias 8), and in tiles of one token with X8T_FLIP q8_0 (128) and
+ * mxfp4 (12, on twice the code's value). In tiles of T > 1 tokens these two take the
+ * activations + 128 instead (X8T_XFLIP: the correction -128 * sum(w) once per row, as T
+ * per-token corrections over the few rows would cost more). The int32 sums are exact
+ * either way, so a token's outputs do not depend on the tile. */
+#define X8T_BIASED(k, T) ((k) == 1 || (X8T_FLIP && X8T_SIGNED(k) && (T) == 1))
+#define X8T_XFLIP(k, T) (X8T_FLIP && X8T_SIGNED(k) && (T) > 1)
 
 /* The bias of slot index k as bytes, in the weights' lane layout. */
 X8T_INLINE xt_i xt_bias(int k)
@@ -59,11 +63,11 @@ X8T_INLINE xt_i xt_bias(int k)
 #endif
 
 /* The weights of the group at p (and p1, or none where p1 is NULL), for slot index k. */
-X8T_INLINE xt_i xt_weights(int k, const uint8_t *p, const uint8_t *p1)
+X8T_INLINE xt_i xt_weights(int k, int biased, const uint8_t *p, const uint8_t *p1)
 {
     switch (k) {
     case 0:
-        if (X8T_FLIP) /* w + 128, unsigned */
+        if (biased) /* w + 128, unsigned */
             return xt_xor(xt_bytes(p + 2, p1 ? p1 + 2 : NULL), xt_set1_i8(-128));
         return xt_bytes(p + 2, p1 ? p1 + 2 : NULL);
     case 1: return X8T_NIB16 ? xt_nib16(p + 2, p1 ? p1 + 2 : NULL)
@@ -71,7 +75,7 @@ X8T_INLINE xt_i xt_weights(int k, const uint8_t *p, const uint8_t *p1)
     case 2: return X8T_NIB16 ? xt_nib16(p + 4, p1 ? p1 + 4 : NULL)
                              : xt_nibbles(p + 4, p1 ? p1 + 4 : NULL);
     default: /* with X8T_FLIP, twice the code's value plus 12, unsigned */
-        return X8T_FLIP ? xt_mxfp4u(xt_nibbles(p + 1, p1 ? p1 + 1 : NULL))
+        return biased ? xt_mxfp4u(xt_nibbles(p + 1, p1 ? p1 + 1 : NULL))
                         : xt_mxfp4(xt_nibbles(p + 1, p1 ? p1 + 1 : NULL));
     }
 }
@@ -112,12 +116,14 @@ X8T_INLINE void xt_group(const int k, const size_t bytes, const int R, const int
         /* the next tile's rows: R rows read side by side defeat the hardware prefetch of
          * weights streamed from DRAM (1.4x slower at n_tok = 1 on [32768 x 1024] q8_0) */
         _mm_prefetch((const char *)(p + R * rb + 64), _MM_HINT_T0);
-        wv[i] = xt_weights(k, p, p1);
+        wv[i] = xt_weights(k, X8T_BIASED(k, T), p, p1);
         if (!gather)
             dw[i] = xt_dw(k, p, p1);
         if (k == 2)
             mw[i] = xt_seg_h(p + 2, p1 ? p1 + 2 : NULL);
-        if (X8T_SIGNED(k) && !X8T_FLIP)
+        if (X8T_XFLIP(k, T)) /* each plane's start: -128 * sum(w) */
+            wk[i] = xt_sub(xt_zero_i(), X8_DPBUSD(xt_zero_i(), xt_set1_i8(-128), wv[i]));
+        else if (X8T_SIGNED(k) && !X8T_FLIP)
             wk[i] = xt_abs8(wv[i]);
     }
 #pragma GCC unroll 8
@@ -138,14 +144,20 @@ X8T_INLINE void xt_group(const int k, const size_t bytes, const int R, const int
 #endif
         xt_f sx = xt_zero_f();
         xt_i start = xt_zero_i();
-        if (X8T_BIASED(k)) /* the weights' bias times the token's block, once per token */
+        if (X8T_BIASED(k, T)) /* the weights' bias times the token's block, once per token */
             start = xt_sub(xt_zero_i(), X8T_DOT2(xt_zero_i(), xt_bias(k), q, r));
+        if (X8T_XFLIP(k, T)) { /* q + 128, r + 128 */
+            q = xt_xor(q, xt_set1_i8(-128));
+            r = xt_xor(r, xt_set1_i8(-128));
+        }
         if (k == 2)
             sx = xt_seg(x[0].s / 8.0f, two ? x[1].s / 8.0f : 0.0f);
 #pragma GCC unroll 8
         for (int i = 0; i < R; i++) {
             xt_i s;
-            if (X8T_SIGNED(k) && !X8T_FLIP)
+            if (X8T_XFLIP(k, T))
+                s = xt_add(xt_shl8(X8_DPBUSD(wk[i], q, wv[i])), X8_DPBUSD(wk[i], r, wv[i]));
+            else if (X8T_SIGNED(k) && !X8T_FLIP)
                 s = X8T_DOT2(xt_zero_i(), wk[i], xt_sign8(q, wv[i]), xt_sign8(r, wv[i]));
             else
                 s = X8T_DOT2(start, wv[i], q, r);
