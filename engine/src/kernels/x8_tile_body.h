@@ -9,9 +9,12 @@
  * Per block group (X8T_G blocks) and (row, token), the two activation planes give
  * 256 * sum(w q) + sum(w r) in int32 lanes:
  *   weights held as unsigned bytes u = w + bias (q4_0: the nibble, bias 8; with X8T_FLIP
- *     also q8_0: w ^ 0x80, bias 128, and mxfp4: twice the code's value plus 12 by the
- *     byte table, bias 12) times the signed q and r; the bias times the token's block,
- *     the same for every row, is formed once per token as the lanes' starting value;
+ *     in one-token tiles also q8_0: w ^ 0x80, bias 128, and mxfp4: twice the code's
+ *     value plus 12 by the byte table, bias 12) times the signed q and r; the bias times
+ *     the token's block, the same for every row, is formed once per token as the lanes'
+ *     starting value;
+ *   q8_0, mxfp4 in tiles of 2..4 tokens, X8T_FLIP: q + 128 and r + 128 (once per token)
+ *     times w, each plane's lanes starting at -128 * sum(w) (once per row);
  *   q4_1: the unsigned nibbles, no bias;
  *   with X8T_NIB16 (X8T_FLIP) a q4 block's high nibbles stay in place, 16 times the
  *     weight, in the lanes of weights 16..31 (exact: those lanes are multiples of 16);
