@@ -7,6 +7,7 @@
  *   mag = sum_j (|w_j| + |m_b|) |x~_j| + sum_b |m_b s_b| (m_b: q4_1's offset, else 0):
  *   the twin vs y in double, and each table vs the twin: <= 1e-6 * mag + 1e-30;
  *   an output is NaN exactly where its token has a NaN block.
+ * Every fourth mxfp4 row has scale bytes 0..2 (subnormal scales) or 90..169.
  * Shapes: random rows (ragged against every tile height), 1..17, 31 and 64 tokens,
  * block counts even and odd, padded strides. A token's outputs must equal, bit for bit,
  * those of the token alone and those of a call where it sits among other tokens.
@@ -62,6 +63,11 @@ static void case_make(tile_case *c, int dtype, size_t rows, size_t cols, size_t 
         for (size_t j = 0; j < cols; j++)
             src[j] = frand() * scale;
         wpi_quant_row(dtype, src, c->w + r * c->rb, cols);
+        if (dtype == WPI_MXFP4 && r % 4 == 3) /* scale bytes far from 127, and 0..2 */
+            for (size_t b = 0; b < c->nb; b++) {
+                uint32_t u = (uint32_t)((frand() + 1.0f) * 32768.0f);
+                c->w[r * c->rb + b * WPI_MXFP4_BYTES] = (uint8_t)(u % 5 == 0 ? u % 3 : 90 + u % 80);
+            }
         wpi_dequant_row(dtype, c->w + r * c->rb, c->deq + r * cols, cols);
     }
     for (size_t t = 0; t < n_tok; t++) {

@@ -674,7 +674,7 @@ const wpi_blocks wpi_blocks_avx512 = {
      * and 1.0x-1.3x on f16 and bf16, which stay ahead up to 6 (0.8x-1.0x). */
     /* Quantized dtypes: the pair kernels up to MULTIQ_MAX tokens (groups of up to 8).
      * Against the kernels they replace, on a 768 x 1024 q8_0, q4_0 and mxfp4 matrix
-     * (an expert's gate of the generated Qwen3-MoE; Intel Xeon with AVX-512, thread CPU
+     * (an expert's gate of a generated MoE; Intel Xeon with AVX-512, thread CPU
      * clock, the matrix in cache / one of 200 from memory): 2 to 4 tokens (the one-row
      * multi kernels) 0.73x-0.92x / 0.76x-0.86x, 5 to 16 tokens (the tiles) 0.73x-0.94x /
      * 0.5x-0.8x, 24 and 32 tokens 0.92x / 0.8x-0.88x, 64 even (left to the tiles). */

@@ -8,6 +8,9 @@
 #include <stdint.h>
 #include <string.h>
 
+/* WPI_MXFP4_X2 plus 12: twice an e2m1 code's value as an unsigned byte. */
+#define X8_MXFP4_X2_U12 12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0
+
 static inline float x8_f16(const uint8_t *p)
 {
     uint16_t h;
