@@ -36,6 +36,11 @@ Options:
   --prefill-chunk C  the engine's `prefill_chunk` (rows per prefill step; default 64):
                    a step reads the union of its rows' experts once, so beyond RAM a
                    whole 512-token prompt in one chunk reads each expert about once.
+  --warm-tokens N  the warm-up generation's length (default 4). A cache of several working
+                   sets starts empty and its memory is first touched as it fills: a longer
+                   warm-up times the steady state instead of that start.
+  --no-exact       8-bit activations (the engine's exact=False) instead of float32.
+  --reader-threads N  the engine's expert reader threads (default: the engine's).
 
 The engine opens with max_sequences = the stream count, so the scheduler behind
 `Engine.stream` decodes all the streams together, one batched step at a time.
@@ -114,12 +119,14 @@ def child(a: argparse.Namespace) -> dict:
     ctx = max(512, a.prefill + 64)
     if a.prefill_chunk:
         opts["prefill_chunk"] = a.prefill_chunk
+    if a.reader_threads:
+        opts["reader_threads"] = a.reader_threads
     eng = Engine.open(a.container, budget=a.budget, threads=a.threads, ctx=ctx,
-                      max_sequences=n, **opts)
+                      max_sequences=n, exact=a.exact, **opts)
     vocab = eng.vocab_size
     prompts = [[(97 * s + 13 * i) % (vocab - 10) + 5 for i in range(PROMPT_TOKENS)]
                for s in range(n)]
-    eng.generate([3, 4, 5], max_tokens=4, stop_ids=[])  # warm pools and cache
+    eng.generate([3, 4, 5], max_tokens=a.warm_tokens, stop_ids=[])  # warm pools and cache
     if a.resident:  # the hotlist's preload runs in the background: wait for its end
         last, t_end = -1, time.monotonic() + 120
         while eng.stats()["cache_bytes"] != last and time.monotonic() < t_end:
@@ -175,6 +182,11 @@ def run_child(a: argparse.Namespace, n: int, cgroup: MemCgroup | None) -> dict:
         cmd += ["--prefill", str(a.prefill)]
     if a.prefill_chunk:
         cmd += ["--prefill-chunk", str(a.prefill_chunk)]
+    if a.reader_threads:
+        cmd += ["--reader-threads", str(a.reader_threads)]
+    cmd += ["--warm-tokens", str(a.warm_tokens)]
+    if not a.exact:
+        cmd.append("--no-exact")
     r = run_json_child(cmd, cgroup)
     r.setdefault("streams", n)
     return r
@@ -232,6 +244,13 @@ def main() -> None:
     ap.add_argument("--prefill", type=int, default=0)
     ap.add_argument("--prefill-chunk", type=int, default=0)
     ap.add_argument("--no-disk", action="store_true", help="skip the disk measurement")
+    ap.add_argument("--warm-tokens", type=int, default=4,
+                    help="tokens of the warm-up generation before the timed streams "
+                         "(default 4; more fills a large expert cache before timing)")
+    ap.add_argument("--reader-threads", type=int, default=0,
+                    help="the engine's expert reader threads (default 0: the engine's)")
+    ap.add_argument("--exact", action=argparse.BooleanOptionalAction, default=True,
+                    help="float32 activations (default); --no-exact: 8-bit activations")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
