@@ -16,6 +16,8 @@
 #ifndef WPI_BLOCKS_H
 #define WPI_BLOCKS_H
 
+#include <math.h>
+
 #include "model.h"
 
 /* hparams.c: the optional hparams keys of the shared blocks (MLA and routing, hyper-
@@ -110,8 +112,15 @@ void wpi_swiglu(wpi_model *mdl, const wpi_wmat *gate, const wpi_wmat *up,
                 const wpi_wmat *down, const float *x, size_t ldx, uint32_t m,
                 float *out, size_t ldo);
 /* The GLU activation of gate g and up u: silu(g) * u, or SiTU-GLU with hp's situ_beta
- * (and situ_linear_beta); hp may be NULL (silu) (ffn.c). */
-float wpi_glu(const wpi_hparams *hp, float g, float u);
+ * (and situ_linear_beta); hp may be NULL (silu). Inline: the gate/up tasks call it per
+ * element, where a call costs about what the activation does. */
+static inline float wpi_glu(const wpi_hparams *hp, float g, float u)
+{
+    if (!hp || !(hp->situ_beta > 0)) return g / (1.0f + expf(-g)) * u;
+    const float b1 = hp->situ_beta, b2 = hp->situ_linear_beta;
+    const float a = b1 * tanhf(g / b1) / (1.0f + expf(-g));
+    return a * (b2 > 0 ? b2 * tanhf(u / b2) : u);
+}
 /* The clamp of wpi_swiglu's gate (at most) and up (both signs), 0 for none (ffn.c). */
 float wpi_swiglu_clamp(const wpi_hparams *hp);
 /* Rope cos/sin of the chunk's positions into mdl->rope_cos/sin (attention.c). */

@@ -18,14 +18,6 @@
 
 #define ROW_BLOCK 16
 
-float wpi_glu(const wpi_hparams *hp, float g, float u)
-{
-    if (!hp || !(hp->situ_beta > 0)) return g / (1.0f + expf(-g)) * u;
-    const float b1 = hp->situ_beta, b2 = hp->situ_linear_beta;
-    const float a = b1 * tanhf(g / b1) / (1.0f + expf(-g));
-    return a * (b2 > 0 ? b2 * tanhf(u / b2) : u);
-}
-
 typedef struct gu_ctx {
     const wpi_model *m;
     wpi_matmul_fn fg, fu;
@@ -54,9 +46,6 @@ static void gu_task(void *arg, uint32_t task)
         c->fu(c->up->data, c->up->cols, r0, r1, c->x, c->ldx, c->n_tok, u, I);
     }
     const float lim = c->lim;
-    /* SiTU-GLU through wpi_glu; plain SwiGLU inline (the same expression): a call per
-     * element costs about what the activation does */
-    const int situ = c->m->hp && c->m->hp->situ_beta > 0;
     for (uint32_t t = 0; t < c->n_tok; t++)
         for (size_t r = r0; r < r1; r++) {
             float a = g[t * I + r], b = u[t * I + r];
@@ -66,7 +55,7 @@ static void gu_task(void *arg, uint32_t task)
                 a = a < lim ? a : lim;
                 b = b < -lim ? -lim : b > lim ? lim : b;
             }
-            g[t * I + r] = situ ? wpi_glu(c->m->hp, a, b) : a / (1.0f + expf(-a)) * b;
+            g[t * I + r] = wpi_glu(c->m->hp, a, b);
         }
 }
 
