@@ -30,12 +30,21 @@ far larger than the last-level cache, with the row's thread count) and prints ea
 decode speed as a share of the decode roofline: bandwidth / weight bytes read per token
 (the trunk's matrices plus top_k experts per MoE layer; one embedding row).
 
+It also measures a float32 compute ceiling for prefill: the best multiply-accumulate
+rate of a 2048 x 2048 float32 GEMM in numpy's BLAS with the row's thread count (about
+the most FMA work this CPU does per second on float32 data). A row's prefill ceiling is
+that rate divided by the multiply-accumulates one prompt token needs (every trunk matrix
+but the embedding and the LM head, and `top_k` experts per MoE layer); the table gives
+each engine's prefill as a share of it, and the share that 1.5x llama.cpp would take.
+llama.cpp multiplies 8-bit activations, whose integer dot products do more
+multiply-accumulates per instruction than float32 FMA, so its share can pass 100 %.
+
 The issue's targets (decode >= 1.2x and prefill >= 1.5x llama.cpp on every row, MoE
 decode >= 70% of the roofline) are checked per row and summed up under the table.
 
     python benchmarks/decode.py [--gguf /path/moe-q8_0.gguf ...] [--quantize q4_0 ...]
         [--repeats 5] [--threads 1,2] [--work DIR] [--json out.json] [--markdown out.md]
-        [--smollm2-q8] [--int8] [--cmake-args]
+        [--smollm2-q8] [--exact] [--int8] [--cmake-args]
 """
 
 from __future__ import annotations
@@ -166,6 +175,41 @@ def bandwidth(threads: int, nbytes: int = 1 << 30, repeats: int = 3) -> float:
     return best
 
 
+def gemm_macs(threads: int, n: int = 2048, repeats: int = 3) -> float:
+    """Multiply-accumulates/s of an n x n x n float32 GEMM in numpy's BLAS on `threads`
+    threads, the best of `repeats`: the float32 compute ceiling of this CPU."""
+    from threadpoolctl import threadpool_limits
+
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((n, n), dtype=np.float32)
+    b = rng.standard_normal((n, n), dtype=np.float32)
+    best = 0.0
+    with threadpool_limits(limits=threads, user_api="blas"):
+        a @ b  # warm-up
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            a @ b
+            best = max(best, n ** 3 / (time.perf_counter() - t0))
+    return best
+
+
+def token_macs(container: Path) -> int:
+    """Multiply-accumulates of the weight matrices for one prompt token: every 2-D trunk
+    tensor but the token embedding and the LM head (once per prompt, not per token),
+    plus top_k experts' gate/up/down per MoE layer."""
+    man = json.loads((container / "manifest.json").read_text())
+    total = 0
+    for t in man["trunk"]["tensors"]:
+        if len(t["shape"]) == 2 and t["name"] not in ("token_embd.weight", "output.weight"):
+            total += t["shape"][0] * t["shape"][1]
+    hp = man.get("hparams", {})
+    k = hp.get("top_k") or hp.get("num_experts_per_tok") or 0
+    for bank in man.get("experts", []):
+        per = sum(int(np.prod(t["shape"][-2:])) for t in bank["tensors"])
+        total += per * min(k, bank["n_experts"])
+    return total
+
+
 def active_bytes(container: Path) -> int:
     """Weight bytes a decode step reads: every trunk tensor but the token embedding (one
     row of it, or all of it when it is also the output matrix), plus top_k experts'
@@ -269,9 +313,13 @@ def load() -> str:
 
 
 class WarpArm:
+    # exact: None = the engine's default precision policy; True = float32 activations in
+    # every matmul; False = 8-bit activations in every matmul.
+    NAMES = {None: "warp", True: "warp exact", False: "warp int8"}
+
     def __init__(self, container: Path, threads: int, budget: int | None,
-                 exact: bool = True) -> None:
-        self.name = "warp" if exact else "warp int8"
+                 exact: bool | None = None) -> None:
+        self.name = self.NAMES[exact]
         self.eng = Engine.open(container, threads=threads, ctx=512, budget=budget,
                                exact=exact)
         self.isa = self.eng.info().get("isa", "?")
@@ -333,10 +381,12 @@ def stat(v: list[float]) -> dict[str, float]:
 
 
 def bench_model(name: str, gguf: Path, container: Path, threads: int, repeats: int,
-                budget: int | None, int8: bool) -> dict[str, Any]:
+                budget: int | None, int8: bool, exact: bool) -> dict[str, Any]:
     prompt = [(31 * i + 7) % 1000 + 100 for i in range(PROMPT_TOKENS)]
     arms = [WarpArm(container, threads, budget), LlamaArm(gguf, threads)]
-    if int8:  # a third arm: warp's 8-bit activation path (exact=False)
+    if exact:  # a further arm: float32 activations in every matmul (exact=True)
+        arms.append(WarpArm(container, threads, budget, exact=True))
+    if int8:  # a further arm: 8-bit activations in every matmul (exact=False)
         arms.append(WarpArm(container, threads, budget, exact=False))
     res: dict[str, dict[str, list[float]]] = {a.name: {"prefill": [], "decode": []} for a in arms}
     firsts = {}
@@ -365,11 +415,11 @@ def bench_model(name: str, gguf: Path, container: Path, threads: int, repeats: i
         "top1_agree": bool(int(np.argmax(w)) == int(np.argmax(ll))),
         "raw": res,
     }
-    if int8:
-        row["int8_prefill"] = stat(res["warp int8"]["prefill"])
-        row["int8_decode"] = stat(res["warp int8"]["decode"])
-        # 8-bit activations on both sides: closer to llama.cpp's arithmetic.
-        row["int8_logit_corr"] = float(np.corrcoef(firsts["warp int8"], ll)[0, 1])
+    for key, arm in (("exact", "warp exact"), ("int8", "warp int8")):
+        if arm in res:
+            row[f"{key}_prefill"] = stat(res[arm]["prefill"])
+            row[f"{key}_decode"] = stat(res[arm]["decode"])
+            row[f"{key}_logit_corr"] = float(np.corrcoef(firsts[arm], ll)[0, 1])
     row["decode_ratio"] = row["warp_decode"]["median"] / row["llama_decode"]["median"]
     row["prefill_ratio"] = row["warp_prefill"]["median"] / row["llama_prefill"]["median"]
     return row
@@ -380,8 +430,8 @@ def fmt(s: dict[str, float], prec: int) -> str:
 
 
 def targets(row: dict[str, Any], arm: str = "warp") -> list[str]:
-    """The issue's targets this row misses for `arm` ("warp", or "int8": the --int8
-    arm), empty when it meets them all."""
+    """The issue's targets this row misses for `arm` ("warp": the engine's default;
+    "exact" or "int8": the --exact / --int8 arm), empty when it meets them all."""
     dec = row[f"{arm}_decode"]["median"] / row["llama_decode"]["median"]
     pre = row[f"{arm}_prefill"]["median"] / row["llama_prefill"]["median"]
     roof = row[f"{arm}_decode"]["median"] / row["roofline_tok_s"]
@@ -397,12 +447,12 @@ def targets(row: dict[str, Any], arm: str = "warp") -> list[str]:
 
 def summary(rows: list[dict[str, Any]]) -> str:
     lines = []
-    for arm in ("warp", "int8"):
+    for arm in ("warp", "exact", "int8"):
         arm_rows = [r for r in rows if f"{arm}_decode" in r]
         if not arm_rows:
             continue
         met = [r for r in arm_rows if not targets(r, arm)]
-        lines.append(f"targets for {'warp' if arm == 'warp' else 'warp int8'} (decode >= "
+        lines.append(f"targets for {'warp' if arm == 'warp' else 'warp ' + arm} (decode >= "
                      f"{TARGET_DECODE}x, prefill >= {TARGET_PREFILL}x llama.cpp; MoE decode "
                      f">= {100 * TARGET_MOE_ROOFLINE:.0f}% of roofline): {len(met)} of "
                      f"{len(arm_rows)} rows meet all")
@@ -412,14 +462,15 @@ def summary(rows: list[dict[str, Any]]) -> str:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    """The rows as markdown; with the --int8 arm, its decode / prefill and logit
-    correlation in three more columns."""
-    int8 = any("int8_decode" in r for r in rows)
+    """The rows as markdown; with the --exact or --int8 arm, its decode / prefill and
+    logit correlation in three more columns each."""
+    extra = [k for k in ("exact", "int8") if any(f"{k}_decode" in r for r in rows)]
     head = ["model", "threads", "warp decode", "llama.cpp decode", "decode ratio",
             "warp prefill", "llama.cpp prefill", "prefill ratio",
-            "decode roofline (warp / llama.cpp)", "logit corr"]
-    if int8:
-        head += ["warp int8 decode", "warp int8 prefill", "int8 logit corr"]
+            "decode roofline (warp / llama.cpp)",
+            "prefill f32 ceiling (warp / llama.cpp / 1.5x llama.cpp)", "logit corr"]
+    for k in extra:
+        head += [f"warp {k} decode", f"warp {k} prefill", f"{k} logit corr"]
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [r["model"], str(r["threads"]), fmt(r["warp_decode"], 1),
@@ -427,10 +478,14 @@ def table(rows: list[dict[str, Any]]) -> str:
                  fmt(r["warp_prefill"], 1), fmt(r["llama_prefill"], 1),
                  f"{r['prefill_ratio']:.2f}x",
                  f"{r['roofline_tok_s']:.0f} tok/s: {100 * r['warp_roofline']:.0f}% / "
-                 f"{100 * r['llama_roofline']:.0f}%", f"{r['logit_corr']:.4f}"]
-        if int8:
-            cells += ([fmt(r["int8_decode"], 1), fmt(r["int8_prefill"], 1),
-                       f"{r['int8_logit_corr']:.4f}"] if "int8_decode" in r else ["-"] * 3)
+                 f"{100 * r['llama_roofline']:.0f}%",
+                 f"{r['prefill_ceiling_tok_s']:.0f} tok/s: {100 * r['warp_ceiling']:.0f}% / "
+                 f"{100 * r['llama_ceiling']:.0f}% / "
+                 f"{100 * TARGET_PREFILL * r['llama_ceiling']:.0f}%",
+                 f"{r['logit_corr']:.4f}"]
+        for k in extra:
+            cells += ([fmt(r[f"{k}_decode"], 1), fmt(r[f"{k}_prefill"], 1),
+                       f"{r[f'{k}_logit_corr']:.4f}"] if f"{k}_decode" in r else ["-"] * 3)
         out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out)
 
@@ -444,8 +499,12 @@ def main() -> None:
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--work", type=Path, help="where converted containers are kept "
                     "(reused when present; default: a temporary directory)")
+    ap.add_argument("--exact", action="store_true",
+                    help="also time warp with float32 activations in every matmul "
+                    "(exact=True) as a further arm")
     ap.add_argument("--int8", action="store_true",
-                    help="also time warp with 8-bit activations (exact=False) as a third arm")
+                    help="also time warp with 8-bit activations in every matmul "
+                    "(exact=False) as a further arm")
     ap.add_argument("--smollm2-q8", action="store_true",
                     help="also SmolLM2 at Q8_0 (requantized from the Q4_1 GGUF by llama.cpp)")
     ap.add_argument("--quantize", action="append", default=[], choices=sorted(LLAMA_QUANT),
@@ -501,6 +560,9 @@ def main() -> None:
     bw = {t: bandwidth(t) for t in threads_list}
     header.append("memory bandwidth (streaming read of 1 GiB): " + ", ".join(
         f"{t} thread{'s' if t > 1 else ''} {b / 1e9:.1f} GB/s" for t, b in bw.items()))
+    peak = {t: gemm_macs(t) for t in threads_list}
+    header.append("float32 compute ceiling (2048^3 GEMM, numpy BLAS): " + ", ".join(
+        f"{t} thread{'s' if t > 1 else ''} {m / 1e9:.1f} GMAC/s" for t, m in peak.items()))
     print("\n".join(header), flush=True)
     rows = []
     for name, gguf in models.items():
@@ -510,6 +572,7 @@ def main() -> None:
         size = sum(f.stat().st_size for f in container.iterdir() if f.is_file())
         budget = int(size * 1.25) + (1 << 30)  # every expert stays resident, as in llama.cpp
         weights = active_bytes(container)
+        macs = token_macs(container)
         census = gguf_census(gguf)
         same = census == container_census(container)
         print(f"{name}: parameters per type {census_text(census)}; warp container "
@@ -517,7 +580,7 @@ def main() -> None:
               flush=True)
         for threads in threads_list:
             row = bench_model(name, gguf, container, threads, args.repeats, budget,
-                              args.int8)
+                              args.int8, args.exact)
             row["llama_isa"] = feats
             row["census"] = census
             row["same_types"] = same
@@ -531,6 +594,13 @@ def main() -> None:
             row["roofline_tok_s"] = roof
             row["warp_roofline"] = row["warp_decode"]["median"] / roof
             row["llama_roofline"] = row["llama_decode"]["median"] / roof
+            # Prefill ceiling: prompt tok/s if the matrices ran at the float32 GEMM rate.
+            row["token_macs"] = macs
+            row["gemm_macs"] = peak[threads]
+            ceiling = peak[threads] / macs
+            row["prefill_ceiling_tok_s"] = ceiling
+            row["warp_ceiling"] = row["warp_prefill"]["median"] / ceiling
+            row["llama_ceiling"] = row["llama_prefill"]["median"] / ceiling
             rows.append(row)
             print(f"{name:<24} t={threads} [{row['isa']}] decode warp "
                   f"{fmt(row['warp_decode'], 2)} llama.cpp {fmt(row['llama_decode'], 2)} tok/s "
@@ -538,11 +608,15 @@ def main() -> None:
                   f"llama.cpp {fmt(row['llama_prefill'], 1)} ({row['prefill_ratio']:.2f}x) | "
                   f"logit corr {row['logit_corr']:.4f} | roofline {roof:.1f} tok/s "
                   f"({weights / 1e6:.0f} MB/token): warp {100 * row['warp_roofline']:.0f}%, "
-                  f"llama.cpp {100 * row['llama_roofline']:.0f}%", flush=True)
-            if args.int8:
-                print(f"{'':<24}     warp int8 decode {fmt(row['int8_decode'], 2)} tok/s | "
-                      f"prefill {fmt(row['int8_prefill'], 1)} | logit corr "
-                      f"{row['int8_logit_corr']:.4f}", flush=True)
+                  f"llama.cpp {100 * row['llama_roofline']:.0f}% | prefill ceiling "
+                  f"{ceiling:.1f} tok/s ({macs / 1e6:.0f} M MAC/token): warp "
+                  f"{100 * row['warp_ceiling']:.0f}%, llama.cpp "
+                  f"{100 * row['llama_ceiling']:.0f}%", flush=True)
+            for k in ("exact", "int8"):
+                if f"{k}_decode" in row:
+                    print(f"{'':<24}     warp {k} decode {fmt(row[f'{k}_decode'], 2)} tok/s | "
+                          f"prefill {fmt(row[f'{k}_prefill'], 1)} | logit corr "
+                          f"{row[f'{k}_logit_corr']:.4f}", flush=True)
     header.append(f"load average at end: {load()}")
     md = ("\n".join(f"- {h}" for h in header) + "\n\n" + table(rows) + "\n\n"
           + summary(rows) + "\n")
