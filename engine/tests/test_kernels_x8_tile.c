@@ -227,6 +227,18 @@ int main(void)
             printf("SKIP %s x8 tile kernels: this CPU lacks %s [not provided by CI]\n",
                    tables[i]->name, x8_isa_needs[i]);
     }
+#elif defined(__aarch64__)
+    x8_isas isa = x8_isas_detect();
+    const wpi_tiles_x8 *tables[X8_ISAS] = {&wpi_x8t_neon, &wpi_x8t_neondot};
+    for (int i = 0; i < X8_ISAS; i++) {
+        if (isa.runs[i])
+            test_table(tables[i]);
+        else
+            printf("SKIP %s x8 tile kernels: this CPU lacks %s [not provided by CI]\n",
+                   tables[i]->name, x8_isa_needs[i]);
+    }
+    CHECK(isa.expect < 0 || isa.dotprod == isa.expect,
+          "dot-product detection %d, WP_TEST_EXPECT_DOTPROD %d", isa.dotprod, isa.expect);
 #endif
     printf("kernels x8 tile: %d failed\n", failures);
     return failures ? 1 : 0;
