@@ -13,9 +13,10 @@
  * integers, exact, one per float lane. Then, row by row in lanes, the twin's operations
  * in its order: the integer to float, times (d_w / 256) * d, added to the sum (block by
  * block from 0), then q4_1's m * s. A result therefore depends on its (row, token) alone
- * (the rows of a ragged last tile repeat its last row and are not stored), and equals the
- * twin's bit for bit where the compiler keeps the twin's multiply and add apart
- * (gcc -std=c11; clang fuses them, within x8_tile.h's contract).
+ * (the rows of a ragged last tile repeat its last row and are not stored), the two
+ * including files' tables are equal bit for bit, and both equal the twin bit for bit
+ * where the compiler keeps the twin's multiply and add apart (gcc -std=c11; clang fuses
+ * them, within x8_tile.h's contract).
  * Private to engine/src/kernels/.
  */
 #include <arm_neon.h>
