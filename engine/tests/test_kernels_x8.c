@@ -233,6 +233,23 @@ int main(void)
           "dispatch of the AVX2 set: %s", k2 ? k2->x8_name : "-");
     CHECK(!isa.k5 || isa.k5 == (isa.runs[3] ? &wpi_kernels_avx512vnni : &wpi_kernels_avx512),
           "dispatch of the AVX-512 set: %s", isa.k5 ? isa.k5->x8_name : "-");
+#elif defined(__aarch64__)
+    x8_isas isa = x8_isas_detect();
+    const wpi_kernels *sets[X8_ISAS] = {&wpi_kernels_neon, &wpi_kernels_neondot};
+    for (int i = 0; i < X8_ISAS; i++) {
+        if (isa.runs[i])
+            test_set(sets[i]);
+        else
+            printf("SKIP %s x8 kernels: this CPU lacks %s [not provided by CI]\n",
+                   sets[i]->x8_name, x8_isa_needs[i]);
+    }
+    CHECK(isa.expect < 0 || isa.dotprod == isa.expect,
+          "dot-product detection %d, WP_TEST_EXPECT_DOTPROD %d", isa.dotprod, isa.expect);
+    CHECK(isa.kn == (isa.dotprod ? &wpi_kernels_neondot : &wpi_kernels_neon) &&
+              wpi_kernels_get(WP_ISA_AUTO) == isa.kn,
+          "dispatch of the NEON set: %s", isa.kn ? isa.kn->x8_name : "-");
+    printf("NEON x8 kernels in use: %s (FEAT_DotProd %d, expected %d)\n",
+           isa.kn ? isa.kn->x8_name : "-", isa.dotprod, isa.expect);
 #endif
     printf("kernels x8: %d failed\n", failures);
     return failures ? 1 : 0;

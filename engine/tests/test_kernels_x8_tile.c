@@ -11,6 +11,7 @@
  * Shapes: random rows (ragged against every tile height), 1..17, 31 and 64 tokens,
  * block counts even and odd, padded strides. A token's outputs must equal, bit for bit,
  * those of the token alone and those of a call where it sits among other tokens.
+ * On AArch64 the two NEON tables must also equal each other bit for bit.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -213,6 +214,34 @@ static void test_table(const wpi_tiles_x8 *k)
     }
 }
 
+#if defined(__aarch64__)
+/* The two NEON tables form the same exact integers (SDOT, or SMULL/SMLAL + SADALP) and
+ * then the same float operations, so their outputs must be equal bit for bit. */
+static void test_neon_same_bits(void)
+{
+    static const size_t colss[] = {32, 96, 1024 + 32};
+    static const size_t ntoks[] = {1, 2, 3, 4, 5, 9};
+    int bad = 0, cases = 0;
+    for (size_t di = 0; di < sizeof DTYPES / sizeof DTYPES[0]; di++)
+        for (size_t ci = 0; ci < sizeof colss / sizeof colss[0]; ci++)
+            for (size_t ti = 0; ti < sizeof ntoks / sizeof ntoks[0]; ti++) {
+                tile_case c;
+                int k = (int)di; /* DTYPES is in slot order */
+                case_make(&c, DTYPES[di], 1 + rng % 19, colss[ci], ntoks[ti]);
+                float *a = run(&c, wpi_x8t_neon.tile[k]), *b = run(&c, wpi_x8t_neondot.tile[k]);
+                for (size_t i = 0; i < c.n_tok * c.ldy; i++)
+                    bad += !same_bits(a[i], b[i]);
+                cases++;
+                free(a);
+                free(b);
+                case_free(&c);
+            }
+    CHECK(bad == 0, "neon-dotprod vs neon x8 tiles: %d outputs differ", bad);
+    printf("%s neon-dotprod vs neon x8 tiles: %d shapes, %d outputs differing in a bit\n",
+           bad ? "FAIL" : "PASS", cases, bad);
+}
+#endif
+
 int main(void)
 {
     test_table(&wpi_x8t_ref);
@@ -227,6 +256,23 @@ int main(void)
             printf("SKIP %s x8 tile kernels: this CPU lacks %s [not provided by CI]\n",
                    tables[i]->name, x8_isa_needs[i]);
     }
+#elif defined(__aarch64__)
+    x8_isas isa = x8_isas_detect();
+    const wpi_tiles_x8 *tables[X8_ISAS] = {&wpi_x8t_neon, &wpi_x8t_neondot};
+    for (int i = 0; i < X8_ISAS; i++) {
+        if (isa.runs[i])
+            test_table(tables[i]);
+        else
+            printf("SKIP %s x8 tile kernels: this CPU lacks %s [not provided by CI]\n",
+                   tables[i]->name, x8_isa_needs[i]);
+    }
+    if (isa.runs[1])
+        test_neon_same_bits();
+    else
+        printf("SKIP neon-dotprod vs neon x8 tiles bit for bit: this CPU lacks %s "
+               "[not provided by CI]\n", x8_isa_needs[1]);
+    CHECK(isa.expect < 0 || isa.dotprod == isa.expect,
+          "dot-product detection %d, WP_TEST_EXPECT_DOTPROD %d", isa.dotprod, isa.expect);
 #endif
     printf("kernels x8 tile: %d failed\n", failures);
     return failures ? 1 : 0;

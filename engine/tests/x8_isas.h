@@ -1,6 +1,9 @@
-/* x8_isas.h -- which of the four x86 8-bit-activation tables this CPU runs, for the x8
- * kernel tests (each skips, with the [not provided by CI] reason, a table it cannot run).
- * Order: avx2, avxvnni, avx512bw, avx512vnni. */
+/* x8_isas.h -- which of the 8-bit-activation tables this CPU runs, for the x8 kernel tests
+ * (each skips, with the [not provided by CI] reason, a table it cannot run). x86-64, the
+ * four x86 tables, in the order avx2, avxvnni, avx512bw, avx512vnni; AArch64, the two
+ * NEON ones, neon (base ASIMD) and neon-dotprod (FEAT_DotProd), where
+ * WP_TEST_EXPECT_DOTPROD=0 or 1 (set by .ci/aarch64, which runs the tests under QEMU CPU
+ * models without and with the feature) makes the detection a checked result. */
 #ifndef WP_TESTS_X8_ISAS_H
 #define WP_TESTS_X8_ISAS_H
 
@@ -32,6 +35,35 @@ static x8_isas x8_isas_detect(void)
     s.runs[1] = s.k2 && s.avxvnni;
     s.runs[2] = s.k5 != NULL;
     s.runs[3] = s.k5 && __builtin_cpu_supports("avx512vnni");
+    return s;
+}
+
+#elif defined(__aarch64__)
+#include <stdlib.h>
+
+#include "wp.h"
+#include "kernels/kernels.h"
+#include "platform.h"
+
+#define X8_ISAS 2
+static const char *const x8_isa_needs[X8_ISAS] = {"AArch64 ASIMD", "FEAT_DotProd"};
+
+typedef struct x8_isas {
+    const wpi_kernels *kn; /* the NEON set dispatch.c gives */
+    int dotprod;           /* FEAT_DotProd as the OS reports it */
+    int expect;            /* WP_TEST_EXPECT_DOTPROD: 0 or 1; -1 where unset */
+    int runs[X8_ISAS];
+} x8_isas;
+
+static x8_isas x8_isas_detect(void)
+{
+    const char *want = getenv("WP_TEST_EXPECT_DOTPROD");
+    x8_isas s;
+    s.kn = wpi_kernels_get(WP_ISA_NEON);
+    s.dotprod = wpi_cpu_has_dotprod();
+    s.expect = want && (want[0] == '0' || want[0] == '1') && !want[1] ? want[0] - '0' : -1;
+    s.runs[0] = 1;
+    s.runs[1] = s.dotprod;
     return s;
 }
 #endif

@@ -4,8 +4,8 @@
  * The flags are read once (the only process-wide state of the kernels, and it is
  * idempotent: two threads racing to fill it compute the same value). The AVX tables
  * exist only in x86-64 builds and the NEON table only in AArch64 builds (where ASIMD is
- * part of the base architecture, so it is always offered); elsewhere only the reference
- * set is.
+ * part of the base architecture, so it is always offered, with SDOT 8-bit-activation
+ * kernels where the OS reports FEAT_DotProd); elsewhere only the reference set is.
  */
 #include <stdatomic.h>
 #include <stdint.h>
@@ -16,6 +16,7 @@
 
 #include "wp.h"
 #include "kernels/kernels.h"
+#include "platform.h"
 
 #if defined(__x86_64__)
 #define WPI_HAVE_X86 1
@@ -70,6 +71,22 @@ static uint32_t vnni(void)
 }
 #endif
 
+#if WPI_HAVE_NEON
+/* The dot-product instructions (SDOT, FEAT_DotProd) for the NEON set's 8-bit-activation
+ * kernels, as the OS reports them (platform.c). Read once, as the ISA mask: bit 0 the
+ * feature, bit 31 set once read. */
+static uint32_t dotprod(void)
+{
+    static _Atomic uint32_t cached; /* 0 = not yet read */
+    uint32_t m = atomic_load_explicit(&cached, memory_order_relaxed);
+    if (m == 0) {
+        m = 0x80000000u | (wpi_cpu_has_dotprod() ? 1u : 0u);
+        atomic_store_explicit(&cached, m, memory_order_relaxed);
+    }
+    return m & 1u;
+}
+#endif
+
 /* Bit mask of (1 << wp_isa) for the sets this CPU can run. */
 static uint32_t detect(void)
 {
@@ -115,7 +132,7 @@ static const wpi_kernels *table(int isa)
 #endif
 #if WPI_HAVE_NEON
     case WP_ISA_NEON:
-        return &wpi_kernels_neon;
+        return dotprod() ? &wpi_kernels_neondot : &wpi_kernels_neon;
 #endif
     default:
         return NULL;

@@ -87,7 +87,8 @@ typedef struct wpi_kernels {
     wpi_matmul_x8_fn matmul_x8_q4_1;
     wpi_matmul_x8_fn matmul_x8_mxfp4;
     const char *x8_name;         /* the integer dot product: "scalar", "avx2", "avxvnni",
-                                  * "avx512bw", "avx512vnni", "neon" */
+                                  * "avx512bw", "avx512vnni", "neon",
+                                  * "neon-dotprod" */
     float (*dot_f32)(const float *a, const float *b, size_t n);
     void (*axpy_f32)(float a, const float *x, float *y, size_t n); /* y += a*x */
 } wpi_kernels;
@@ -104,6 +105,9 @@ extern const wpi_kernels wpi_kernels_neon;
  * returns them for WP_ISA_AVX2 / WP_ISA_AVX512 where the CPU has AVX-VNNI / AVX512-VNNI. */
 extern const wpi_kernels wpi_kernels_avxvnni;
 extern const wpi_kernels wpi_kernels_avx512vnni;
+/* The NEON set with SDOT (FEAT_DotProd) for 8-bit activations; wpi_kernels_get returns it
+ * for WP_ISA_NEON where the OS reports the dot-product instructions. */
+extern const wpi_kernels wpi_kernels_neondot;
 
 /* Kernel set for an ISA (wp_isa values); NULL if this CPU cannot run it.
  * WP_ISA_AUTO (0) returns the best supported set. */

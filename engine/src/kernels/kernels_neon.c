@@ -10,8 +10,8 @@
  * the block's d and added to one of two accumulators (even and odd blocks); for several,
  * a chunk dequantizer per dtype and a 2 rows x 4 tokens tile.
  * Activations stay float32 and weights are never requantized, so the dot-product
- * instructions (SDOT/UDOT, int8 x int8) have nothing to do here; wpi_cpu_has_dotprod()
- * reports them for a kernel with 8-bit activations.
+ * instructions (SDOT/UDOT, int8 x int8) have nothing to do here; the 8-bit-activation
+ * kernels that use them are kernels_x8_neondot.c's.
  */
 #include <stddef.h>
 #include <stdint.h>

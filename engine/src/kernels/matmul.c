@@ -148,6 +148,10 @@ X8_SET(avxvnni)
 X8_SET(avx512bw)
 X8_SET(avx512vnni)
 #endif
+#if defined(__aarch64__)
+X8_SET(neon)
+X8_SET(neondot)
+#endif
 
 /* The kernels.h set wpi_kernels_<set>, named label, over the block table
  * wpi_blocks_<isa> (whose entries KERNEL_SET_F32 makes: one matmul per dtype, and dot
@@ -201,6 +205,8 @@ X8_SET(avx512vnni)
 #define wpi_x8_avxvnni_name "avxvnni"
 #define wpi_x8_avx512bw_name "avx512bw"
 #define wpi_x8_avx512vnni_name "avx512vnni"
+#define wpi_x8_neon_name "neon"
+#define wpi_x8_neondot_name "neon-dotprod"
 
 KERNEL_SET_F32(ref)
 KERNEL_SET(ref, ref, ref, "scalar")
@@ -215,5 +221,7 @@ KERNEL_SET(avx512vnni, avx512, avx512vnni, "avx512")
 #endif
 #if defined(__aarch64__)
 KERNEL_SET_F32(neon)
-KERNEL_SET(neon, neon, ref, "neon")
+KERNEL_SET(neon, neon, neon, "neon")
+/* The NEON set again with SDOT integer dot products (dispatch.c picks it). */
+KERNEL_SET(neondot, neon, neondot, "neon")
 #endif

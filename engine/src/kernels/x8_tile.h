@@ -40,5 +40,7 @@ extern const wpi_tiles_x8 wpi_x8t_avx2;
 extern const wpi_tiles_x8 wpi_x8t_avxvnni;
 extern const wpi_tiles_x8 wpi_x8t_avx512bw;
 extern const wpi_tiles_x8 wpi_x8t_avx512vnni;
+extern const wpi_tiles_x8 wpi_x8t_neon;    /* AArch64 builds only */
+extern const wpi_tiles_x8 wpi_x8t_neondot;
 
 #endif /* WP_KERNELS_X8_TILE_H */
