@@ -80,6 +80,8 @@ cdef extern from "wp.h" nogil:
     ctypedef struct wp_info:
         char model_type[32]
         char isa[16]
+        char x8_isa[16]
+        uint32_t x8_max_tokens
         uint32_t vocab_size, hidden_size, n_layers, n_heads, n_kv_heads, head_dim
         uint32_t n_experts, top_k, n_moe_layers
         uint32_t ctx_tokens, max_position_embeddings, n_threads

@@ -415,6 +415,7 @@ cdef class Context:
         _check(wp_get_info(self.ctx, &i), self.ctx)
         return {
             "model_type": i.model_type.decode(), "isa": i.isa.decode(),
+            "x8_isa": i.x8_isa.decode(), "x8_max_tokens": i.x8_max_tokens,
             "vocab_size": i.vocab_size, "hidden_size": i.hidden_size,
             "n_layers": i.n_layers, "n_heads": i.n_heads, "n_kv_heads": i.n_kv_heads,
             "head_dim": i.head_dim, "n_experts": i.n_experts, "top_k": i.top_k,

@@ -63,9 +63,10 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-lookahead", action="store_true", help="disable expert prefetch")
     p.add_argument("--verify", action="store_true", help="check expert record checksums")
     p.add_argument("--exact", action=argparse.BooleanOptionalAction, default=None,
-                   help="float32 activations in every matmul (--no-exact: 8-bit "
-                        "activations against quantized weights; default: the engine's, "
-                        "--exact)")
+                   help="--exact: float32 activations in every matmul; --no-exact: 8-bit "
+                        "activations against quantized weights in every matmul; default "
+                        "(auto): 8-bit for one-token steps (decode) where the CPU has VNNI "
+                        "8-bit kernels, float32 for prefill and elsewhere")
     p.add_argument("--experts-per-token", type=int, metavar="N",
                    help="routed experts per token, 1..the model's top-k (default: as "
                         "shipped): fewer expert reads per token, at some loss of fidelity")
@@ -363,7 +364,8 @@ def cmd_bench(a: argparse.Namespace) -> int:
         assert res is not None
         row = {"prefill_tok_s": prefill, "decode_tok_s": res.stats["decode_tok_s"],
                "hit_rate": res.stats["hit_rate"], "bytes_read": res.stats["bytes_read"],
-               "threads": eng.info()["n_threads"], "isa": eng.info()["isa"]}
+               "threads": eng.info()["n_threads"], "isa": eng.info()["isa"],
+               "precision": eng.info().get("precision")}
     if a.json:
         _out(row)
     else:

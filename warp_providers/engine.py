@@ -113,8 +113,10 @@ def _options(
                 raise ValueError(f"max_sequences must be an int in [1, 256], got {value!r}")
             opts[key] = value
         elif key == "exact":
-            if value is not None:
-                opts[key] = int(bool(value))
+            if value is not None and value != "auto":
+                if not isinstance(value, bool):
+                    raise TypeError(f"exact must be True, False, None or 'auto', got {value!r}")
+                opts[key] = int(value)
         elif key == "experts_per_token":  # the range (1..the model's top_k) is the engine's
             if value is not None:
                 if not isinstance(value, int) or isinstance(value, bool) or value < 0:
@@ -206,6 +208,15 @@ class EngineLike(Protocol):
     def info(self) -> dict[str, Any]:
         """Model facts; see `Engine.info`."""
         ...
+
+
+def _precision(x8_max_tokens: int) -> str:
+    """The activation precision an open resolved `exact` to, in words."""
+    if x8_max_tokens == 0:
+        return "float32"
+    if x8_max_tokens >= 0xFFFFFFFF:
+        return "8-bit"
+    return f"8-bit for steps of at most {x8_max_tokens} tokens, float32 above"
 
 
 def container_chat_metadata(
@@ -304,6 +315,8 @@ class Engine:
         self.tokenizer = tokenizer
         self._info = ctx.info()
         self._info["name"] = Path(path).name.removesuffix(".warp")
+        if "x8_max_tokens" in self._info:
+            self._info["precision"] = _precision(self._info["x8_max_tokens"])
         self.vocab_size: int = self._info["vocab_size"]
         self._sched = Scheduler(ctx, self.vocab_size, prefill_chunk or STEP_PREFILL)
         self._info["max_sequences"] = self._sched.max_sequences
@@ -340,7 +353,9 @@ class Engine:
                 per step while others decode), isa ("auto"/"scalar"/"avx2"/"avx512"/"neon"),
                 exact (True: float32 activations in every matmul; False: 8-bit
                 activations, two int8 planes of about 16 bits in all, against quantized
-                weights; None: the engine's default, True),
+                weights; None or "auto", the default: 8-bit for one-token steps (decode)
+                where the CPU has VNNI 8-bit kernels, float32 otherwise, so prefill stays
+                float32; `info()["precision"]` says which is in force),
                 experts_per_token (routed experts per token, 1..the model's top_k: the
                 router keeps the N highest-scoring experts and weights them as the model's
                 routing weights its top_k, so the model runs as its top-N variant; fewer
@@ -500,8 +515,8 @@ class Engine:
                 slot.ids = []  # unknown tokens: never reuse them as a prompt prefix
 
     def info(self) -> dict[str, Any]:
-        """Model and engine facts (model type, sizes, kernel set, resolved memory plan,
-        max_sequences)."""
+        """Model and engine facts (model type, sizes, kernel set, activation precision,
+        resolved memory plan, max_sequences)."""
         return dict(self._info)
 
     def vision_info(self) -> dict[str, Any] | None:

@@ -56,6 +56,15 @@ typedef enum wp_isa {
     WP_ISA_NEON = 4    /* AArch64 Advanced SIMD (every AArch64 CPU) */
 } wp_isa;
 
+/* Activation precision of the matmuls (wp_cfg.exact; docs/ENGINE.md). */
+typedef enum wp_exact {
+    WP_EXACT_AUTO = -1, /* 8-bit for evaluation steps of one token (decode), float32 for
+                         * longer ones (prefill), where the kernel set's 8-bit dot product
+                         * is faster at one token (VNNI); float32 everywhere elsewhere */
+    WP_EXACT_X8 = 0,    /* 8-bit activations in every matmul against quantized weights */
+    WP_EXACT_F32 = 1    /* float32 activations in every matmul */
+} wp_exact;
+
 /* Configuration. Always start from wp_cfg_init(): fields added later get sane defaults. */
 typedef struct wp_cfg {
     uint64_t budget_bytes;      /* hard ceiling on engine memory; 0 = resolve automatically */
@@ -68,9 +77,10 @@ typedef struct wp_cfg {
     int32_t verify;             /* 1 = check each record's payload CRC32C on read (default 0) */
     int32_t lookahead;          /* 1 = prefetch layer L+1's likely experts (default 1) */
     int32_t isa;                /* wp_isa; default WP_ISA_AUTO */
-    int32_t exact;              /* 1 = float32 activations in every matmul; 0 = 8-bit
-                                 * activations (two int8 planes, about 16 bits) against
-                                 * quantized weights (default 1: docs/ENGINE.md) */
+    int32_t exact;              /* wp_exact: 1 = float32 activations in every matmul; 0 =
+                                 * 8-bit activations (two int8 planes, about 16 bits)
+                                 * against quantized weights; -1 = each step by its token
+                                 * count (default WP_EXACT_AUTO; other values WP_E_ARG) */
     const char *hotlist_path;   /* usage counts to warm the cache at open; NULL = none */
     uint64_t usable_ram_bytes;  /* 0 = detect (physical RAM and cgroup limits) */
     const char *cgroup_root;    /* where cgroup files are read; NULL = "/sys/fs/cgroup" */
@@ -161,6 +171,11 @@ const char *wp_error_detail(const wp_ctx *ctx);
 typedef struct wp_info {
     char model_type[32];
     char isa[16];                /* kernel set in use: "scalar", "avx2", "avx512", "neon" */
+    char x8_isa[16];             /* its 8-bit dot product: "scalar", "avx2", "avxvnni",
+                                  * "avx512bw", "avx512vnni", "neon" */
+    uint32_t x8_max_tokens;      /* wp_cfg.exact resolved: evaluation steps of at most this
+                                  * many tokens (all sequences of a batch step together)
+                                  * take the 8-bit path; 0 = none, UINT32_MAX = every one */
     uint32_t vocab_size, hidden_size, n_layers, n_heads, n_kv_heads, head_dim;
     uint32_t n_experts, top_k, n_moe_layers;
     uint32_t ctx_tokens, max_position_embeddings, n_threads;

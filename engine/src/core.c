@@ -27,7 +27,7 @@ void wp_cfg_init(wp_cfg *cfg)
     cfg->verify = 0;
     cfg->lookahead = 1;
     cfg->isa = WP_ISA_AUTO;
-    cfg->exact = 1;
+    cfg->exact = WP_EXACT_AUTO;
 }
 
 const char *wp_strerror(wp_status status)
@@ -141,10 +141,28 @@ static wp_status apply_experts_per_token(wpi_container *c, const wp_cfg *cfg, ch
     return WP_OK;
 }
 
+/* WP_EXACT_AUTO: steps of at most this many tokens take the 8-bit path. One token is
+ * where it is faster (VNNI: decode about 2x on a Q4_0 MoE); batched decode steps of 2-8
+ * rows measured no faster and a 64-token prefill 1.7-2x slower (docs/ENGINE.md). */
+#define AUTO_X8_MAX_TOK 1
+
+/* wp_cfg.exact as the rows of a step that may take the 8-bit path (wpi_model.x8_max_tok). */
+static uint32_t x8_max_tok(int32_t exact, const wpi_kernels *k)
+{
+    switch (exact) {
+    case WP_EXACT_F32: return 0;
+    case WP_EXACT_X8: return UINT32_MAX;
+    default: return wpi_kernels_x8_fast(k) ? AUTO_X8_MAX_TOK : 0;
+    }
+}
+
 static wp_status open_ctx(wp_ctx *ctx, const char *path, const wp_cfg *cfg)
 {
     char *err = ctx->err;
     const size_t cap = sizeof ctx->err;
+    if (cfg->exact < WP_EXACT_AUTO || cfg->exact > WP_EXACT_F32)
+        return wpi_ctx_fail(ctx, WP_E_ARG, "exact %d is not -1 (auto), 0 (8-bit) or 1 "
+                            "(float32)", cfg->exact);
     wp_status st = wpi_container_open(path, &ctx->c, err, cap);
     if (st != WP_OK) return st;
     if ((st = apply_experts_per_token(ctx->c, cfg, err, cap)) != WP_OK) return st;
@@ -212,7 +230,7 @@ static wp_status open_ctx(wp_ctx *ctx, const char *path, const wp_cfg *cfg)
         m->pool = ctx->pool;
         m->experts = ctx->experts;
         m->lookahead = cfg->lookahead != 0;
-        m->exact = cfg->exact != 0;
+        m->x8_max_tok = x8_max_tok(cfg->exact, k);
         m->err = ctx->err;
         m->err_cap = sizeof ctx->err;
     }
@@ -254,6 +272,8 @@ wp_status wp_get_info(const wp_ctx *ctx, wp_info *out)
     memset(out, 0, sizeof *out);
     snprintf(out->model_type, sizeof out->model_type, "%s", hp->model_type);
     snprintf(out->isa, sizeof out->isa, "%s", ctx->seqs[0].mdl.k->name);
+    snprintf(out->x8_isa, sizeof out->x8_isa, "%s", ctx->seqs[0].mdl.k->x8_name);
+    out->x8_max_tokens = ctx->seqs[0].mdl.x8_max_tok;
     out->vocab_size = hp->vocab_size;
     out->hidden_size = hp->hidden_size;
     out->n_layers = hp->n_layers;
@@ -375,7 +395,8 @@ wp_status wp_encode_image(wp_ctx *ctx, const float *pixels, uint32_t n_patches,
         return wpi_ctx_fail(ctx, WP_E_OOM, "image work buffer of %llu bytes",
                             (unsigned long long)wb);
     wpi_model m = ctx->seqs[0].mdl;
-    m.exact = 1; /* float32 activations: no 8-bit copy sized for the tower */
+    m.x8_max_tok = 0; /* float32 activations: no 8-bit copy sized for the tower */
+    m.x8 = 0;
     double t0 = wpi_now();
     ctx->arch->vision->encode(&m, c, pixels, grid_thw, out, work);
     ctx->eval_seconds += wpi_now() - t0;

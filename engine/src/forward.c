@@ -315,14 +315,14 @@ static void mm_task(void *arg, uint32_t t)
     mm_run(c, j, r0, r1);
 }
 
-/* Quantizes x once for the jobs whose weights have an 8-bit path (none if the model is
- * exact, or the input is wider than the scratch copy); sets c->fn8. */
+/* Quantizes x once for the jobs whose weights have an 8-bit path (none if the step is
+ * not an 8-bit one, or the input is wider than the scratch copy); sets c->fn8. */
 static void mm_quantize(wpi_model *m, mm_ctx *c, uint32_t n_jobs)
 {
     size_t nb = 0;
     for (uint32_t j = 0; j < n_jobs; j++) {
         const wpi_wmat *w = c->jobs[j].w;
-        c->fn8[j] = m->exact || w->cols % WPI_QK ? NULL : wpi_kernels_matmul_x8(m->k, w->dtype);
+        c->fn8[j] = !m->x8 || w->cols % WPI_QK ? NULL : wpi_kernels_matmul_x8(m->k, w->dtype);
         if (c->fn8[j] && w->cols / WPI_QK > nb)
             nb = w->cols / WPI_QK;
     }
@@ -393,6 +393,7 @@ wp_status wpi_model_forward(wpi_model *m, const wpi_arch *arch, const int32_t *t
     const size_t H = hp->hidden_size;
     size_t row_bytes = wpi_row_bytes(m->tok_embd.dtype, H);
     m->tokens = tokens;
+    m->x8 = n <= m->x8_max_tok;
     for (uint32_t t = 0; t < n; t++)
         embed_row(m, tokens[t], row_bytes, m->x + t * H);
     wpi_rope_prepare(m, n, pos);
@@ -471,6 +472,9 @@ wp_status wpi_model_forward_batch(wpi_model *b, const wpi_arch *arch, wpi_model 
         rows += n[i];
     }
     b->tokens = NULL;
+    /* One precision for the step: its rows over all the sequences decide. */
+    b->x8 = rows <= b->x8_max_tok;
+    for (uint32_t i = 0; i < n_seqs; i++) ms[i]->x8 = b->x8;
     b->la_rows = rows; /* a decode step (one row per sequence) looks ahead for each */
     for (uint32_t i = 0; i < n_seqs; i++)
         if (n[i] != 1) b->la_rows = 0;

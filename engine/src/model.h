@@ -66,7 +66,11 @@ typedef struct wpi_model {
     int lookahead;               /* decode-time prefetch of the next layer's experts */
     uint32_t la_rows;            /* a batched decode step's rows (one per sequence), which
                                     the lookahead predicts for as for one token; else 0 */
-    int exact;                   /* float32 activations only (no 8-bit path) */
+    uint32_t x8_max_tok;         /* steps of at most this many rows take the 8-bit path:
+                                    wp_cfg.exact resolved at open (0 = none, UINT32_MAX =
+                                    all) */
+    int x8;                      /* this step takes it (the forward sets it from its rows;
+                                    quantized weights whose width is a multiple of 32) */
     const wpi_wmat *lm_head;     /* output.weight or token_embd.weight */
     wpi_wmat tok_embd, output;
     const float *out_norm;       /* [hidden] */

@@ -135,8 +135,9 @@ def test_chat_repl(model, tmp_path):
 
 
 def test_exact_option(smol):
-    """--exact (float32 activations) is the default; --no-exact takes the 8-bit path on
-    SmolLM2's quantized weights, so its logits differ."""
+    """The default (auto) evaluates this 4-token prompt as --exact does (float32: a step
+    of more than one token); --no-exact takes the 8-bit path on SmolLM2's quantized
+    weights, so its logits differ."""
     def top(*opts: str) -> list[float]:
         p = warp("eval", str(smol), "--ids", "1,504,3458,314", "--json", *opts)
         assert p.returncode == 0, p.stderr

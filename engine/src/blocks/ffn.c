@@ -8,7 +8,7 @@
  *
  * gate and up run in one parallel section over blocks of their rows, each task also
  * applying silu(g) * u to its rows, so a SwiGLU costs two dispatches: gate/up and down.
- * Unless the model is exact, quantized gate/up weights take the 8-bit path as
+ * On an 8-bit step (wpi_model.x8), quantized gate/up weights take the 8-bit path as
  * wpi_matmul's do: the input is quantized once, before the section, for both of them
  * (and down's input once by wpi_matmul).
  */
@@ -73,7 +73,7 @@ static void swiglu(wpi_model *m, const wpi_wmat *gate, const wpi_wmat *up,
                 gate, up, x, ldx, n_tok, 0, m->hp ? wpi_swiglu_clamp(m->hp) : 0, bg, bu};
     const uint32_t I = gate->rows;
     const size_t nb = gate->cols / WPI_QK;
-    if (!m->exact && gate->cols % WPI_QK == 0 && up->cols == gate->cols &&
+    if (m->x8 && gate->cols % WPI_QK == 0 && up->cols == gate->cols &&
         (uint64_t)nb * n_tok <= m->xq_blocks) {
         c.fg8 = wpi_kernels_matmul_x8(m->k, gate->dtype);
         c.fu8 = wpi_kernels_matmul_x8(m->k, up->dtype);

@@ -133,7 +133,7 @@ static void apply_expert(wpi_model *m, const wpi_expert_view *v, int32_t p0, int
  * costs about what a 16-row block of a small expert does, so 2*top_k sections per layer
  * were a large share of a token (ENGINE_LESSONS section 8). Every row is computed by
  * the same kernel call on the same inputs as apply_expert's, so results are identical
- * and do not depend on the thread count. On the 8-bit path (a model that is not exact,
+ * and do not depend on the thread count. On the 8-bit path (an 8-bit step,
  * quantized experts, widths a multiple of 32) the token is quantized once for every
  * expert's gate and up, and each gate/up task quantizes the 32-row blocks of silu(g) * u
  * it produced, so down reads 8-bit inputs with no serial step between the sections
@@ -228,7 +228,7 @@ static void apply_group_decode(wpi_model *m, const wpi_expert_view *v, uint32_t 
     for (uint32_t s = 0; s < cnt; s++)
         c.out[s] = m->eo + (size_t)m->ex_pick[m->ex_start[s0 + s]] * H;
     /* The 8-bit path: x's blocks first in xq, then each expert's silu(g) * u blocks. */
-    if (!m->exact && H % WPI_QK == 0 && I % WPI_QK == 0 &&
+    if (m->x8 && H % WPI_QK == 0 && I % WPI_QK == 0 &&
         (uint64_t)(H + (size_t)cnt * I) / WPI_QK <= m->xq_blocks &&
         (c.fn8 = wpi_kernels_matmul_x8(m->k, v[0].dtype)) != NULL) {
         wpi_quant_x8(m->xn, H, m->xq);
@@ -360,7 +360,7 @@ static void apply_group_chunk(wpi_model *m, const wpi_expert_view *v, uint32_t g
     int same = wpi_kernels_matmul(m->k, v[0].dtype) != NULL;
     for (uint32_t s = 1; same && s < cnt; s++)
         same = v[s].dtype == v[0].dtype && v[s].inter == I && v[s].hidden == v[0].hidden;
-    const int x8 = same && !m->exact && H % WPI_QK == 0 && I % WPI_QK == 0 &&
+    const int x8 = same && m->x8 && H % WPI_QK == 0 && I % WPI_QK == 0 &&
                    wpi_kernels_matmul_x8(m->k, v[0].dtype) != NULL;
     uint64_t cap = m->chunk; /* rows of xg, yg, ff_g and ff_u */
     if (x8 && (uint64_t)m->xq_blocks * WPI_QK / (H + I) < cap)

@@ -9,6 +9,7 @@
  */
 #include <stdatomic.h>
 #include <stdint.h>
+#include <string.h>
 
 #if defined(__x86_64__)
 #include <cpuid.h>
@@ -180,4 +181,10 @@ wpi_matmul_x8_fn wpi_kernels_matmul_x8(const wpi_kernels *k, int dtype)
     case WPI_MXFP4: return k->matmul_x8_mxfp4;
     default: return NULL;
     }
+}
+
+int wpi_kernels_x8_fast(const wpi_kernels *k)
+{
+    return k && k->x8_name &&
+           (strcmp(k->x8_name, "avxvnni") == 0 || strcmp(k->x8_name, "avx512vnni") == 0);
 }

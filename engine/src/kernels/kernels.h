@@ -49,7 +49,8 @@ typedef void (*wpi_matmul_fn)(const void *w, size_t cols, size_t r0, size_t r1,
                               float *y, size_t ldy);
 
 /*
- * 8-bit activations (wp_cfg.exact = 0; exact = 1 selects the float32 path above): a
+ * 8-bit activations (wp_cfg.exact = 0, or WP_EXACT_AUTO for short steps; exact = 1
+ * selects the float32 path above): a
  * token's activations are quantized once per call in blocks of 32 into two int8 planes,
  * q as q8_0 weights are (d = amax / 127, q = round(x / d), half away from zero) and r the
  * residual x / d - q in steps of 1/256, so x is held to about 16 bits while every
@@ -118,6 +119,12 @@ wpi_matmul_fn wpi_kernels_matmul(const wpi_kernels *k, int dtype);
 
 /* The 8-bit-activation matmul of a dtype; NULL where there is none (float dtypes). */
 wpi_matmul_x8_fn wpi_kernels_matmul_x8(const wpi_kernels *k, int dtype);
+
+/* 1 if a decode step is faster on the set's 8-bit matmuls than on its float32 ones (what
+ * WP_EXACT_AUTO reads): the VNNI byte dot products (about 2x on a Q4_0 MoE, AVX-512
+ * VNNI). 0 for the scalar twins and for maddubs + madd without VNNI (avx2: level or
+ * slower at one token on an AVX2-only EPYC, docs/ENGINE.md; avx512bw: not measured). */
+int wpi_kernels_x8_fast(const wpi_kernels *k);
 
 /* Reference-only helpers (kernels_ref.c). */
 float wpi_f16_to_f32(uint16_t h);
