@@ -13,7 +13,8 @@
  * --x8 times the 8-bit-activation path instead (quantized dtypes only; each call
  * quantizes the n_tok activations first, as wpi_matmul does, and that time counts).
  *
- * --ntok times the best set this CPU runs (or --isa NAME) on [2048 x 2048] at n_tok = 1,
+ * --ntok times the best set this CPU runs (or --isa NAME) on [2048 x 2048] (or --shape
+ * ROWSxCOLS, cols a multiple of 32 up to 2048) at n_tok = 1,
  * 2, 3, 4, 5, 8, 9, 12, 16, 32, 64 and prints, per dtype, GB/s of weights at one token
  * and the cost of n tokens in single-token calls (time(n) / time(1)): what one batched
  * decode step of n sequences, or a prefill chunk, costs against one decode step. The token counts
@@ -154,10 +155,10 @@ static unsigned char *make_weights(int dt, size_t rows, size_t cols)
 
 /* --ntok: the cost of n tokens in single-token calls, one set, [2048 x 2048]. */
 static int run_ntok(const wpi_kernels *k, int x8, const char *const *only, int n_only,
-                    double budget)
+                    size_t rows, size_t cols, double budget)
 {
     static const size_t ntoks[] = {1, 2, 3, 4, 5, 8, 9, 12, 16, 32, 64};
-    size_t rows = 2048, cols = 2048, nt_max = 64;
+    size_t nt_max = 64;
     float *x = malloc(nt_max * cols * sizeof(float));
     float *y = malloc(nt_max * rows * sizeof(float));
     for (size_t i = 0; i < nt_max * cols; i++)
@@ -246,6 +247,7 @@ int main(int argc, char **argv)
     const char *only[8];
     const char *isa_name = NULL;
     int n_only = 0, x8 = 0, ntok = 0, quant = 0;
+    size_t rows = 2048, cols = 2048;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--cpu") == 0)
             clock_id = CLOCK_THREAD_CPUTIME_ID;
@@ -253,6 +255,10 @@ int main(int argc, char **argv)
             x8 = 1;
         else if (strcmp(argv[i], "--ntok") == 0)
             ntok = 1;
+        else if (strcmp(argv[i], "--shape") == 0 && i + 1 < argc &&
+                 sscanf(argv[i + 1], "%zux%zu", &rows, &cols) == 2 && rows > 0 &&
+                 cols % 32 == 0 && cols > 0 && cols <= 2048)
+            i++;
         else if (strcmp(argv[i], "--quant") == 0)
             quant = 1;
         else if (strcmp(argv[i], "--isa") == 0 && i + 1 < argc)
@@ -274,7 +280,7 @@ int main(int argc, char **argv)
                 k = wpi_kernels_get(isa);
         print_machine();
         printf("clock: %s\n", clock_id == CLOCK_MONOTONIC ? "wall" : "thread CPU time");
-        return run_ntok(k, x8, only, n_only, budget);
+        return run_ntok(k, x8, only, n_only, rows, cols, budget);
     }
     static const size_t shapes[][2] = {{2048, 2048}, {576, 1536}};
     static const size_t ntoks[] = {1, 16};
