@@ -32,6 +32,8 @@
  * [2048 x 768] mxfp4 131 -> 111 us, medians of 5 alternated runs; 4 rows measured
  * between the two). */
 #define X8T_R1 8
+/* mxfp4's lone token on biased unsigned weights (x8_tile_body.h) */
+#define X8T_MXFP4_BIASED 1
 #include "kernels/x8_tile_w256.h"
 
 /* roundf (half away from zero) of each lane, then clamped to [-127, 127]: the truncation
