@@ -1,8 +1,9 @@
 /*
  * test_kernels_x8.c -- the 8-bit-activation path: the activation quantizer (two planes,
  * x ~= d (q + r / 256)) and its SIMD versions byte for byte against the scalar twin
- * (NaN, infinities, zeros, subnormals, huge values, ties of q and of r), every x8 table this CPU can run against the scalar twin, and the
- * int8 results against the float32 path within the error the quantization allows.
+ * (NaN, infinities, zeros, subnormals, huge values, ties of q and of r), every x8 table
+ * this CPU can run against the scalar twin, and the int8 results against the float32
+ * path within the error the quantization allows.
  *
  * Bounds, per output y = sum_j w_j x_j (w the dequantized weights, x~_j = d_b (q_j +
  * r_j / 256) the quantized activations of block b):
@@ -103,8 +104,10 @@ static void twin_block(float *x, int k)
         }
         x[at] = ldexpf(127.0f, e / 2);
         break;
-    case 7: for (int j = 0; j < 32; j++) x[j] = frand() * ldexpf(1.0f, -127 - (int)(rng % 23));
-        break; /* subnormals: 1 / d overflows */
+    case 7: /* subnormals: 1 / d overflows */
+        for (int j = 0; j < 32; j++)
+            x[j] = frand() * ldexpf(1.0f, -127 - (int)(rng % 23));
+        break;
     case 8: /* amax where d = amax / 127 is subnormal and 1 / d is finite, or just not */
         for (int j = 0; j < 32; j++) x[j] = frand() * ldexpf(1.0f, -122 + (int)(rng % 4));
         break;

@@ -62,14 +62,15 @@ static inline __m256i x8q_bytes(const __m256i v[4])
  * 1 / d overflows, goes to wpi_quant_x8_ref itself. */
 void wpi_quant_x8_avx2(const float *x, size_t cols, wpi_xq *out)
 {
-    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const __m256 sign = _mm256_set1_ps(-0.0f), big = _mm256_set1_ps(3.40282347e38f);
     for (size_t b = 0; b < cols / WPI_QK; b++, x += WPI_QK) {
-        __m256 v[4], amax = _mm256_setzero_ps(), fin = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+        __m256 v[4], amax = _mm256_setzero_ps();
+        __m256 fin = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
         for (int i = 0; i < 4; i++) {
             v[i] = _mm256_loadu_ps(x + 8 * i);
             __m256 a = _mm256_andnot_ps(sign, v[i]);
             amax = _mm256_max_ps(amax, a);
-            fin = _mm256_and_ps(fin, _mm256_cmp_ps(a, _mm256_set1_ps(3.40282347e38f), _CMP_LE_OQ));
+            fin = _mm256_and_ps(fin, _mm256_cmp_ps(a, big, _CMP_LE_OQ));
         }
         __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
         m = _mm_max_ps(m, _mm_movehl_ps(m, m));
@@ -80,19 +81,20 @@ void wpi_quant_x8_avx2(const float *x, size_t cols, wpi_xq *out)
             wpi_quant_x8_ref(x, WPI_QK, out + b);
             continue;
         }
-        __m256 vid = _mm256_set1_ps(id);
+        __m256 vid = _mm256_set1_ps(id), k256 = _mm256_set1_ps(256.0f);
         __m256i q[4], r[4], sum = _mm256_setzero_si256();
         for (int i = 0; i < 4; i++) {
             __m256 u = _mm256_mul_ps(v[i], vid);
             __m256 qf = x8q_round(u);
-            __m256 rf = x8q_round(_mm256_mul_ps(_mm256_sub_ps(u, qf), _mm256_set1_ps(256.0f)));
+            __m256 rf = x8q_round(_mm256_mul_ps(_mm256_sub_ps(u, qf), k256));
             q[i] = _mm256_cvttps_epi32(qf);
             r[i] = _mm256_cvttps_epi32(rf);
             sum = _mm256_add_epi32(sum, _mm256_add_epi32(_mm256_slli_epi32(q[i], 8), r[i]));
         }
         _mm256_storeu_si256((__m256i *)out[b].q, x8q_bytes(q));
         _mm256_storeu_si256((__m256i *)out[b].r, x8q_bytes(r));
-        __m128i s = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+        __m128i s = _mm_add_epi32(_mm256_castsi256_si128(sum),
+                                  _mm256_extracti128_si256(sum, 1));
         s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
         s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
         out[b].d = d;

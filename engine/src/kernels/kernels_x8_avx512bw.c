@@ -35,8 +35,8 @@
 static inline __m512 x8q_round(__m512 v)
 {
     __m512 t = _mm512_roundscale_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
-    __mmask16 up = _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_sub_ps(v, t)), _mm512_set1_ps(0.5f),
-                                      _CMP_GE_OQ);
+    __m512 frac = _mm512_abs_ps(_mm512_sub_ps(v, t));
+    __mmask16 up = _mm512_cmp_ps_mask(frac, _mm512_set1_ps(0.5f), _CMP_GE_OQ);
     __m512 one = _mm512_castsi512_ps(_mm512_ternarylogic_epi32(
         _mm512_castps_si512(v), _mm512_set1_epi32((int)0x80000000u),
         _mm512_set1_epi32(0x3f800000), 0xea)); /* (v & sign) | 1.0f */

@@ -53,7 +53,8 @@
 #define X8T_MXFP4_BIASED 0
 #endif
 #define X8T_BIASED(k, T)                                                                 \
-    ((k) == 1 || (X8T_SIGNED(k) && (T) == 1 && (X8T_FLIP || (X8T_MXFP4_BIASED && (k) == 3))))
+    ((k) == 1 ||                                                                         \
+     (X8T_SIGNED(k) && (T) == 1 && (X8T_FLIP || (X8T_MXFP4_BIASED && (k) == 3))))
 #define X8T_XFLIP(k, T) (X8T_FLIP && X8T_SIGNED(k) && (T) > 1)
 /* Signed weights by the sign trick: |w| times q and r negated where w < 0. */
 #define X8T_SIGNTRICK(k, T) (X8T_SIGNED(k) && !X8T_FLIP && !X8T_BIASED(k, T))
