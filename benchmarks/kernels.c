@@ -13,12 +13,17 @@
  * --x8 times the 8-bit-activation path instead (quantized dtypes only; each call
  * quantizes the n_tok activations first, as wpi_matmul does, and that time counts).
  *
- * --ntok times the best set this CPU runs (or --isa NAME) on [2048 x 2048] at n_tok = 1,
+ * --ntok times the best set this CPU runs (or --isa NAME) on [2048 x 2048] (or --shape
+ * ROWSxCOLS, cols a multiple of 32 up to 2048) at n_tok = 1,
  * 2, 3, 4, 5, 8, 9, 12, 16, 32, 64 and prints, per dtype, GB/s of weights at one token
  * and the cost of n tokens in single-token calls (time(n) / time(1)): what one batched
  * decode step of n sequences, or a prefill chunk, costs against one decode step. The token counts
  * are timed interleaved, a slice of each in every one of 20 rounds, so that a change of
  * machine load shifts all of them alike.
+ *
+ * --quant times the activation quantizer of the 8-bit path (wpi_quant_x8) alone, each
+ * version this CPU runs, on one row of 2048 and of 768 floats, the versions interleaved
+ * in each of 20 rounds.
  *
  * Each figure is the fastest of 20 timed slices, so a shared or busy machine
  * understates the speed less than a mean would. --cpu times with this thread's CPU
@@ -150,10 +155,10 @@ static unsigned char *make_weights(int dt, size_t rows, size_t cols)
 
 /* --ntok: the cost of n tokens in single-token calls, one set, [2048 x 2048]. */
 static int run_ntok(const wpi_kernels *k, int x8, const char *const *only, int n_only,
-                    double budget)
+                    size_t rows, size_t cols, double budget)
 {
     static const size_t ntoks[] = {1, 2, 3, 4, 5, 8, 9, 12, 16, 32, 64};
-    size_t rows = 2048, cols = 2048, nt_max = 64;
+    size_t nt_max = 64;
     float *x = malloc(nt_max * cols * sizeof(float));
     float *y = malloc(nt_max * rows * sizeof(float));
     for (size_t i = 0; i < nt_max * cols; i++)
@@ -194,12 +199,55 @@ static int run_ntok(const wpi_kernels *k, int x8, const char *const *only, int n
     return 0;
 }
 
+typedef void (*quant_fn)(const float *x, size_t cols, wpi_xq *out);
+
+/* --quant: ns per call of each quantizer version on one row. */
+static int run_quant(double budget)
+{
+    const char *names[3] = {"scalar", "avx2", "avx512"};
+    quant_fn fns[3] = {wpi_quant_x8_ref, NULL, NULL};
+#if defined(__x86_64__)
+    if (wp_isa_supported() & (1u << WP_ISA_AVX2))
+        fns[1] = wpi_quant_x8_avx2;
+    if (wp_isa_supported() & (1u << WP_ISA_AVX512))
+        fns[2] = wpi_quant_x8_avx512;
+#endif
+    static const size_t colss[] = {2048, 768};
+    static float x[2048];
+    for (size_t i = 0; i < 2048; i++)
+        x[i] = (float)((i * 2654435761u) % 1000) / 500.0f - 1.0f;
+    printf("activation quantizer, ns per row (best of 20 slices, versions interleaved)\n");
+    for (size_t ci = 0; ci < 2; ci++) {
+        double best[3] = {1e30, 1e30, 1e30};
+        for (int round = 0; round < 20; round++)
+            for (int i = 0; i < 3; i++) {
+                if (!fns[i])
+                    continue;
+                int reps = 0;
+                double t0 = now(), t;
+                do {
+                    fns[i](x, colss[ci], x8_buf);
+                    reps++;
+                    t = now() - t0;
+                } while (t < budget / 60);
+                best[i] = t / reps < best[i] ? t / reps : best[i];
+            }
+        printf("cols %4zu:", colss[ci]);
+        for (int i = 0; i < 3; i++)
+            if (fns[i])
+                printf("  %s %8.1f (x%4.1f)", names[i], best[i] * 1e9, best[0] / best[i]);
+        printf("\n");
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     double budget = 0.5;
     const char *only[8];
     const char *isa_name = NULL;
-    int n_only = 0, x8 = 0, ntok = 0;
+    int n_only = 0, x8 = 0, ntok = 0, quant = 0;
+    size_t rows = 2048, cols = 2048;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--cpu") == 0)
             clock_id = CLOCK_THREAD_CPUTIME_ID;
@@ -207,12 +255,23 @@ int main(int argc, char **argv)
             x8 = 1;
         else if (strcmp(argv[i], "--ntok") == 0)
             ntok = 1;
+        else if (strcmp(argv[i], "--shape") == 0 && i + 1 < argc &&
+                 sscanf(argv[i + 1], "%zux%zu", &rows, &cols) == 2 && rows > 0 &&
+                 cols % 32 == 0 && cols > 0 && cols <= 2048)
+            i++;
+        else if (strcmp(argv[i], "--quant") == 0)
+            quant = 1;
         else if (strcmp(argv[i], "--isa") == 0 && i + 1 < argc)
             isa_name = argv[++i];
         else if (strcmp(argv[i], "--dtype") == 0 && i + 1 < argc && n_only < 8)
             only[n_only++] = argv[++i];
         else
             budget = atof(argv[i]);
+    }
+    if (quant) {
+        print_machine();
+        printf("clock: %s\n", clock_id == CLOCK_MONOTONIC ? "wall" : "thread CPU time");
+        return run_quant(budget);
     }
     if (ntok) {
         const wpi_kernels *k = wpi_kernels_get(WP_ISA_AUTO);
@@ -221,7 +280,7 @@ int main(int argc, char **argv)
                 k = wpi_kernels_get(isa);
         print_machine();
         printf("clock: %s\n", clock_id == CLOCK_MONOTONIC ? "wall" : "thread CPU time");
-        return run_ntok(k, x8, only, n_only, budget);
+        return run_ntok(k, x8, only, n_only, rows, cols, budget);
     }
     static const size_t shapes[][2] = {{2048, 2048}, {576, 1536}};
     static const size_t ntoks[] = {1, 16};

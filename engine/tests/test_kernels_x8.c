@@ -1,7 +1,9 @@
 /*
  * test_kernels_x8.c -- the 8-bit-activation path: the activation quantizer (two planes,
- * x ~= d (q + r / 256)), every x8 table this CPU can run against the scalar twin, and the
- * int8 results against the float32 path within the error the quantization allows.
+ * x ~= d (q + r / 256)) and its SIMD versions byte for byte against the scalar twin
+ * (NaN, infinities, zeros, subnormals, huge values, ties of q and of r), every x8 table
+ * this CPU can run against the scalar twin, and the int8 results against the float32
+ * path within the error the quantization allows.
  *
  * Bounds, per output y = sum_j w_j x_j (w the dequantized weights, x~_j = d_b (q_j +
  * r_j / 256) the quantized activations of block b):
@@ -70,6 +72,128 @@ static void test_quantizer(void)
               q[b].s, q[b].d * ((float)sum / 256.0f));
     }
     CHECK(clamped >= 31, "halfway values: %d residuals at 127", clamped);
+}
+
+/* Block kind k of the quantizer twin test: 32 floats at x. */
+static void twin_block(float *x, int k)
+{
+    int e = (int)(rng % 260) - 140; /* scales 2^-140 .. 2^119 */
+    int at = (int)(rng % 32);
+    for (int j = 0; j < 32; j++)
+        x[j] = frand() * ldexpf(1.0f, e);
+    switch (k) {
+    case 0: break;                                                  /* random, any scale */
+    case 1: for (int j = 0; j < 32; j++) x[j] = j % 3 ? 0.0f : -0.0f; break; /* zeros */
+    case 2: x[at] = NAN; break;
+    case 3: x[at] = rng & 1 ? INFINITY : -INFINITY; break;
+    case 4: /* x / d halfway between two q */
+        for (int j = 0; j < 32; j++)
+            x[j] = ldexpf((float)((int)(rng % 254) - 127) + 0.5f, e / 2);
+        x[at] = ldexpf(rng & 1 ? 127.0f : -127.0f, e / 2);
+        break;
+    case 5: /* (x / d - q) * 256 halfway between two r */
+        for (int j = 0; j < 32; j++)
+            x[j] = ldexpf((float)((int)(rng % 254) - 127) +
+                              ((float)((int)(rng % 256) - 128) + 0.5f) / 256.0f, e / 2);
+        x[at] = ldexpf(127.0f, e / 2);
+        break;
+    case 6: /* one ulp either side of halfway */
+        for (int j = 0; j < 32; j++) {
+            float h = ldexpf((float)((int)(rng % 254) - 127) + 0.5f, e / 2);
+            x[j] = nextafterf(h, rng & 1 ? INFINITY : -INFINITY);
+        }
+        x[at] = ldexpf(127.0f, e / 2);
+        break;
+    case 7: /* subnormals: 1 / d overflows */
+        for (int j = 0; j < 32; j++)
+            x[j] = frand() * ldexpf(1.0f, -127 - (int)(rng % 23));
+        break;
+    case 8: /* amax where d = amax / 127 is subnormal and 1 / d is finite, or just not */
+        for (int j = 0; j < 32; j++) x[j] = frand() * ldexpf(1.0f, -122 + (int)(rng % 4));
+        break;
+    case 9: for (int j = 0; j < 32; j++) x[j] = frand() * 3.40282347e38f; /* huge */
+        x[at] = rng & 1 ? 3.40282347e38f : -3.40282347e38f;
+        break;
+    case 10: for (int j = 0; j < 32; j++) x[j] = 0.0f; /* one value among zeros */
+        break;
+    default: /* one normal value among subnormals and zeros */
+        for (int j = 0; j < 32; j++) x[j] = j % 2 ? 0.0f : frand() * ldexpf(1.0f, -140);
+        break;
+    }
+}
+
+/* Blocks of a quantizer that differ from the scalar twin's, byte for byte. */
+static int twin_diff(void (*quant)(const float *, size_t, wpi_xq *), const char *name,
+                     const float *x, size_t n, const wpi_xq *want)
+{
+    wpi_xq *got = malloc(n / 32 * sizeof(wpi_xq));
+    memset(got, 0x5a, n / 32 * sizeof(wpi_xq));
+    quant(x, n, got);
+    int bad = 0;
+    for (size_t b = 0; b < n / 32; b++) {
+        if (memcmp(&got[b], &want[b], sizeof(wpi_xq)) == 0)
+            continue;
+        if (bad++ == 0)
+            printf("%s quantizer: block %zu differs (x[0] %a, d %a vs %a, s %a vs %a)\n",
+                   name, b, x[b * 32], got[b].d, want[b].d, got[b].s, want[b].s);
+    }
+    free(got);
+    return bad;
+}
+
+/* Every quantizer this CPU runs writes the scalar twin's bytes: random blocks of every
+ * kind above over ragged lengths, then a sweep of x / d over every 4099th float below 128
+ * of either sign (d = 1: each block's first value is 127). */
+static void test_quantizer_twins(void)
+{
+    typedef void (*quant_fn)(const float *, size_t, wpi_xq *);
+    const char *names[] = {"dispatched", "avx2", "avx512"};
+    quant_fn fns[] = {wpi_quant_x8, NULL, NULL};
+    const char *needs[] = {"", "AVX2", "AVX-512 F/BW/VL"};
+#if defined(__x86_64__)
+    uint32_t isa = wp_isa_supported();
+    fns[1] = isa & (1u << WP_ISA_AVX2) ? wpi_quant_x8_avx2 : NULL;
+    fns[2] = isa & (1u << WP_ISA_AVX512) ? wpi_quant_x8_avx512 : NULL;
+#endif
+    enum { KINDS = 12, LEN = 32 * 61, SWEEP = 32 * 20000 };
+    float *x = malloc(SWEEP * sizeof(float));
+    wpi_xq *want = malloc(SWEEP / 32 * sizeof(wpi_xq));
+    int bad[3] = {0}, blocks = 0;
+    for (int round = 0; round < 400; round++) {
+        size_t n = 32 * (1 + rng % (LEN / 32)), off = rng % 4; /* unaligned too */
+        for (size_t b = 0; b < n / 32; b++)
+            twin_block(x + off + b * 32, (int)(rng % KINDS));
+        wpi_quant_x8_ref(x + off, n, want);
+        blocks += (int)(n / 32);
+        for (int i = 0; i < 3; i++)
+            if (fns[i])
+                bad[i] += twin_diff(fns[i], names[i], x + off, n, want);
+    }
+    size_t n = 0;
+    for (uint32_t u = 0; u < 0x43000000u && n < SWEEP; u += 4099, n++) {
+        float f;
+        memcpy(&f, &u, 4);
+        x[n] = n % 32 == 0 ? 127.0f : n % 2 ? -f : f;
+    }
+    n -= n % 32;
+    wpi_quant_x8_ref(x, n, want);
+    blocks += (int)(n / 32);
+    for (int i = 0; i < 3; i++)
+        if (fns[i])
+            bad[i] += twin_diff(fns[i], names[i], x, n, want);
+    for (int i = 0; i < 3; i++) {
+        if (!fns[i]) {
+            printf("SKIP %s quantizer: this CPU lacks %s [not provided by CI]\n", names[i],
+                   needs[i]);
+            continue;
+        }
+        CHECK(bad[i] == 0, "%s quantizer: %d of %d blocks differ from the scalar twin",
+              names[i], bad[i], blocks);
+        printf("%s %s quantizer: %d blocks, %d differing from the scalar twin\n",
+               bad[i] ? "FAIL" : "PASS", names[i], blocks, bad[i]);
+    }
+    free(x);
+    free(want);
 }
 
 /* The offset m of q4_1 block b of a row; 0 for the other dtypes. */
@@ -211,6 +335,7 @@ static void test_set(const wpi_kernels *k)
 int main(void)
 {
     test_quantizer();
+    test_quantizer_twins();
     CHECK(wpi_kernels_matmul_x8(&wpi_kernels_ref, WPI_F32) == NULL &&
               wpi_kernels_matmul_x8(&wpi_kernels_ref, WPI_F16) == NULL &&
               wpi_kernels_matmul_x8(NULL, WPI_Q8_0) == NULL,

@@ -18,7 +18,8 @@
  *   q4_1: the unsigned nibbles, no bias;
  *   with X8T_NIB16 (X8T_FLIP) a q4 block's high nibbles stay in place, 16 times the
  *     weight, in the lanes of weights 16..31 (exact: those lanes are multiples of 16);
- *   q8_0, mxfp4 without X8T_FLIP: |w| times q and r negated where w < 0.
+ *   q8_0, mxfp4 without X8T_FLIP: |w| times q and r negated where w < 0 (but mxfp4's
+ *     lone token biased as above where the ISA file sets X8T_MXFP4_BIASED).
  * The lanes are converted to float and added to the (row, token) accumulator times
  * d_w * (d * f): f = 1 / 256 (1 / 4096 in the high nibbles' lanes; mxfp4's d_w is twice
  * the half scale, f = 1 / 512), one multiply of the row's and the token's per-lane
@@ -45,8 +46,18 @@
  * activations + 128 instead (X8T_XFLIP: the correction -128 * sum(w) once per row, as T
  * per-token corrections over the few rows would cost more). The int32 sums are exact
  * either way, so a token's outputs do not depend on the tile. */
-#define X8T_BIASED(k, T) ((k) == 1 || (X8T_FLIP && X8T_SIGNED(k) && (T) == 1))
+/* Without X8T_FLIP, an ISA file may set X8T_MXFP4_BIASED: mxfp4's lone token then
+ * takes the biased weights too (maddubs cannot saturate on 24 * 127 * 2), in place of
+ * the sign trick's three byte operations per row. */
+#ifndef X8T_MXFP4_BIASED
+#define X8T_MXFP4_BIASED 0
+#endif
+#define X8T_BIASED(k, T)                                                                 \
+    ((k) == 1 ||                                                                         \
+     (X8T_SIGNED(k) && (T) == 1 && (X8T_FLIP || (X8T_MXFP4_BIASED && (k) == 3))))
 #define X8T_XFLIP(k, T) (X8T_FLIP && X8T_SIGNED(k) && (T) > 1)
+/* Signed weights by the sign trick: |w| times q and r negated where w < 0. */
+#define X8T_SIGNTRICK(k, T) (X8T_SIGNED(k) && !X8T_FLIP && !X8T_BIASED(k, T))
 
 /* The bias of slot index k as bytes, in the weights' lane layout. */
 X8T_INLINE xt_i xt_bias(int k)
@@ -126,7 +137,7 @@ X8T_INLINE void xt_group(const int k, const size_t bytes, const int R, const int
             mw[i] = xt_seg_h(p + 2, p1 ? p1 + 2 : NULL);
         if (X8T_XFLIP(k, T)) /* each plane's start: -128 * sum(w) */
             wk[i] = xt_sub(xt_zero_i(), X8_DPBUSD(xt_zero_i(), xt_set1_i8(-128), wv[i]));
-        else if (X8T_SIGNED(k) && !X8T_FLIP)
+        else if (X8T_SIGNTRICK(k, T))
             wk[i] = xt_abs8(wv[i]);
     }
 #pragma GCC unroll 8
@@ -160,7 +171,7 @@ X8T_INLINE void xt_group(const int k, const size_t bytes, const int R, const int
             xt_i s;
             if (X8T_XFLIP(k, T))
                 s = xt_add(xt_shl8(X8_DPBUSD(wk[i], q, wv[i])), X8_DPBUSD(wk[i], r, wv[i]));
-            else if (X8T_SIGNED(k) && !X8T_FLIP)
+            else if (X8T_SIGNTRICK(k, T))
                 s = X8T_DOT2(xt_zero_i(), wk[i], xt_sign8(q, wv[i]), xt_sign8(r, wv[i]));
             else
                 s = X8T_DOT2(start, wv[i], q, r);

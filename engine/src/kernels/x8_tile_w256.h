@@ -1,6 +1,7 @@
 /*
  * x8_tile_w256.h -- the 256-bit vectors of the 8-bit-activation tile kernels: one block
- * per vector (8 int32 lanes), tiles of 2 rows x 4 tokens. Included by kernels_x8_avx2.c
+ * per vector (8 int32 lanes), tiles of 2 rows x 4 tokens (X8T_R1 rows x 1 for a lone
+ * token: 2 unless the ISA file sets it). Included by kernels_x8_avx2.c
  * and kernels_x8_avxvnni.c under their target pragmas, after x8_blocks.h; includes x8_tile_body.h.
  * Private to engine/src/kernels/.
  */
@@ -10,7 +11,9 @@ typedef __m256 xt_f;
 #define X8T_G 1
 #define X8T_R 2
 #define X8T_T 4
-#define X8T_R1 2 /* rows per tile of a lone token */
+#ifndef X8T_R1
+#define X8T_R1 2 /* rows per tile of a lone token (the ISA file may set its own) */
+#endif
 #define X8T_GATHER 0 /* the scales row by row */
 
 #define xt_add _mm256_add_epi32
