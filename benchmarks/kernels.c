@@ -204,13 +204,11 @@ typedef void (*quant_fn)(const float *x, size_t cols, wpi_xq *out);
 /* --quant: ns per call of each quantizer version on one row. */
 static int run_quant(double budget)
 {
-    const char *names[3] = {"scalar", "avx2", "avx512"};
-    quant_fn fns[3] = {wpi_quant_x8_ref, NULL, NULL};
+    const char *names[2] = {"scalar", "avx2"};
+    quant_fn fns[2] = {wpi_quant_x8_ref, NULL};
 #if defined(__x86_64__)
     if (wp_isa_supported() & (1u << WP_ISA_AVX2))
         fns[1] = wpi_quant_x8_avx2;
-    if (wp_isa_supported() & (1u << WP_ISA_AVX512))
-        fns[2] = wpi_quant_x8_avx512;
 #endif
     static const size_t colss[] = {2048, 768};
     static float x[2048];
@@ -218,9 +216,9 @@ static int run_quant(double budget)
         x[i] = (float)((i * 2654435761u) % 1000) / 500.0f - 1.0f;
     printf("activation quantizer, ns per row (best of 20 slices, versions interleaved)\n");
     for (size_t ci = 0; ci < 2; ci++) {
-        double best[3] = {1e30, 1e30, 1e30};
+        double best[2] = {1e30, 1e30};
         for (int round = 0; round < 20; round++)
-            for (int i = 0; i < 3; i++) {
+            for (int i = 0; i < 2; i++) {
                 if (!fns[i])
                     continue;
                 int reps = 0;
@@ -233,7 +231,7 @@ static int run_quant(double budget)
                 best[i] = t / reps < best[i] ? t / reps : best[i];
             }
         printf("cols %4zu:", colss[ci]);
-        for (int i = 0; i < 3; i++)
+        for (int i = 0; i < 2; i++)
             if (fns[i])
                 printf("  %s %8.1f (x%4.1f)", names[i], best[i] * 1e9, best[0] / best[i]);
         printf("\n");

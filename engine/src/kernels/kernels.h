@@ -71,11 +71,9 @@ typedef struct wpi_xq {
  * the same bytes). */
 void wpi_quant_x8(const float *x, size_t cols, wpi_xq *out);
 /* The versions, for tests and benchmarks: the scalar twin (kernels_x8_ref.c), and on
- * x86-64 builds the AVX2 one (CPUs of the AVX2 set) and the AVX-512 one (CPUs of the
- * AVX-512 set). */
+ * x86-64 builds the AVX2 one (CPUs of the AVX2 set, which AVX-512 CPUs also run). */
 void wpi_quant_x8_ref(const float *x, size_t cols, wpi_xq *out);
 void wpi_quant_x8_avx2(const float *x, size_t cols, wpi_xq *out);
-void wpi_quant_x8_avx512(const float *x, size_t cols, wpi_xq *out);
 
 /* As wpi_matmul_fn, with token t's blocks at xq + t * ldq. */
 typedef void (*wpi_matmul_x8_fn)(const void *w, size_t cols, size_t r0, size_t r1,

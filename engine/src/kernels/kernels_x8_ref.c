@@ -1,8 +1,7 @@
 /*
  * kernels_x8_ref.c -- the activation quantizer of the 8-bit path (both planes, q and the
  * residual r; kernels.h): the scalar twin wpi_quant_x8_ref, and wpi_quant_x8, which runs
- * the AVX-512 or AVX2 version where the CPU has it (kernels_x8_avx512bw.c,
- * kernels_x8_avx2.c). Every version writes the same bytes, so which one runs never
+ * the AVX2 version where the CPU has it (kernels_x8_avx2.c; AVX-512 CPUs too). Every version writes the same bytes, so which one runs never
  * changes a result. The scalar twin of the tile kernels is kernels_x8_tile_ref.c.
  */
 #include <math.h>
@@ -47,12 +46,7 @@ void wpi_quant_x8_ref(const float *x, size_t cols, wpi_xq *out)
 void wpi_quant_x8(const float *x, size_t cols, wpi_xq *out)
 {
 #if defined(__x86_64__)
-    uint32_t isa = wp_isa_supported();
-    if (isa & (1u << WP_ISA_AVX512)) {
-        wpi_quant_x8_avx512(x, cols, out);
-        return;
-    }
-    if (isa & (1u << WP_ISA_AVX2)) {
+    if (wp_isa_supported() & (1u << WP_ISA_AVX2)) {
         wpi_quant_x8_avx2(x, cols, out);
         return;
     }
