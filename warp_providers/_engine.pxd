@@ -82,6 +82,7 @@ cdef extern from "wp.h" nogil:
         char isa[16]
         char x8_isa[16]
         uint32_t x8_max_tokens
+        char x8_dtypes[32]
         uint32_t vocab_size, hidden_size, n_layers, n_heads, n_kv_heads, head_dim
         uint32_t n_experts, top_k, n_moe_layers
         uint32_t ctx_tokens, max_position_embeddings, n_threads

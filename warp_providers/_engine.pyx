@@ -416,6 +416,7 @@ cdef class Context:
         return {
             "model_type": i.model_type.decode(), "isa": i.isa.decode(),
             "x8_isa": i.x8_isa.decode(), "x8_max_tokens": i.x8_max_tokens,
+            "x8_dtypes": i.x8_dtypes.decode(),
             "vocab_size": i.vocab_size, "hidden_size": i.hidden_size,
             "n_layers": i.n_layers, "n_heads": i.n_heads, "n_kv_heads": i.n_kv_heads,
             "head_dim": i.head_dim, "n_experts": i.n_experts, "top_k": i.top_k,

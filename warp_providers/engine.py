@@ -210,13 +210,14 @@ class EngineLike(Protocol):
         ...
 
 
-def _precision(x8_max_tokens: int) -> str:
+def _precision(x8_max_tokens: int, x8_dtypes: str) -> str:
     """The activation precision an open resolved `exact` to, in words."""
     if x8_max_tokens == 0:
         return "float32"
     if x8_max_tokens >= 0xFFFFFFFF:
         return "8-bit"
-    return f"8-bit for steps of at most {x8_max_tokens} tokens, float32 above"
+    return (f"8-bit for {x8_dtypes.replace(',', ', ')} weights in steps of at most "
+            f"{x8_max_tokens} tokens, float32 otherwise")
 
 
 def container_chat_metadata(
@@ -316,7 +317,8 @@ class Engine:
         self._info = ctx.info()
         self._info["name"] = Path(path).name.removesuffix(".warp")
         if "x8_max_tokens" in self._info:
-            self._info["precision"] = _precision(self._info["x8_max_tokens"])
+            self._info["precision"] = _precision(self._info["x8_max_tokens"],
+                                                 self._info.get("x8_dtypes", ""))
         self.vocab_size: int = self._info["vocab_size"]
         self._sched = Scheduler(ctx, self.vocab_size, prefill_chunk or STEP_PREFILL)
         self._info["max_sequences"] = self._sched.max_sequences
@@ -354,8 +356,10 @@ class Engine:
                 exact (True: float32 activations in every matmul; False: 8-bit
                 activations, two int8 planes of about 16 bits in all, against quantized
                 weights; None or "auto", the default: 8-bit for one-token steps (decode)
-                where the CPU has VNNI 8-bit kernels, float32 otherwise, so prefill stays
-                float32; `info()["precision"]` says which is in force),
+                on the weight types whose 8-bit kernels are faster on this CPU (every
+                quantized type with VNNI; Q4_0 and MXFP4 with AVX2 alone), float32
+                otherwise, so prefill stays float32; `info()["precision"]` says which is
+                in force),
                 experts_per_token (routed experts per token, 1..the model's top_k: the
                 router keeps the N highest-scoring experts and weights them as the model's
                 routing weights its top_k, so the model runs as its top-N variant; fewer

@@ -176,6 +176,8 @@ typedef struct wp_info {
     uint32_t x8_max_tokens;      /* wp_cfg.exact resolved: evaluation steps of at most this
                                   * many tokens (all sequences of a batch step together)
                                   * take the 8-bit path; 0 = none, UINT32_MAX = every one */
+    char x8_dtypes[32];          /* for weights of these types, comma-separated ("q8_0",
+                                  * "q4_0", "q4_1", "mxfp4"); "" where none */
     uint32_t vocab_size, hidden_size, n_layers, n_heads, n_kv_heads, head_dim;
     uint32_t n_experts, top_k, n_moe_layers;
     uint32_t ctx_tokens, max_position_embeddings, n_threads;

@@ -146,14 +146,16 @@ static wp_status apply_experts_per_token(wpi_container *c, const wp_cfg *cfg, ch
  * rows measured no faster and a 64-token prefill 1.7-2x slower (docs/ENGINE.md). */
 #define AUTO_X8_MAX_TOK 1
 
-/* wp_cfg.exact as the rows of a step that may take the 8-bit path (wpi_model.x8_max_tok). */
-static uint32_t x8_max_tok(int32_t exact, const wpi_kernels *k)
+/* wp_cfg.exact as the rows of a step that may take the 8-bit path (wpi_model.x8_max_tok)
+ * and the weight dtypes it takes it for (wpi_model.x8_dtypes). */
+static void x8_policy(int32_t exact, const wpi_kernels *k, wpi_model *m)
 {
     switch (exact) {
-    case WP_EXACT_F32: return 0;
-    case WP_EXACT_X8: return UINT32_MAX;
-    default: return wpi_kernels_x8_fast(k) ? AUTO_X8_MAX_TOK : 0;
+    case WP_EXACT_F32: m->x8_dtypes = 0; break;
+    case WP_EXACT_X8: m->x8_dtypes = WPI_X8_DTYPES; break;
+    default: m->x8_dtypes = wpi_kernels_x8_fast(k); break;
     }
+    m->x8_max_tok = m->x8_dtypes == 0 ? 0 : exact == WP_EXACT_X8 ? UINT32_MAX : AUTO_X8_MAX_TOK;
 }
 
 static wp_status open_ctx(wp_ctx *ctx, const char *path, const wp_cfg *cfg)
@@ -230,7 +232,7 @@ static wp_status open_ctx(wp_ctx *ctx, const char *path, const wp_cfg *cfg)
         m->pool = ctx->pool;
         m->experts = ctx->experts;
         m->lookahead = cfg->lookahead != 0;
-        m->x8_max_tok = x8_max_tok(cfg->exact, k);
+        x8_policy(cfg->exact, k, m);
         m->err = ctx->err;
         m->err_cap = sizeof ctx->err;
     }
@@ -274,6 +276,13 @@ wp_status wp_get_info(const wp_ctx *ctx, wp_info *out)
     snprintf(out->isa, sizeof out->isa, "%s", ctx->seqs[0].mdl.k->name);
     snprintf(out->x8_isa, sizeof out->x8_isa, "%s", ctx->seqs[0].mdl.k->x8_name);
     out->x8_max_tokens = ctx->seqs[0].mdl.x8_max_tok;
+    static const struct { int dtype; const char *name; } x8_names[] = {
+        {WPI_Q8_0, "q8_0"}, {WPI_Q4_0, "q4_0"}, {WPI_Q4_1, "q4_1"}, {WPI_MXFP4, "mxfp4"}};
+    size_t used = 0;
+    for (size_t d = 0; d < sizeof x8_names / sizeof x8_names[0]; d++)
+        if (wpi_x8_has(ctx->seqs[0].mdl.x8_dtypes, x8_names[d].dtype))
+            used += (size_t)snprintf(out->x8_dtypes + used, sizeof out->x8_dtypes - used,
+                                     "%s%s", used ? "," : "", x8_names[d].name);
     out->vocab_size = hp->vocab_size;
     out->hidden_size = hp->hidden_size;
     out->n_layers = hp->n_layers;
@@ -395,7 +404,8 @@ wp_status wp_encode_image(wp_ctx *ctx, const float *pixels, uint32_t n_patches,
         return wpi_ctx_fail(ctx, WP_E_OOM, "image work buffer of %llu bytes",
                             (unsigned long long)wb);
     wpi_model m = ctx->seqs[0].mdl;
-    m.x8_max_tok = 0; /* float32 activations: no 8-bit copy sized for the tower */
+    m.x8_max_tok = 0;
+    m.x8_dtypes = 0; /* float32 activations: no 8-bit copy sized for the tower */
     m.x8 = 0;
     double t0 = wpi_now();
     ctx->arch->vision->encode(&m, c, pixels, grid_thw, out, work);

@@ -322,7 +322,8 @@ static void mm_quantize(wpi_model *m, mm_ctx *c, uint32_t n_jobs)
     size_t nb = 0;
     for (uint32_t j = 0; j < n_jobs; j++) {
         const wpi_wmat *w = c->jobs[j].w;
-        c->fn8[j] = !m->x8 || w->cols % WPI_QK ? NULL : wpi_kernels_matmul_x8(m->k, w->dtype);
+        c->fn8[j] = !wpi_x8_has(m->x8, w->dtype) || w->cols % WPI_QK
+                        ? NULL : wpi_kernels_matmul_x8(m->k, w->dtype);
         if (c->fn8[j] && w->cols / WPI_QK > nb)
             nb = w->cols / WPI_QK;
     }
@@ -393,7 +394,7 @@ wp_status wpi_model_forward(wpi_model *m, const wpi_arch *arch, const int32_t *t
     const size_t H = hp->hidden_size;
     size_t row_bytes = wpi_row_bytes(m->tok_embd.dtype, H);
     m->tokens = tokens;
-    m->x8 = n <= m->x8_max_tok;
+    m->x8 = n <= m->x8_max_tok ? m->x8_dtypes : 0;
     for (uint32_t t = 0; t < n; t++)
         embed_row(m, tokens[t], row_bytes, m->x + t * H);
     wpi_rope_prepare(m, n, pos);
@@ -473,7 +474,7 @@ wp_status wpi_model_forward_batch(wpi_model *b, const wpi_arch *arch, wpi_model 
     }
     b->tokens = NULL;
     /* One precision for the step: its rows over all the sequences decide. */
-    b->x8 = rows <= b->x8_max_tok;
+    b->x8 = rows <= b->x8_max_tok ? b->x8_dtypes : 0;
     for (uint32_t i = 0; i < n_seqs; i++) ms[i]->x8 = b->x8;
     b->la_rows = rows; /* a decode step (one row per sequence) looks ahead for each */
     for (uint32_t i = 0; i < n_seqs; i++)

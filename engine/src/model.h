@@ -69,8 +69,10 @@ typedef struct wpi_model {
     uint32_t x8_max_tok;         /* steps of at most this many rows take the 8-bit path:
                                     wp_cfg.exact resolved at open (0 = none, UINT32_MAX =
                                     all) */
-    int x8;                      /* this step takes it (the forward sets it from its rows;
-                                    quantized weights whose width is a multiple of 32) */
+    uint64_t x8_dtypes;          /* for weights of these dtypes (mask of 1 << dtype) */
+    uint64_t x8;                 /* the dtypes this step takes it for: x8_dtypes or 0 (the
+                                    forward sets it from its rows; weights whose width is a
+                                    multiple of 32) */
     const wpi_wmat *lm_head;     /* output.weight or token_embd.weight */
     wpi_wmat tok_embd, output;
     const float *out_norm;       /* [hidden] */

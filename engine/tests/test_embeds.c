@@ -43,6 +43,7 @@ static void init_model(wpi_model *m, const wpi_container *c, wpi_pool *pool, uin
     m->ctx = CTX;
     m->chunk = chunk;
     m->x8_max_tok = 0; /* float32 activations */
+    m->x8_dtypes = 0;
     m->tok_embd = (wpi_wmat){embd, WPI_F32, V, H};
     m->lm_head = &m->tok_embd;
     m->out_norm = onesv;

@@ -25,6 +25,7 @@ test_int8_routed_experts checks that exact=False reaches the routed experts.
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 from typing import Any
 
@@ -211,18 +212,27 @@ def mean_kl(p_logits: np.ndarray, q_logits: np.ndarray) -> float:
     return float((np.exp(lp) * (lp - lq)).sum(-1).mean())
 
 
-def _tiny_quantized_moe(root: Path) -> Path:
-    """Every matmul of it quantized (Q8_0 experts and trunk), so each has an 8-bit path."""
+def _tiny_quantized_moe(root: Path, dtype: str = "q8_0") -> Path:
+    """Every matmul of it quantized (`dtype` experts and attention, the embedding and LM
+    head Q8_0), so each has an 8-bit path."""
     from warp_providers.synth import MoeShape, make_moe_container
 
-    return make_moe_container(root / "q.warp", MoeShape(
+    return make_moe_container(root / f"{dtype}.warp", MoeShape(
         hidden_size=256, num_hidden_layers=2, num_experts=8, num_experts_per_tok=2,
         moe_intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
-        head_dim=64), experts="q8_0", trunk="q8_0")
+        head_dim=64), experts=dtype, trunk=dtype)
 
 
-# The 8-bit dot products that auto takes for one-token steps (wpi_kernels_x8_fast).
-FAST_X8 = ("avxvnni", "avx512vnni")
+# The weight types whose one-token matmuls auto runs 8-bit, per 8-bit dot product
+# (wpi_kernels_x8_fast); none for the others.
+ALL_X8 = ("q8_0", "q4_0", "q4_1", "mxfp4")
+AUTO_X8 = {"avxvnni": ALL_X8, "avx512vnni": ALL_X8, "avx2": ("q4_0", "mxfp4")}
+
+
+def _quantized_types(c: Path) -> set[str]:
+    man = json.loads((c / "manifest.json").read_text())
+    tensors = man["trunk"]["tensors"] + [t for b in man["experts"] for t in b["tensors"]]
+    return {t["dtype"] for t in tensors} & set(ALL_X8)
 
 
 def _auto_runs(c: Path, prompt: list[int], threads: int) -> dict:
@@ -243,41 +253,53 @@ def _auto_runs(c: Path, prompt: list[int], threads: int) -> dict:
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_auto_prefill_float32_and_float32_without_vnni(tmp_path, threads):
+@pytest.mark.parametrize("dtype", ["q8_0", "q4_0"])
+def test_auto_prefill_float32_decode_8bit_where_faster(tmp_path, threads, dtype):
     """The default (auto) evaluates a 24-token prefill as exact=True does, bit for bit, and
-    resolves to float32 everywhere exactly where the 8-bit dot product is not a VNNI one."""
-    c = _tiny_quantized_moe(tmp_path)
+    one-token steps in 8 bits for exactly the weight types the CPU's 8-bit dot product
+    runs faster (AUTO_X8): as exact=False where that is every quantized type of the
+    model, as exact=True where it is none, and as neither where it is some (a Q4_0 model's
+    Q8_0 LM head stays float32 with AVX2 alone)."""
+    c = _tiny_quantized_moe(tmp_path, dtype)
     prompt = [(17 * i + 5) % 250 + 3 for i in range(24)]
     runs = _auto_runs(c, prompt, threads)
     info = runs[None][2]
     assert np.array_equal(runs[None][0], runs[True][0]), "auto: a 24-token prefill not float32"
-    assert (info["x8_max_tokens"] > 0) == (info["x8_isa"] in FAST_X8), info
-    if info["x8_isa"] not in FAST_X8:
+    fast = AUTO_X8.get(info["x8_isa"], ())
+    assert info["x8_dtypes"] == ",".join(fast), info
+    assert (info["x8_max_tokens"] > 0) == bool(fast), info
+    if fast:
+        n = info["x8_max_tokens"]
+        assert 1 <= n < len(prompt), info
+        assert info["precision"] == (f"8-bit for {', '.join(fast)} weights in steps of at "
+                                     f"most {n} tokens, float32 otherwise"), info
+    else:
         assert info["precision"] == "float32", info
-        assert np.array_equal(runs[None][1], runs[True][1]), "auto: 8-bit without VNNI"
+    used = _quantized_types(c) & set(fast)
+    auto, f32, x8 = runs[None][1], runs[True][1], runs[False][1]
+    if not used:
+        assert np.array_equal(auto, f32), f"auto: 8-bit steps for {dtype} with {fast}"
+    elif used == _quantized_types(c):
+        assert np.array_equal(auto, x8), "auto: one-token steps not 8-bit"
+    else:
+        assert not np.array_equal(auto, f32), f"auto: no 8-bit matmul for {used}"
+        assert not np.array_equal(auto, x8), "auto: 8-bit for a type it is not faster on"
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_auto_decode_step_8bit_on_vnni(tmp_path, threads):
-    """With a VNNI 8-bit dot product, auto evaluates a step of at most
-    info()["x8_max_tokens"] tokens as exact=False does and a batched decode step of N + 1
-    sequences as exact=True does, bit for bit."""
+def test_auto_batched_step_above_the_cap_is_float32(tmp_path, threads):
+    """A batched decode step of info()["x8_max_tokens"] + 1 sequences runs float32 under
+    auto, as exact=True does, bit for bit (exact=False differs)."""
     from warp_providers import _engine
 
-    c = _tiny_quantized_moe(tmp_path)
+    c = _tiny_quantized_moe(tmp_path, "q4_0")
     prompt = [(17 * i + 5) % 250 + 3 for i in range(24)]
     probe = _engine.Context(str(c), {"n_threads": 1})
-    x8_isa = probe.info()["x8_isa"]
+    n = probe.info()["x8_max_tokens"]
     probe.close()
-    if x8_isa not in FAST_X8:
-        pytest.skip(f"8-bit dot product {x8_isa!r}, not VNNI: auto is float32 here "
-                    "[not provided by CI]")
-    runs = _auto_runs(c, prompt, threads)
-    info = runs[None][2]
-    n = info["x8_max_tokens"]
-    assert 1 <= n < len(prompt), info
-    assert info["precision"] == f"8-bit for steps of at most {n} tokens, float32 above"
-    assert np.array_equal(runs[None][1], runs[False][1]), "auto: one-token steps not 8-bit"
+    if n == 0:
+        pytest.skip("auto is float32 at every step on this CPU (no 8-bit dot product "
+                    "faster than float32) [not provided by CI]")
 
     def batch_decode(exact: int) -> np.ndarray:
         ctx = _engine.Context(str(c), {"n_threads": threads, "max_sequences": n + 1,

@@ -73,7 +73,8 @@ static void swiglu(wpi_model *m, const wpi_wmat *gate, const wpi_wmat *up,
                 gate, up, x, ldx, n_tok, 0, m->hp ? wpi_swiglu_clamp(m->hp) : 0, bg, bu};
     const uint32_t I = gate->rows;
     const size_t nb = gate->cols / WPI_QK;
-    if (m->x8 && gate->cols % WPI_QK == 0 && up->cols == gate->cols &&
+    if (wpi_x8_has(m->x8, gate->dtype) && wpi_x8_has(m->x8, up->dtype) &&
+        gate->cols % WPI_QK == 0 && up->cols == gate->cols &&
         (uint64_t)nb * n_tok <= m->xq_blocks) {
         c.fg8 = wpi_kernels_matmul_x8(m->k, gate->dtype);
         c.fu8 = wpi_kernels_matmul_x8(m->k, up->dtype);

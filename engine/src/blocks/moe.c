@@ -228,7 +228,7 @@ static void apply_group_decode(wpi_model *m, const wpi_expert_view *v, uint32_t 
     for (uint32_t s = 0; s < cnt; s++)
         c.out[s] = m->eo + (size_t)m->ex_pick[m->ex_start[s0 + s]] * H;
     /* The 8-bit path: x's blocks first in xq, then each expert's silu(g) * u blocks. */
-    if (m->x8 && H % WPI_QK == 0 && I % WPI_QK == 0 &&
+    if (wpi_x8_has(m->x8, v[0].dtype) && H % WPI_QK == 0 && I % WPI_QK == 0 &&
         (uint64_t)(H + (size_t)cnt * I) / WPI_QK <= m->xq_blocks &&
         (c.fn8 = wpi_kernels_matmul_x8(m->k, v[0].dtype)) != NULL) {
         wpi_quant_x8(m->xn, H, m->xq);
@@ -360,8 +360,8 @@ static void apply_group_chunk(wpi_model *m, const wpi_expert_view *v, uint32_t g
     int same = wpi_kernels_matmul(m->k, v[0].dtype) != NULL;
     for (uint32_t s = 1; same && s < cnt; s++)
         same = v[s].dtype == v[0].dtype && v[s].inter == I && v[s].hidden == v[0].hidden;
-    const int x8 = same && m->x8 && H % WPI_QK == 0 && I % WPI_QK == 0 &&
-                   wpi_kernels_matmul_x8(m->k, v[0].dtype) != NULL;
+    const int x8 = same && wpi_x8_has(m->x8, v[0].dtype) && H % WPI_QK == 0 &&
+                   I % WPI_QK == 0 && wpi_kernels_matmul_x8(m->k, v[0].dtype) != NULL;
     uint64_t cap = m->chunk; /* rows of xg, yg, ff_g and ff_u */
     if (x8 && (uint64_t)m->xq_blocks * WPI_QK / (H + I) < cap)
         cap = (uint64_t)m->xq_blocks * WPI_QK / (H + I);

@@ -183,8 +183,13 @@ wpi_matmul_x8_fn wpi_kernels_matmul_x8(const wpi_kernels *k, int dtype)
     }
 }
 
-int wpi_kernels_x8_fast(const wpi_kernels *k)
+uint64_t wpi_kernels_x8_fast(const wpi_kernels *k)
 {
-    return k && k->x8_name &&
-           (strcmp(k->x8_name, "avxvnni") == 0 || strcmp(k->x8_name, "avx512vnni") == 0);
+    if (!k || !k->x8_name)
+        return 0;
+    if (strcmp(k->x8_name, "avxvnni") == 0 || strcmp(k->x8_name, "avx512vnni") == 0)
+        return WPI_X8_DTYPES;
+    if (strcmp(k->x8_name, "avx2") == 0)
+        return 1ull << WPI_Q4_0 | 1ull << WPI_MXFP4;
+    return 0;
 }

@@ -126,11 +126,23 @@ wpi_matmul_fn wpi_kernels_matmul(const wpi_kernels *k, int dtype);
 /* The 8-bit-activation matmul of a dtype; NULL where there is none (float dtypes). */
 wpi_matmul_x8_fn wpi_kernels_matmul_x8(const wpi_kernels *k, int dtype);
 
-/* 1 if a decode step is faster on the set's 8-bit matmuls than on its float32 ones (what
- * WP_EXACT_AUTO reads): the VNNI byte dot products (about 2x on a Q4_0 MoE, AVX-512
- * VNNI). 0 for the scalar twins and for maddubs + madd without VNNI (avx2: level or
- * slower at one token on an AVX2-only EPYC, docs/ENGINE.md; avx512bw: not measured). */
-int wpi_kernels_x8_fast(const wpi_kernels *k);
+/* The weight dtypes with an 8-bit-activation matmul, as a mask of 1 << dtype. */
+#define WPI_X8_DTYPES \
+    (1ull << WPI_Q8_0 | 1ull << WPI_Q4_0 | 1ull << WPI_Q4_1 | 1ull << WPI_MXFP4)
+
+/* Whether dtype is in such a mask. */
+static inline int wpi_x8_has(uint64_t mask, int dtype)
+{
+    return dtype >= 0 && dtype < 64 && (mask >> dtype & 1);
+}
+
+/* The weight dtypes (mask of 1 << dtype) whose one-token matmul is faster on the set's
+ * 8-bit path than on its float32 one (what WP_EXACT_AUTO reads; docs/ENGINE.md): every
+ * one with the VNNI byte dot products (about 2x on a Q4_0 MoE, AVX-512 VNNI); Q4_0 and
+ * MXFP4 with maddubs + madd (avx2: 1.1-1.5x on an AVX2-only EPYC, Q8_0 and Q4_1 level or
+ * slower there); none for the scalar twins, the NEON tables (not timed on ARM hardware)
+ * and avx512bw (not measured). */
+uint64_t wpi_kernels_x8_fast(const wpi_kernels *k);
 
 /* Reference-only helpers (kernels_ref.c). */
 float wpi_f16_to_f32(uint16_t h);
