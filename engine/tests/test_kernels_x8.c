@@ -150,7 +150,9 @@ static void test_quantizer_twins(void)
     const char *names[] = {"dispatched", "avx2"};
     quant_fn fns[] = {wpi_quant_x8, NULL};
     const char *needs[] = {"", "AVX2"};
+    int versions = 1; /* the AVX2 version exists only in x86-64 builds */
 #if defined(__x86_64__)
+    versions = 2;
     fns[1] = wp_isa_supported() & (1u << WP_ISA_AVX2) ? wpi_quant_x8_avx2 : NULL;
 #endif
     enum { KINDS = 12, LEN = 32 * 61, SWEEP = 32 * 20000 };
@@ -163,7 +165,7 @@ static void test_quantizer_twins(void)
             twin_block(x + off + b * 32, (int)(rng % KINDS));
         wpi_quant_x8_ref(x + off, n, want);
         blocks += (int)(n / 32);
-        for (int i = 0; i < 2; i++)
+        for (int i = 0; i < versions; i++)
             if (fns[i])
                 bad[i] += twin_diff(fns[i], names[i], x + off, n, want);
     }
@@ -176,10 +178,10 @@ static void test_quantizer_twins(void)
     n -= n % 32;
     wpi_quant_x8_ref(x, n, want);
     blocks += (int)(n / 32);
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < versions; i++)
         if (fns[i])
             bad[i] += twin_diff(fns[i], names[i], x, n, want);
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < versions; i++) {
         if (!fns[i]) {
             printf("SKIP %s quantizer: this CPU lacks %s [not provided by CI]\n", names[i],
                    needs[i]);
@@ -339,12 +341,14 @@ int main(void)
               wpi_kernels_matmul_x8(NULL, WPI_Q8_0) == NULL,
           "float dtypes have no 8-bit path");
     test_set(&wpi_kernels_ref);
-#if defined(__x86_64__)
+#if defined(__x86_64__) || defined(__aarch64__)
     x8_isas isa = x8_isas_detect();
-    const wpi_kernels *k2 = isa.k2;
-    int avxvnni = isa.avxvnni;
+#if defined(__x86_64__)
     const wpi_kernels *sets[X8_ISAS] = {&wpi_kernels_avx2, &wpi_kernels_avxvnni,
                                         &wpi_kernels_avx512, &wpi_kernels_avx512vnni};
+#else
+    const wpi_kernels *sets[X8_ISAS] = {&wpi_kernels_neon, &wpi_kernels_neondot};
+#endif
     for (int i = 0; i < X8_ISAS; i++) {
         if (isa.runs[i])
             test_set(sets[i]);
@@ -352,20 +356,13 @@ int main(void)
             printf("SKIP %s x8 kernels: this CPU lacks %s [not provided by CI]\n",
                    sets[i]->x8_name, x8_isa_needs[i]);
     }
-    CHECK(!k2 || k2 == (avxvnni ? &wpi_kernels_avxvnni : &wpi_kernels_avx2),
-          "dispatch of the AVX2 set: %s", k2 ? k2->x8_name : "-");
+#endif
+#if defined(__x86_64__)
+    CHECK(!isa.k2 || isa.k2 == (isa.avxvnni ? &wpi_kernels_avxvnni : &wpi_kernels_avx2),
+          "dispatch of the AVX2 set: %s", isa.k2 ? isa.k2->x8_name : "-");
     CHECK(!isa.k5 || isa.k5 == (isa.runs[3] ? &wpi_kernels_avx512vnni : &wpi_kernels_avx512),
           "dispatch of the AVX-512 set: %s", isa.k5 ? isa.k5->x8_name : "-");
 #elif defined(__aarch64__)
-    x8_isas isa = x8_isas_detect();
-    const wpi_kernels *sets[X8_ISAS] = {&wpi_kernels_neon, &wpi_kernels_neondot};
-    for (int i = 0; i < X8_ISAS; i++) {
-        if (isa.runs[i])
-            test_set(sets[i]);
-        else
-            printf("SKIP %s x8 kernels: this CPU lacks %s [not provided by CI]\n",
-                   sets[i]->x8_name, x8_isa_needs[i]);
-    }
     CHECK(isa.expect < 0 || isa.dotprod == isa.expect,
           "dot-product detection %d, WP_TEST_EXPECT_DOTPROD %d", isa.dotprod, isa.expect);
     CHECK(isa.kn == (isa.dotprod ? &wpi_kernels_neondot : &wpi_kernels_neon) &&

@@ -245,20 +245,14 @@ static void test_neon_same_bits(void)
 int main(void)
 {
     test_table(&wpi_x8t_ref);
-#if defined(__x86_64__)
+#if defined(__x86_64__) || defined(__aarch64__)
     x8_isas isa = x8_isas_detect();
+#if defined(__x86_64__)
     const wpi_tiles_x8 *tables[X8_ISAS] = {&wpi_x8t_avx2, &wpi_x8t_avxvnni, &wpi_x8t_avx512bw,
                                            &wpi_x8t_avx512vnni};
-    for (int i = 0; i < X8_ISAS; i++) {
-        if (isa.runs[i])
-            test_table(tables[i]);
-        else
-            printf("SKIP %s x8 tile kernels: this CPU lacks %s [not provided by CI]\n",
-                   tables[i]->name, x8_isa_needs[i]);
-    }
-#elif defined(__aarch64__)
-    x8_isas isa = x8_isas_detect();
+#else
     const wpi_tiles_x8 *tables[X8_ISAS] = {&wpi_x8t_neon, &wpi_x8t_neondot};
+#endif
     for (int i = 0; i < X8_ISAS; i++) {
         if (isa.runs[i])
             test_table(tables[i]);
@@ -266,6 +260,8 @@ int main(void)
             printf("SKIP %s x8 tile kernels: this CPU lacks %s [not provided by CI]\n",
                    tables[i]->name, x8_isa_needs[i]);
     }
+#endif
+#if defined(__aarch64__)
     if (isa.runs[1])
         test_neon_same_bits();
     else
