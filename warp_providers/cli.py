@@ -65,8 +65,9 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--exact", action=argparse.BooleanOptionalAction, default=None,
                    help="--exact: float32 activations in every matmul; --no-exact: 8-bit "
                         "activations against quantized weights in every matmul; default "
-                        "(auto): 8-bit for one-token steps (decode) where the CPU has VNNI "
-                        "8-bit kernels, float32 for prefill and elsewhere")
+                        "(auto): 8-bit for one-token steps (decode) on the weight types whose "
+                        "8-bit kernels are faster on this CPU, float32 for prefill and "
+                        "elsewhere")
     p.add_argument("--experts-per-token", type=int, metavar="N",
                    help="routed experts per token, 1..the model's top-k (default: as "
                         "shipped): fewer expert reads per token, at some loss of fidelity")

@@ -58,9 +58,10 @@ typedef enum wp_isa {
 
 /* Activation precision of the matmuls (wp_cfg.exact; docs/ENGINE.md). */
 typedef enum wp_exact {
-    WP_EXACT_AUTO = -1, /* 8-bit for evaluation steps of one token (decode), float32 for
-                         * longer ones (prefill), where the kernel set's 8-bit dot product
-                         * is faster at one token (VNNI); float32 everywhere elsewhere */
+    WP_EXACT_AUTO = -1, /* 8-bit for evaluation steps of one token (decode) on the weight
+                         * types whose 8-bit kernels are faster at one token on this CPU
+                         * (all with VNNI, Q4_0 and MXFP4 with AVX2 alone); float32 for
+                         * the rest and for longer steps (prefill) */
     WP_EXACT_X8 = 0,    /* 8-bit activations in every matmul against quantized weights */
     WP_EXACT_F32 = 1    /* float32 activations in every matmul */
 } wp_exact;
