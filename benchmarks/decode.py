@@ -592,15 +592,15 @@ def main() -> None:
             row["bandwidth"] = bw[threads]
             roof = bw[threads] / weights
             row["roofline_tok_s"] = roof
-            row["warp_roofline"] = row["warp_decode"]["median"] / roof
-            row["llama_roofline"] = row["llama_decode"]["median"] / roof
             # Prefill ceiling: prompt tok/s if the matrices ran at the float32 GEMM rate.
             row["token_macs"] = macs
             row["gemm_macs"] = peak[threads]
             ceiling = peak[threads] / macs
             row["prefill_ceiling_tok_s"] = ceiling
-            row["warp_ceiling"] = row["warp_prefill"]["median"] / ceiling
-            row["llama_ceiling"] = row["llama_prefill"]["median"] / ceiling
+            # Each engine's speed as a share of its bound.
+            for arm in ("warp", "llama"):
+                row[f"{arm}_roofline"] = row[f"{arm}_decode"]["median"] / roof
+                row[f"{arm}_ceiling"] = row[f"{arm}_prefill"]["median"] / ceiling
             rows.append(row)
             print(f"{name:<24} t={threads} [{row['isa']}] decode warp "
                   f"{fmt(row['warp_decode'], 2)} llama.cpp {fmt(row['llama_decode'], 2)} tok/s "
