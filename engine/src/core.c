@@ -141,11 +141,6 @@ static wp_status apply_experts_per_token(wpi_container *c, const wp_cfg *cfg, ch
     return WP_OK;
 }
 
-/* WP_EXACT_AUTO: steps of at most this many tokens take the 8-bit path. One token is
- * where it is faster (VNNI: decode about 2x on a Q4_0 MoE); batched decode steps of 2-8
- * rows measured no faster and a 64-token prefill 1.7-2x slower (docs/ENGINE.md). */
-#define AUTO_X8_MAX_TOK 1
-
 /* wp_cfg.exact as the rows of a step that may take the 8-bit path (wpi_model.x8_max_tok)
  * and the weight dtypes it takes it for (wpi_model.x8_dtypes). */
 static void x8_policy(int32_t exact, const wpi_kernels *k, wpi_model *m)
@@ -155,7 +150,13 @@ static void x8_policy(int32_t exact, const wpi_kernels *k, wpi_model *m)
     case WP_EXACT_X8: m->x8_dtypes = WPI_X8_DTYPES; break;
     default: m->x8_dtypes = wpi_kernels_x8_fast(k); break;
     }
-    m->x8_max_tok = m->x8_dtypes == 0 ? 0 : exact == WP_EXACT_X8 ? UINT32_MAX : AUTO_X8_MAX_TOK;
+    /* WP_EXACT_AUTO: steps of up to wpi_kernels_x8_auto_rows rows. One token where the
+     * byte dot products are vector ones (VNNI: decode about 2x on a Q4_0 MoE; batched
+     * decode steps of 2-8 rows measured no faster and a 64-token prefill 1.7-2x slower),
+     * every step with AMX tiles (docs/ENGINE.md). */
+    m->x8_max_tok = m->x8_dtypes == 0        ? 0
+                    : exact == WP_EXACT_X8 ? UINT32_MAX
+                                           : wpi_kernels_x8_auto_rows(k);
 }
 
 static wp_status open_ctx(wp_ctx *ctx, const char *path, const wp_cfg *cfg)

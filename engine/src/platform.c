@@ -15,6 +15,7 @@
  *                                                             (else hw.physicalcpu)
  *   SDOT/UDOT          getauxval(AT_HWCAP) & HWCAP_ASIMDDP     sysctl hw.optional.arm.FEAT_DotProd
  *   CRC32C insns       getauxval(AT_HWCAP) & HWCAP_CRC32       sysctl hw.optional.armv8_crc32
+ *   AMX tile data      arch_prctl ARCH_REQ_XCOMP_PERM          (none: no AMX)
  *
  * Thread placement is left to the OS everywhere (no affinity is set).
  * The macOS column cannot be compiled by this project's CI (no SDK): it is kept to the
@@ -33,6 +34,10 @@
 #include <sys/types.h>
 #include <sys/resource.h>
 #include <sys/sysctl.h>
+#endif
+
+#if defined(__x86_64__) && defined(__linux__)
+#include <sys/syscall.h>
 #endif
 
 #if defined(__aarch64__) && defined(__has_include)
@@ -341,6 +346,20 @@ int wpi_cpu_has_crc32(void)
     return sysctlbyname("hw.optional.armv8_crc32", &v, &len, NULL, 0) == 0 && v != 0;
 #elif defined(__aarch64__) && defined(AT_HWCAP) && defined(HWCAP_CRC32)
     return (getauxval(AT_HWCAP) & HWCAP_CRC32) != 0;
+#else
+    return 0;
+#endif
+}
+
+/* Linux's arch_prctl codes for the AMX tile data (asm/prctl.h; the XSAVE feature number
+ * of XTILEDATA is 18). The permission is per process and, once granted, stays. */
+#define WPI_ARCH_REQ_XCOMP_PERM 0x1023
+#define WPI_XFEATURE_XTILEDATA 18
+
+int wpi_os_allow_amx(void)
+{
+#if defined(__x86_64__) && defined(__linux__) && defined(SYS_arch_prctl)
+    return syscall(SYS_arch_prctl, WPI_ARCH_REQ_XCOMP_PERM, WPI_XFEATURE_XTILEDATA) == 0;
 #else
     return 0;
 #endif

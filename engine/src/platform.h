@@ -45,4 +45,10 @@ int wpi_cpu_has_dotprod(void);
  * read from the OS (AT_HWCAP on Linux, sysctl on macOS); 0 otherwise and off AArch64. */
 int wpi_cpu_has_crc32(void);
 
+/* 1 when the OS lets this process use the AMX tile registers (Linux: asks for the
+ * permission once, arch_prctl ARCH_REQ_XCOMP_PERM; it can be refused, e.g. where a
+ * thread's signal stack is too small for the tile state); 0 otherwise and elsewhere.
+ * The caller checks the CPU's AMX flags first. */
+int wpi_os_allow_amx(void);
+
 #endif /* WP_PLATFORM_H */

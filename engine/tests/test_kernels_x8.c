@@ -15,7 +15,10 @@
  *     rounded in float), plus 1e-5 * (mag + sum_j |w_j x_j|)
  * The residual plane is used: the rms error against the float32 path is under 1/64 of
  * the one with r zeroed (one plane, q alone; about 1/256 expected). Neither splitting a
- * row range in two nor computing one token at a time changes a bit.
+ * row range in two nor computing one token at a time changes a bit; with the AMX set, a
+ * step of WPI_AMX_MIN_TOK or more tokens (AMX tiles, where fewer take the AVX-512 VNNI
+ * ones) is compared with each token alone among copies of itself, so that it is still
+ * such a step.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -257,13 +260,25 @@ static void x8_case(const wpi_kernels *k, int dtype, size_t rows, size_t cols, s
     size_t mid = r0 + (r1 - r0) / 3;
     fn(w, cols, r0, mid, xq, ldq, n_tok, y2, ldy);
     fn(w, cols, mid, r1, xq, ldq, n_tok, y2, ldy);
+#if defined(__x86_64__)
+    size_t alone = k == &wpi_kernels_avx512amx && n_tok >= WPI_AMX_MIN_TOK ? WPI_AMX_MIN_TOK : 1;
+#else
+    size_t alone = 1;
+#endif
+    wpi_xq *xa = malloc(alone * ldq * sizeof(wpi_xq));
+    float *ya = malloc(alone * ldy * sizeof(float));
     for (size_t t = 0; t < n_tok; t++) { /* one token at a time: the same bits */
-        fn(w, cols, r0, r1, xq + t * ldq, ldq, 1, yf + t * ldy, ldy);
+        for (size_t i = 0; i < alone; i++)
+            memcpy(xa + i * ldq, xq + t * ldq, ldq * sizeof(wpi_xq));
+        fn(w, cols, r0, r1, xa, ldq, alone, ya, ldy);
+        memcpy(yf + t * ldy + r0, ya + r0, (r1 - r0) * sizeof(float));
         for (size_t r = r0; r < r1; r++)
             st->bad_ntok += memcmp(&yf[t * ldy + r], &y[t * ldy + r], 4) != 0;
         for (size_t r = r0; r < r1; r++)
             yf[t * ldy + r] = NAN;
     }
+    free(xa);
+    free(ya);
 
     wpi_kernels_matmul(&wpi_kernels_ref, dtype)(w, cols, r0, r1, x, ldx, n_tok, yf, ldy);
     for (size_t t = 0; t < n_tok; t++) {
@@ -345,7 +360,8 @@ int main(void)
     x8_isas isa = x8_isas_detect();
 #if defined(__x86_64__)
     const wpi_kernels *sets[X8_ISAS] = {&wpi_kernels_avx2, &wpi_kernels_avxvnni,
-                                        &wpi_kernels_avx512, &wpi_kernels_avx512vnni};
+                                        &wpi_kernels_avx512, &wpi_kernels_avx512vnni,
+                                        &wpi_kernels_avx512amx};
 #else
     const wpi_kernels *sets[X8_ISAS] = {&wpi_kernels_neon, &wpi_kernels_neondot};
 #endif
@@ -360,7 +376,9 @@ int main(void)
 #if defined(__x86_64__)
     CHECK(!isa.k2 || isa.k2 == (isa.avxvnni ? &wpi_kernels_avxvnni : &wpi_kernels_avx2),
           "dispatch of the AVX2 set: %s", isa.k2 ? isa.k2->x8_name : "-");
-    CHECK(!isa.k5 || isa.k5 == (isa.runs[3] ? &wpi_kernels_avx512vnni : &wpi_kernels_avx512),
+    CHECK(!isa.k5 || isa.k5 == (isa.runs[4]   ? &wpi_kernels_avx512amx
+                                : isa.runs[3] ? &wpi_kernels_avx512vnni
+                                              : &wpi_kernels_avx512),
           "dispatch of the AVX-512 set: %s", isa.k5 ? isa.k5->x8_name : "-");
 #elif defined(__aarch64__)
     CHECK(isa.expect < 0 || isa.dotprod == isa.expect,

@@ -249,7 +249,7 @@ int main(void)
     x8_isas isa = x8_isas_detect();
 #if defined(__x86_64__)
     const wpi_tiles_x8 *tables[X8_ISAS] = {&wpi_x8t_avx2, &wpi_x8t_avxvnni, &wpi_x8t_avx512bw,
-                                           &wpi_x8t_avx512vnni};
+                                           &wpi_x8t_avx512vnni, &wpi_x8t_amx};
 #else
     const wpi_tiles_x8 *tables[X8_ISAS] = {&wpi_x8t_neon, &wpi_x8t_neondot};
 #endif

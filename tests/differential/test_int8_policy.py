@@ -224,9 +224,11 @@ def _tiny_quantized_moe(root: Path, dtype: str = "q8_0") -> Path:
 
 
 # The weight types whose one-token matmuls auto runs 8-bit, per 8-bit dot product
-# (wpi_kernels_x8_fast); none for the others.
+# (wpi_kernels_x8_fast); none for the others. With AMX tiles ("amx") auto runs every step
+# 8-bit, prefill included (wpi_kernels_x8_auto_rows).
 ALL_X8 = ("q8_0", "q4_0", "q4_1", "mxfp4")
-AUTO_X8 = {"avxvnni": ALL_X8, "avx512vnni": ALL_X8, "avx2": ("q4_0", "mxfp4")}
+AUTO_X8 = {"avxvnni": ALL_X8, "avx512vnni": ALL_X8, "amx": ALL_X8, "avx2": ("q4_0", "mxfp4")}
+EVERY_STEP = 0xFFFFFFFF  # x8_max_tokens of a policy with no cap
 
 
 def _quantized_types(c: Path) -> set[str]:
@@ -259,11 +261,19 @@ def test_auto_prefill_float32_decode_8bit_where_faster(tmp_path, threads, dtype)
     one-token steps in 8 bits for exactly the weight types the CPU's 8-bit dot product
     runs faster (AUTO_X8): as exact=False where that is every quantized type of the
     model, as exact=True where it is none, and as neither where it is some (a Q4_0 model's
-    Q8_0 LM head stays float32 with AVX2 alone)."""
+    Q8_0 LM head stays float32 with AVX2 alone). With AMX tiles, every step, the prefill
+    too, as exact=False."""
     c = _tiny_quantized_moe(tmp_path, dtype)
     prompt = [(17 * i + 5) % 250 + 3 for i in range(24)]
     runs = _auto_runs(c, prompt, threads)
     info = runs[None][2]
+    if info["x8_isa"] == "amx":
+        assert info["x8_max_tokens"] == EVERY_STEP and info["precision"] == "8-bit", info
+        assert info["x8_dtypes"] == ",".join(ALL_X8), info
+        assert np.array_equal(runs[None][0], runs[False][0]), "auto: prefill not 8-bit (AMX)"
+        assert not np.array_equal(runs[None][0], runs[True][0])
+        assert np.array_equal(runs[None][1], runs[False][1]), "auto: decode not 8-bit (AMX)"
+        return
     assert np.array_equal(runs[None][0], runs[True][0]), "auto: a 24-token prefill not float32"
     fast = AUTO_X8.get(info["x8_isa"], ())
     assert info["x8_dtypes"] == ",".join(fast), info
@@ -289,7 +299,8 @@ def test_auto_prefill_float32_decode_8bit_where_faster(tmp_path, threads, dtype)
 @pytest.mark.parametrize("threads", [1, 2])
 def test_auto_batched_step_above_the_cap_is_float32(tmp_path, threads):
     """A batched decode step of info()["x8_max_tokens"] + 1 sequences runs float32 under
-    auto, as exact=True does, bit for bit (exact=False differs)."""
+    auto, as exact=True does, bit for bit (exact=False differs). With AMX tiles there is
+    no cap: a step of 5 sequences (on the tiles) runs as exact=False does."""
     from warp_providers import _engine
 
     c = _tiny_quantized_moe(tmp_path, "q4_0")
@@ -297,6 +308,8 @@ def test_auto_batched_step_above_the_cap_is_float32(tmp_path, threads):
     probe = _engine.Context(str(c), {"n_threads": 1})
     n = probe.info()["x8_max_tokens"]
     probe.close()
+    cap = n != EVERY_STEP
+    n = n if cap else 4
     if n == 0:
         pytest.skip("auto is float32 at every step on this CPU (no 8-bit dot product "
                     "faster than float32) [not provided by CI]")
@@ -312,6 +325,9 @@ def test_auto_batched_step_above_the_cap_is_float32(tmp_path, threads):
 
     auto, f32, x8 = batch_decode(-1), batch_decode(1), batch_decode(0)
     assert not np.array_equal(f32, x8)
+    if not cap:
+        assert np.array_equal(auto, x8), f"auto: a decode step of {n + 1} sequences not 8-bit"
+        return
     assert np.array_equal(auto, f32), f"auto: a decode step of {n + 1} sequences not float32"
 
 
@@ -325,5 +341,9 @@ def test_bad_exact_values_are_refused_by_name(tmp_path):
     for bad in (2, -2, 1 << 30):  # the engine's own check, past the Python one
         with pytest.raises(ValueError, match=f"exact {bad} is not"):
             _engine.Context(str(c), {"exact": bad})
+    with Engine.open(c, exact=None) as eng:
+        default = eng.info()
     with Engine.open(c, exact="auto") as eng:
-        assert eng.info()["precision"] != "8-bit"
+        assert eng.info()["precision"] == default["precision"]
+        if default["x8_isa"] != "amx":  # with AMX tiles, auto is 8-bit at every step
+            assert eng.info()["precision"] != "8-bit"

@@ -5,7 +5,9 @@
  * idempotent: two threads racing to fill it compute the same value). The AVX tables
  * exist only in x86-64 builds and the NEON table only in AArch64 builds (where ASIMD is
  * part of the base architecture, so it is always offered, with SDOT 8-bit-activation
- * kernels where the OS reports FEAT_DotProd); elsewhere only the reference set is.
+ * kernels where the OS reports FEAT_DotProd); elsewhere only the reference set is. On
+ * x86-64 the AVX-512 set comes with AMX-INT8 tiles for 8-bit activations where the CPU
+ * has them and the OS lets the process use them (asked once, at the first lookup).
  */
 #include <stdatomic.h>
 #include <stdint.h>
@@ -52,14 +54,29 @@ static int cpu_has_avxvnni(void)
     return __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 4));
 }
 
+/* AMX-TILE and AMX-INT8 (CPUID leaf 7 EDX bits 24, 25), the tile state enabled by the
+ * OS in XCR0 (bits 17, 18), and the process's permission to use it (platform.c). */
+static int amx_detect(void)
+{
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & bit_OSXSAVE))
+        return 0;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || (d & (3u << 24)) != (3u << 24))
+        return 0;
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return (lo & (3u << 17)) == (3u << 17) && wpi_os_allow_amx();
+}
+
 static uint32_t vnni_detect(void)
 {
     __builtin_cpu_init();
     return 0x80000000u | (cpu_has_avxvnni() ? 1u : 0u) |
-           (__builtin_cpu_supports("avx512vnni") ? 2u : 0u);
+           (__builtin_cpu_supports("avx512vnni") ? 2u : 0u) |
+           (__builtin_cpu_supports("avx512vnni") && amx_detect() ? 4u : 0u);
 }
 
-/* Bit 0: AVX-VNNI, bit 1: AVX512-VNNI. */
+/* Bit 0: AVX-VNNI, bit 1: AVX512-VNNI, bit 2: AMX-INT8 usable. */
 static uint32_t vnni(void)
 {
     static _Atomic uint32_t cached; /* 0 = not yet read; bit 31 set once read */
@@ -129,7 +146,9 @@ static const wpi_kernels *table(int isa)
     case WP_ISA_AVX2:
         return vnni() & 1u ? &wpi_kernels_avxvnni : &wpi_kernels_avx2;
     case WP_ISA_AVX512:
-        return vnni() & 2u ? &wpi_kernels_avx512vnni : &wpi_kernels_avx512;
+        return vnni() & 4u   ? &wpi_kernels_avx512amx
+               : vnni() & 2u ? &wpi_kernels_avx512vnni
+                             : &wpi_kernels_avx512;
 #endif
 #if WPI_HAVE_NEON
     case WP_ISA_NEON:
@@ -187,9 +206,15 @@ uint64_t wpi_kernels_x8_fast(const wpi_kernels *k)
 {
     if (!k || !k->x8_name)
         return 0;
-    if (strcmp(k->x8_name, "avxvnni") == 0 || strcmp(k->x8_name, "avx512vnni") == 0)
+    if (strcmp(k->x8_name, "avxvnni") == 0 || strcmp(k->x8_name, "avx512vnni") == 0 ||
+        strcmp(k->x8_name, "amx") == 0)
         return WPI_X8_DTYPES;
     if (strcmp(k->x8_name, "avx2") == 0)
         return 1ull << WPI_Q4_0 | 1ull << WPI_MXFP4;
     return 0;
+}
+
+uint32_t wpi_kernels_x8_auto_rows(const wpi_kernels *k)
+{
+    return k && k->x8_name && strcmp(k->x8_name, "amx") == 0 ? UINT32_MAX : 1;
 }

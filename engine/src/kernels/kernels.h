@@ -94,8 +94,8 @@ typedef struct wpi_kernels {
     wpi_matmul_x8_fn matmul_x8_q4_1;
     wpi_matmul_x8_fn matmul_x8_mxfp4;
     const char *x8_name;         /* the integer dot product: "scalar", "avx2", "avxvnni",
-                                  * "avx512bw", "avx512vnni", "neon",
-                                  * "neon-dotprod" */
+                                  * "avx512bw", "avx512vnni", "amx",
+                                  * "neon", "neon-dotprod" */
     float (*dot_f32)(const float *a, const float *b, size_t n);
     void (*axpy_f32)(float a, const float *x, float *y, size_t n); /* y += a*x */
 } wpi_kernels;
@@ -112,6 +112,12 @@ extern const wpi_kernels wpi_kernels_neon;
  * returns them for WP_ISA_AVX2 / WP_ISA_AVX512 where the CPU has AVX-VNNI / AVX512-VNNI. */
 extern const wpi_kernels wpi_kernels_avxvnni;
 extern const wpi_kernels wpi_kernels_avx512vnni;
+/* The AVX-512 VNNI set whose 8-bit activations take AMX-INT8 tiles (kernels_x8_amx.c)
+ * on steps of at least WPI_AMX_MIN_TOK tokens (fewer: the AVX-512 VNNI tiles);
+ * wpi_kernels_get returns it for WP_ISA_AVX512 where the CPU has AMX-TILE and AMX-INT8
+ * and the OS grants the process the tile state (platform.c). */
+extern const wpi_kernels wpi_kernels_avx512amx;
+#define WPI_AMX_MIN_TOK 4
 /* The NEON set with SDOT (FEAT_DotProd) for 8-bit activations; wpi_kernels_get returns it
  * for WP_ISA_NEON where the OS reports the dot-product instructions. */
 extern const wpi_kernels wpi_kernels_neondot;
@@ -143,6 +149,10 @@ static inline int wpi_x8_has(uint64_t mask, int dtype)
  * slower there); none for the scalar twins, the NEON tables (not timed on ARM hardware)
  * and avx512bw (not measured). */
 uint64_t wpi_kernels_x8_fast(const wpi_kernels *k);
+
+/* The most rows of a step that WP_EXACT_AUTO sends to the 8-bit path: every step with
+ * the AMX tiles (prefill included: docs/ENGINE.md), else one (decode). */
+uint32_t wpi_kernels_x8_auto_rows(const wpi_kernels *k);
 
 /* Reference-only helpers (kernels_ref.c). */
 float wpi_f16_to_f32(uint16_t h);

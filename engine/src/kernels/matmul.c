@@ -121,6 +121,8 @@ static void matmul_x8(const wpi_tiles_x8 *tt, int slot, int dtype, const void *w
         return;
     wpi_tile_x8_fn tile = tt->tile[slot - WPI_SLOT_Q8_0];
     size_t step = rb && rb < X8_TILE_BYTES ? X8_TILE_BYTES / rb : 1;
+    if (tt->row_group)
+        step = (step + tt->row_group - 1) / tt->row_group * tt->row_group;
     for (size_t r = r0; r < r1; r += step) {
         size_t nr = r1 - r < step ? r1 - r : step;
         tile((const uint8_t *)w + r * rb, rb, nr, xq, ldq, n_tok, cols / WPI_QK, y + r, ldy);
@@ -147,6 +149,21 @@ X8_SET(avx2)
 X8_SET(avxvnni)
 X8_SET(avx512bw)
 X8_SET(avx512vnni)
+
+/* AMX: steps of at least WPI_AMX_MIN_TOK tokens on its tiles, fewer (a lone token would
+ * fill one row of sixteen) on the AVX-512 VNNI ones. */
+#define MATMUL_X8_AMX_ENTRY(sfx, slot, dtype)                                            \
+    static void matmul_x8_##sfx##_amx(const void *w, size_t cols, size_t r0, size_t r1,  \
+                                      const wpi_xq *xq, size_t ldq, size_t n_tok,         \
+                                      float *y, size_t ldy)                               \
+    {                                                                                    \
+        matmul_x8(n_tok >= WPI_AMX_MIN_TOK ? &wpi_x8t_amx : &wpi_x8t_avx512vnni, slot,    \
+                  dtype, w, cols, r0, r1, xq, ldq, n_tok, y, ldy);                        \
+    }
+MATMUL_X8_AMX_ENTRY(q8_0, WPI_SLOT_Q8_0, WPI_Q8_0)
+MATMUL_X8_AMX_ENTRY(q4_0, WPI_SLOT_Q4_0, WPI_Q4_0)
+MATMUL_X8_AMX_ENTRY(q4_1, WPI_SLOT_Q4_1, WPI_Q4_1)
+MATMUL_X8_AMX_ENTRY(mxfp4, WPI_SLOT_MXFP4, WPI_MXFP4)
 #endif
 #if defined(__aarch64__)
 X8_SET(neon)
@@ -205,6 +222,7 @@ X8_SET(neondot)
 #define wpi_x8_avxvnni_name "avxvnni"
 #define wpi_x8_avx512bw_name "avx512bw"
 #define wpi_x8_avx512vnni_name "avx512vnni"
+#define wpi_x8_amx_name "amx"
 #define wpi_x8_neon_name "neon"
 #define wpi_x8_neondot_name "neon-dotprod"
 
@@ -218,6 +236,7 @@ KERNEL_SET(avx512, avx512, avx512bw, "avx512")
 /* The AVX sets again with VNNI integer dot products (dispatch.c picks them). */
 KERNEL_SET(avxvnni, avx2, avxvnni, "avx2")
 KERNEL_SET(avx512vnni, avx512, avx512vnni, "avx512")
+KERNEL_SET(avx512amx, avx512, amx, "avx512")
 #endif
 #if defined(__aarch64__)
 KERNEL_SET_F32(neon)

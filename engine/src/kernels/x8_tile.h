@@ -32,6 +32,7 @@ typedef void (*wpi_tile_x8_fn)(const uint8_t *w, size_t rb, size_t nr, const wpi
 /* Tables indexed by slot - WPI_SLOT_Q8_0, as wpi_blocks_x8. */
 typedef struct wpi_tiles_x8 {
     const char *name;
+    size_t row_group;          /* rows per call best a multiple of this (0: any) */
     wpi_tile_x8_fn tile[WPI_X8_SLOTS];
 } wpi_tiles_x8;
 
@@ -40,6 +41,7 @@ extern const wpi_tiles_x8 wpi_x8t_avx2;
 extern const wpi_tiles_x8 wpi_x8t_avxvnni;
 extern const wpi_tiles_x8 wpi_x8t_avx512bw;
 extern const wpi_tiles_x8 wpi_x8t_avx512vnni;
+extern const wpi_tiles_x8 wpi_x8t_amx;     /* x86-64 builds only (kernels_x8_amx.c) */
 extern const wpi_tiles_x8 wpi_x8t_neon;    /* AArch64 builds only */
 extern const wpi_tiles_x8 wpi_x8t_neondot;
 
