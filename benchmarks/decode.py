@@ -322,7 +322,9 @@ class WarpArm:
         self.name = self.NAMES[exact]
         self.eng = Engine.open(container, threads=threads, ctx=512, budget=budget,
                                exact=exact)
-        self.isa = self.eng.info().get("isa", "?")
+        info = self.eng.info()  # the kernel set, and the 8-bit table where one runs
+        self.isa = info.get("isa", "?") + (f"/{info['x8_isa']}" if info.get("x8_max_tokens")
+                                           else "")
 
     def prefill(self, prompt: list[int]) -> np.ndarray:
         self.eng.reset()

@@ -358,8 +358,9 @@ class Engine:
                 weights; None or "auto", the default: 8-bit for one-token steps (decode)
                 on the weight types whose 8-bit kernels are faster on this CPU (every
                 quantized type with VNNI; Q4_0 and MXFP4 with AVX2 alone), float32
-                otherwise, so prefill stays float32; `info()["precision"]` says which is
-                in force),
+                otherwise, so prefill stays float32, but with AMX-INT8 tiles every step,
+                prefill included, is 8-bit; `info()["precision"]` says which is in
+                force),
                 experts_per_token (routed experts per token, 1..the model's top_k: the
                 router keeps the N highest-scoring experts and weights them as the model's
                 routing weights its top_k, so the model runs as its top-N variant; fewer

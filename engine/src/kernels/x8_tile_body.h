@@ -127,9 +127,13 @@ X8T_INLINE void xt_group(const int k, const size_t bytes, const int R, const int
 #pragma GCC unroll 8
     for (int i = 0; i < R; i++) {
         const uint8_t *p = w + i * rb + b * bytes, *p1 = two ? p + bytes : NULL;
-        /* the next tile's rows: R rows read side by side defeat the hardware prefetch of
-         * weights streamed from DRAM (1.4x slower at n_tok = 1 on [32768 x 1024] q8_0) */
+        /* the next tile's rows into L1, and the fourth tile ahead into L2: R rows read side
+         * by side defeat the hardware prefetch of weights streamed from DRAM (1.4x slower
+         * at n_tok = 1 on [32768 x 1024] q8_0 without the first; the second, one token on
+         * [500000 x 2048] (1.1 GB, past the last-level cache), AVX-512 VNNI: q8_0 10.6 ->
+         * 12.0 GB/s, q4_0 9.8 -> 13.2, docs/BENCHMARKS.md) */
         _mm_prefetch((const char *)(p + R * rb + 64), _MM_HINT_T0);
+        _mm_prefetch((const char *)(p + 4 * R * rb + 64), _MM_HINT_T1);
         wv[i] = xt_weights(k, X8T_BIASED(k, T), p, p1);
         if (!gather)
             dw[i] = xt_dw(k, p, p1);
