@@ -288,16 +288,8 @@ AMX_INLINE void amx_tile(const int k, const size_t bytes, const uint8_t *w, size
             amx_tile(k, bytes, w, rb, nr, xq, ldq, nt, nb, y, ldy);                      \
     }
 
-AMX_FN(amx_q8_0, 0, 34)
-AMX_FN(amx_q4_0, 1, 18)
-AMX_FN(amx_q4_1, 2, 20)
-AMX_FN(amx_mxfp4, 3, WPI_MXFP4_BYTES)
-
-const wpi_tiles_x8 wpi_x8t_amx = {
-    .name = "amx",
-    .row_group = 16,
-    .tile = {amx_q8_0, amx_q4_0, amx_q4_1, amx_mxfp4},
-};
+/* 16-row groups: a call of a multiple of 16 rows leaves no group part empty */
+WPI_X8_TILE_TABLE(AMX_FN, amx, wpi_x8t_amx, "amx", 16)
 
 #if defined(__clang__)
 #pragma clang attribute pop

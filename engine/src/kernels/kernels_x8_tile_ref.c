@@ -59,12 +59,4 @@ static float dot(int k, size_t bytes, const uint8_t *row, const wpi_xq *xq, size
                 y[t * ldy + i] = dot(k, bytes, w + i * rb, xq + t * ldq, nb);            \
     }
 
-TILE_REF(tile_q8_0, 0, 34)
-TILE_REF(tile_q4_0, 1, 18)
-TILE_REF(tile_q4_1, 2, 20)
-TILE_REF(tile_mxfp4, 3, WPI_MXFP4_BYTES)
-
-const wpi_tiles_x8 wpi_x8t_ref = {
-    .name = "scalar",
-    .tile = {tile_q8_0, tile_q4_0, tile_q4_1, tile_mxfp4},
-};
+WPI_X8_TILE_TABLE(TILE_REF, tile, wpi_x8t_ref, "scalar", 0)

@@ -36,6 +36,19 @@ typedef struct wpi_tiles_x8 {
     wpi_tile_x8_fn tile[WPI_X8_SLOTS];
 } wpi_tiles_x8;
 
+/* A table's four tile kernels, FN(name, slot index k, block bytes) each, named
+ * prefix_q8_0, prefix_q4_0, prefix_q4_1, prefix_mxfp4, and the table TABLE over them. */
+#define WPI_X8_TILE_TABLE(FN, prefix, TABLE, label, group)                               \
+    FN(prefix##_q8_0, 0, 34)                                                             \
+    FN(prefix##_q4_0, 1, 18)                                                             \
+    FN(prefix##_q4_1, 2, 20)                                                             \
+    FN(prefix##_mxfp4, 3, WPI_MXFP4_BYTES)                                               \
+    const wpi_tiles_x8 TABLE = {                                                         \
+        .name = label,                                                                   \
+        .row_group = group,                                                              \
+        .tile = {prefix##_q8_0, prefix##_q4_0, prefix##_q4_1, prefix##_mxfp4},           \
+    };
+
 extern const wpi_tiles_x8 wpi_x8t_ref;
 extern const wpi_tiles_x8 wpi_x8t_avx2;
 extern const wpi_tiles_x8 wpi_x8t_avxvnni;

@@ -252,12 +252,4 @@ X8T_INLINE void xt_tokens(const int k, const size_t bytes, const int R, size_t n
         }                                                                                \
     }
 
-X8T_FN(x8t_q8_0, 0, 34)
-X8T_FN(x8t_q4_0, 1, 18)
-X8T_FN(x8t_q4_1, 2, 20)
-X8T_FN(x8t_mxfp4, 3, WPI_MXFP4_BYTES)
-
-const wpi_tiles_x8 X8T_TABLE = {
-    .name = X8_NAME,
-    .tile = {x8t_q8_0, x8t_q4_0, x8t_q4_1, x8t_mxfp4},
-};
+WPI_X8_TILE_TABLE(X8T_FN, x8t, X8T_TABLE, X8_NAME, 0)

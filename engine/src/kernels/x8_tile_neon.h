@@ -168,12 +168,4 @@ X8N_INLINE void x8n_tokens(const int k, const size_t bytes, const uint8_t *w, si
         }                                                                                \
     }
 
-X8N_FN(x8n_q8_0, 0, 34)
-X8N_FN(x8n_q4_0, 1, 18)
-X8N_FN(x8n_q4_1, 2, 20)
-X8N_FN(x8n_mxfp4, 3, WPI_MXFP4_BYTES)
-
-const wpi_tiles_x8 X8N_TABLE = {
-    .name = X8N_NAME,
-    .tile = {x8n_q8_0, x8n_q4_0, x8n_q4_1, x8n_mxfp4},
-};
+WPI_X8_TILE_TABLE(X8N_FN, x8n, X8N_TABLE, X8N_NAME, 0)
