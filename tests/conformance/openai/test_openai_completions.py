@@ -159,7 +159,13 @@ def test_echo_logprobs_score_the_prompt(connect, smol_path):
     want = [float(_log_softmax(logits[i - 1])[ids[i]]) for i in range(1, len(ids))]
     assert lp.token_logprobs[1:len(ids)] == pytest.approx(want, abs=1e-4)
     last = _log_softmax(logits[-1])
-    assert lp.token_logprobs[-1] == pytest.approx(float(last.max()), abs=1e-4)
+    # The generated token's logprob comes from generation's own evaluation of the prompt,
+    # whose steps may be split otherwise than this one call; where steps of several tokens
+    # run 8-bit (AMX tiles), a token's logits depend on its step's size within that path's
+    # error, so the bound is that error's (about 1e-4 relative on SmolLM2's logits).
+    multi_x8 = target.engine.info()["x8_max_tokens"] > 1
+    assert lp.token_logprobs[-1] == pytest.approx(float(last.max()),
+                                                  abs=2e-3 if multi_x8 else 1e-4)
     for top, chosen in zip(lp.top_logprobs[1:], lp.token_logprobs[1:]):
         assert 3 <= len(top) <= 4 and max(top.values()) >= chosen - 1e-6
     assert max(lp.top_logprobs[-1].values()) == pytest.approx(lp.token_logprobs[-1])
