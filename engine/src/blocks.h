@@ -121,6 +121,28 @@ static inline float wpi_glu(const wpi_hparams *hp, float g, float u)
     const float a = b1 * tanhf(g / b1) / (1.0f + expf(-g));
     return a * (b2 > 0 ? b2 * tanhf(u / b2) : u);
 }
+/* g = glu(g + bg, u + bu) (biases optional, clamped by lim > 0 as wpi_swiglu_clamp says)
+ * in place for rows r0 + i, i < nr, of n tokens (token t's at g + t * ld, u + t * ld). */
+void wpi_glu_rows(const wpi_hparams *hp, float lim, const float *bg, const float *bu,
+                  size_t r0, size_t nr, uint32_t n, float *g, const float *u, size_t ld);
+/* The 8-bit gate/up of a SwiGLU whose down is 8-bit too: for n_tok tokens (x's blocks at
+ * xq, ldq apart) the rows [r0, r1) (whole 32-row blocks) of gate and up, a block and up
+ * to 64 tokens at a time in a tile on the caller's stack, their GLU there, quantized into
+ * gq (token t's row of gate->rows / 32 blocks at gq + t * gate->rows / 32): the blocks
+ * wpi_quant_x8 would make of the f32 rows. Nothing f32 leaves the thread, so no cache
+ * line of g or u moves between cores (ffn.c). */
+typedef struct wpi_gu8 {
+    const wpi_hparams *hp;
+    wpi_matmul_x8_fn fg8, fu8;
+    const wpi_wmat *gate, *up;
+    const float *bg, *bu; /* or NULL */
+    float lim;
+    const wpi_xq *xq;
+    size_t ldq;
+    uint32_t n_tok;
+    wpi_xq *gq;
+} wpi_gu8;
+void wpi_gu_fused(const wpi_gu8 *f, size_t r0, size_t r1);
 /* The clamp of wpi_swiglu's gate (at most) and up (both signs), 0 for none (ffn.c). */
 float wpi_swiglu_clamp(const wpi_hparams *hp);
 /* Rope cos/sin of the chunk's positions into mdl->rope_cos/sin (attention.c). */

@@ -57,7 +57,9 @@ uint64_t wpi_kv_bytes(const wpi_hparams *hp, uint32_t ctx)
 }
 
 /* Blocks of the 8-bit copy of a matmul input: a chunk of the widest of the trunk's
- * inputs (a wider one, as some architectures' low-rank projections, runs float32). */
+ * inputs (a wider one, as some architectures' low-rank projections, runs float32), and
+ * of the hidden state besides, so a SwiGLU's input and its silu(g) * u fit together
+ * (ffn.c). */
 static uint64_t xq_blocks(const wpi_hparams *hp, uint32_t chunk)
 {
     uint32_t w = umax(hp->hidden_size,
@@ -65,7 +67,7 @@ static uint64_t xq_blocks(const wpi_hparams *hp, uint32_t chunk)
                            umax(hp->intermediate_size,
                                 umax(hp->moe_intermediate_size,
                                      hp->shared_expert_intermediate_size))));
-    return (uint64_t)chunk * (w / WPI_QK);
+    return (uint64_t)chunk * (w / WPI_QK + hp->hidden_size / WPI_QK);
 }
 
 /* Walks the scratch layout: the shared buffers, then the architecture's (its scratch
@@ -334,41 +336,137 @@ static void mm_quantize(wpi_model *m, mm_ctx *c, uint32_t n_jobs)
             c->fn8[j] = NULL;
         return;
     }
-    for (uint32_t t = 0; t < c->n_tok; t++)
-        wpi_quant_x8(c->x + t * c->ldx, nb * WPI_QK, m->xq + t * nb);
+    wpi_quant_rows(m, c->x, c->ldx, c->n_tok, nb * WPI_QK, m->xq, nb);
     c->xq = m->xq;
     c->ldq = nb;
+}
+
+/* The jobs of c (inputs and kernels set) over row blocks across the pool. */
+static void mm_dispatch(wpi_model *m, mm_ctx *c, const wpi_mm *jobs, uint32_t n_jobs)
+{
+    uint64_t rows = 0, work = 0;
+    uint32_t nt = wpi_pool_threads(m->pool);
+    for (uint32_t j = 0; j < n_jobs; j++) {
+        rows += jobs[j].w->rows;
+        work += (uint64_t)jobs[j].w->rows * jobs[j].w->cols * c->n_tok;
+    }
+    if (nt <= 1 || work < WPI_PAR_MIN_WORK) {
+        for (uint32_t j = 0; j < n_jobs; j++)
+            mm_run(c, j, 0, jobs[j].w->rows);
+        return;
+    }
+    uint64_t target = (uint64_t)nt * wpi_tasks_per_thread(c->n_tok);
+    uint64_t blk = (rows + target - 1) / target;
+    blk = (blk + WPI_ROW_BLOCK - 1) / WPI_ROW_BLOCK * WPI_ROW_BLOCK;
+    c->blk = (uint32_t)blk;
+    c->first[0] = 0;
+    for (uint32_t j = 0; j < n_jobs; j++)
+        c->first[j + 1] = c->first[j] + (uint32_t)((jobs[j].w->rows + blk - 1) / blk);
+    wpi_parallel_for(m->pool, c->first[n_jobs], mm_task, c);
 }
 
 void wpi_matmul(wpi_model *m, const wpi_mm *jobs, uint32_t n_jobs,
                 const float *x, size_t ldx, uint32_t n_tok)
 {
     mm_ctx c;
-    uint64_t rows = 0, work = 0;
-    uint32_t nt = wpi_pool_threads(m->pool);
     c.jobs = jobs;
     c.x = x;
     c.ldx = ldx;
     c.n_tok = n_tok;
+    for (uint32_t j = 0; j < n_jobs; j++)
+        c.fn[j] = wpi_kernels_matmul(m->k, jobs[j].w->dtype);
+    mm_quantize(m, &c, n_jobs);
+    mm_dispatch(m, &c, jobs, n_jobs);
+}
+
+void wpi_matmul_xq(wpi_model *m, const wpi_mm *jobs, uint32_t n_jobs, const wpi_xq *xq,
+                   size_t ldq, uint32_t n_tok)
+{
+    mm_ctx c;
+    c.jobs = jobs;
+    c.x = NULL;
+    c.ldx = 0;
+    c.xq = xq;
+    c.ldq = ldq;
+    c.n_tok = n_tok;
     for (uint32_t j = 0; j < n_jobs; j++) {
         c.fn[j] = wpi_kernels_matmul(m->k, jobs[j].w->dtype);
-        rows += jobs[j].w->rows;
-        work += (uint64_t)jobs[j].w->rows * jobs[j].w->cols * n_tok;
+        c.fn8[j] = wpi_kernels_matmul_x8(m->k, jobs[j].w->dtype);
     }
-    mm_quantize(m, &c, n_jobs);
-    if (nt <= 1 || work < WPI_PAR_MIN_WORK) {
-        for (uint32_t j = 0; j < n_jobs; j++)
-            mm_run(&c, j, 0, jobs[j].w->rows);
+    mm_dispatch(m, &c, jobs, n_jobs);
+}
+
+/* ---- per-row work in parallel ---------------------------------------------------- */
+
+/* Below this many elements (rows times row width) rows run on the calling thread. */
+#define WPI_ROWS_MIN_WORK (1u << 14)
+
+typedef struct rows_ctx {
+    wpi_rows_fn fn;
+    void *arg;
+    uint32_t n, per;
+} rows_ctx;
+
+static void rows_task(void *arg, uint32_t task)
+{
+    const rows_ctx *c = arg;
+    const uint32_t r0 = task * c->per, r1 = r0 + c->per < c->n ? r0 + c->per : c->n;
+    c->fn(c->arg, r0, r1);
+}
+
+void wpi_parallel_rows(wpi_model *m, uint32_t n, size_t width, wpi_rows_fn fn, void *arg)
+{
+    const uint32_t nt = wpi_pool_threads(m->pool);
+    if (nt < 2 || n < 2 || (uint64_t)n * width < WPI_ROWS_MIN_WORK) {
+        fn(arg, 0, n);
         return;
     }
-    uint64_t target = (uint64_t)nt * wpi_tasks_per_thread(n_tok);
-    uint64_t blk = (rows + target - 1) / target;
-    blk = (blk + WPI_ROW_BLOCK - 1) / WPI_ROW_BLOCK * WPI_ROW_BLOCK;
-    c.blk = (uint32_t)blk;
-    c.first[0] = 0;
-    for (uint32_t j = 0; j < n_jobs; j++)
-        c.first[j + 1] = c.first[j] + (uint32_t)((jobs[j].w->rows + blk - 1) / blk);
-    wpi_parallel_for(m->pool, c.first[n_jobs], mm_task, &c);
+    /* rows cost alike: a few tasks per thread even out a preempted one */
+    const uint32_t tasks = 2 * nt < n ? 2 * nt : n;
+    rows_ctx c = {fn, arg, n, (n + tasks - 1) / tasks};
+    wpi_parallel_for(m->pool, (n + c.per - 1) / c.per, rows_task, &c);
+}
+
+typedef struct quant_ctx {
+    const float *x;
+    size_t ldx, cols;
+    wpi_xq *xq;
+    size_t ldq;
+} quant_ctx;
+
+static void quant_rows_task(void *arg, uint32_t r0, uint32_t r1)
+{
+    const quant_ctx *c = arg;
+    for (uint32_t t = r0; t < r1; t++)
+        wpi_quant_x8(c->x + t * c->ldx, c->cols, c->xq + t * c->ldq);
+}
+
+void wpi_quant_rows(wpi_model *m, const float *x, size_t ldx, uint32_t n, size_t cols,
+                    wpi_xq *xq, size_t ldq)
+{
+    quant_ctx c = {x, ldx, cols, xq, ldq};
+    wpi_parallel_rows(m, n, cols, quant_rows_task, &c);
+}
+
+typedef struct norm_ctx {
+    float *y;
+    const float *x, *w;
+    size_t n, ld;
+    float eps;
+} norm_ctx;
+
+static void norm_rows_task(void *arg, uint32_t r0, uint32_t r1)
+{
+    const norm_ctx *c = arg;
+    for (uint32_t t = r0; t < r1; t++)
+        wpi_rmsnorm(c->y + t * c->ld, c->x + t * c->ld, c->w, c->n, c->eps);
+}
+
+void wpi_rmsnorm_rows(wpi_model *m, float *y, const float *x, const float *w, size_t n,
+                      uint32_t rows, float eps)
+{
+    norm_ctx c = {y, x, w, n, n, eps};
+    wpi_parallel_rows(m, rows, n, norm_rows_task, &c);
 }
 
 /* ---- the forward walk ------------------------------------------------------------ */

@@ -167,6 +167,21 @@ typedef struct wpi_mm {
 uint32_t wpi_tasks_per_thread(uint32_t n_tok);
 void wpi_matmul(wpi_model *mdl, const wpi_mm *jobs, uint32_t n_jobs,
                 const float *x, size_t ldx, uint32_t n_tok);
+/* As wpi_matmul on an input already quantized (token t's blocks at xq + t * ldq), for
+ * jobs that all have an 8-bit kernel on this step (wpi_x8_has). */
+void wpi_matmul_xq(wpi_model *mdl, const wpi_mm *jobs, uint32_t n_jobs, const wpi_xq *xq,
+                   size_t ldq, uint32_t n_tok);
+
+/* fn(arg, r0, r1) over ranges of rows 0 .. n - 1 across the pool, inline for one row or
+ * little work (n * width elements); fn must treat each row alike whatever its range. */
+typedef void (*wpi_rows_fn)(void *arg, uint32_t r0, uint32_t r1);
+void wpi_parallel_rows(wpi_model *mdl, uint32_t n, size_t width, wpi_rows_fn fn, void *arg);
+/* wpi_quant_x8 of n rows of cols (x + t * ldx into xq + t * ldq), and wpi_rmsnorm of rows
+ * rows of n (y and x rows n apart), through wpi_parallel_rows. */
+void wpi_quant_rows(wpi_model *mdl, const float *x, size_t ldx, uint32_t n, size_t cols,
+                    wpi_xq *xq, size_t ldq);
+void wpi_rmsnorm_rows(wpi_model *mdl, float *y, const float *x, const float *w, size_t n,
+                      uint32_t rows, float eps);
 
 /* checks.c: tensor checks for arch check functions: err names the tensor. A matrix must have a
  * dtype with a matmul kernel; a vector must be f32. */

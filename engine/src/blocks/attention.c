@@ -19,6 +19,7 @@
 #include "blocks.h"
 
 #define KEY_BLOCK 256
+#define HD_LOCAL 256 /* head widths up to this sum on the stack (attn_task) */
 
 void wpi_rope_prepare(wpi_model *m, uint32_t n, uint32_t pos)
 {
@@ -124,7 +125,12 @@ static void attn_task(void *arg, uint32_t task)
     const size_t kvh = h / (hp->n_heads / hp->n_kv_heads);
     const float *q = m->q + t * qd + (size_t)h * hd;
     const float *kc = sq->kc + kvh * hd, *vc = sq->vc + kvh * hd;
-    float *out = m->att + t * qd + (size_t)h * hd;
+    float *dst = m->att + t * qd + (size_t)h * hd;
+    /* The sum runs in a buffer of this thread's: att's rows were last read by the other
+     * cores (the output projection's input), and a read-modify-write per key of lines
+     * another core holds waits on each transfer. */
+    _Alignas(64) float sum_buf[HD_LOCAL];
+    float *out = hd <= HD_LOCAL ? sum_buf : dst;
     const uint32_t p = sq->pos + t;
     const uint32_t lo = a->window && p + 1 > a->window ? p + 1 - a->window : 0;
     float mx;
@@ -140,24 +146,26 @@ static void attn_task(void *arg, uint32_t task)
         }
     }
     const float inv = 1.0f / sum;
-    for (uint32_t k = 0; k < hd; k++) out[k] *= inv;
+    for (uint32_t k = 0; k < hd; k++) dst[k] = out[k] * inv;
 }
 
-void wpi_attention_project(wpi_model *m, uint32_t l, uint32_t n)
+typedef struct project_ctx {
+    const wpi_model *m;
+    const wpi_layer *L;
+} project_ctx;
+
+/* Rows r0 .. r1 - 1 of the projection: biases, q/k norm, clip_qkv and RoPE in place. */
+static void project_rows(void *arg, uint32_t r0, uint32_t r1)
 {
+    const project_ctx *c = arg;
+    const wpi_model *m = c->m;
     const wpi_hparams *hp = m->hp;
-    const wpi_layer *L = &m->layers[l];
-    const size_t H = hp->hidden_size, hd = hp->head_dim;
+    const wpi_layer *L = c->L;
+    const size_t hd = hp->head_dim;
     const size_t qd = (size_t)hp->n_heads * hd, kvd = (size_t)hp->n_kv_heads * hd;
     float *kr = m->kv_rows, *vr = m->kv_rows + kvd; /* rows 2 * kvd apart */
     const uint32_t half = hp->rope_dim / 2;
-
-    for (uint32_t t = 0; t < n; t++)
-        wpi_rmsnorm(m->xn + t * H, m->x + t * H, L->attn_norm, H, hp->rms_norm_eps);
-    wpi_mm qkv[3] = {{&L->wq, m->q, qd}, {&L->wk, kr, 2 * kvd}, {&L->wv, vr, 2 * kvd}};
-    wpi_matmul(m, qkv, 3, m->xn, H, n);
-
-    for (uint32_t t = 0; t < n; t++) {
+    for (uint32_t t = r0; t < r1; t++) {
         float *q = m->q + t * qd, *k = kr + t * 2 * kvd, *v = vr + t * 2 * kvd;
         if (L->bq) add(q, L->bq, qd);
         if (L->bk) add(k, L->bk, kvd);
@@ -177,11 +185,26 @@ void wpi_attention_project(wpi_model *m, uint32_t l, uint32_t n)
             clamp(v, kvd, hp->clip_qkv);
         }
         if (half) { /* each row's own position: its sequence's slice of the tables */
-            const float *c = m->rope_cos + t * half, *s = m->rope_sin + t * half;
-            wpi_rope_apply(q, hp->n_heads, hd, hp->rope_dim, c, s);
-            wpi_rope_apply(k, hp->n_kv_heads, hd, hp->rope_dim, c, s);
+            const float *cs = m->rope_cos + t * half, *sn = m->rope_sin + t * half;
+            wpi_rope_apply(q, hp->n_heads, hd, hp->rope_dim, cs, sn);
+            wpi_rope_apply(k, hp->n_kv_heads, hd, hp->rope_dim, cs, sn);
         }
     }
+}
+
+void wpi_attention_project(wpi_model *m, uint32_t l, uint32_t n)
+{
+    const wpi_hparams *hp = m->hp;
+    const wpi_layer *L = &m->layers[l];
+    const size_t H = hp->hidden_size, hd = hp->head_dim;
+    const size_t qd = (size_t)hp->n_heads * hd, kvd = (size_t)hp->n_kv_heads * hd;
+    float *kr = m->kv_rows, *vr = m->kv_rows + kvd; /* rows 2 * kvd apart */
+
+    wpi_rmsnorm_rows(m, m->xn, m->x, L->attn_norm, H, n, hp->rms_norm_eps);
+    wpi_mm qkv[3] = {{&L->wq, m->q, qd}, {&L->wk, kr, 2 * kvd}, {&L->wv, vr, 2 * kvd}};
+    wpi_matmul(m, qkv, 3, m->xn, H, n);
+    project_ctx c = {m, L};
+    wpi_parallel_rows(m, n, qd + 2 * kvd, project_rows, &c);
 }
 
 void wpi_attention_store(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
@@ -194,6 +217,22 @@ void wpi_attention_store(wpi_model *m, uint32_t l, uint32_t n, uint32_t pos)
     }
 }
 
+typedef struct residual_ctx {
+    wpi_model *m;
+    const float *bias; /* or NULL */
+} residual_ctx;
+
+/* x += xn (+ bias) for rows r0 .. r1 - 1. */
+static void residual_rows(void *arg, uint32_t r0, uint32_t r1)
+{
+    const residual_ctx *c = arg;
+    const size_t H = c->m->hp->hidden_size;
+    for (uint32_t t = r0; t < r1; t++) {
+        if (c->bias) add(c->m->xn + t * H, c->bias, H);
+        add(c->m->x + t * H, c->m->xn + t * H, H);
+    }
+}
+
 void wpi_attention_output(wpi_model *m, uint32_t l, uint32_t n)
 {
     const wpi_layer *L = &m->layers[l];
@@ -202,10 +241,8 @@ void wpi_attention_output(wpi_model *m, uint32_t l, uint32_t n)
 
     wpi_mm o = {&L->wo, m->xn, H};
     wpi_matmul(m, &o, 1, m->att, qd, n);
-    for (uint32_t t = 0; t < n; t++) {
-        if (L->bo) add(m->xn + t * H, L->bo, H);
-        add(m->x + t * H, m->xn + t * H, H);
-    }
+    residual_ctx c = {m, L->bo};
+    wpi_parallel_rows(m, n, H, residual_rows, &c);
 }
 
 void wpi_attention_attend_seqs(wpi_model *const *ms, uint32_t l, const uint32_t *n,

@@ -168,25 +168,18 @@ static void group_gu_task(void *arg, uint32_t t)
     const group_ctx *c = arg;
     const uint32_t e = t / c->tasks_gu, I = c->v[e].inter, H = c->v[e].hidden;
     size_t r0 = (size_t)(t % c->tasks_gu) * c->blk, r1 = r0 + c->blk < I ? r0 + c->blk : I;
+    if (c->fn8) { /* r0 and r1 are whole 32-row blocks here */
+        const wpi_wmat gate = {c->v[e].gate, c->v[e].dtype, I, H};
+        const wpi_wmat up = {c->v[e].up, c->v[e].dtype, I, H};
+        const wpi_gu8 f = {c->m->hp, c->fn8, c->fn8, &gate, &up, NULL, NULL, c->lim,
+                           c->xq, H / WPI_QK, 1, c->gq + (size_t)e * I / WPI_QK};
+        wpi_gu_fused(&f, r0, r1);
+        return;
+    }
     float *g = c->g + (size_t)e * I, *u = c->u + (size_t)e * I;
-    if (c->fn8) {
-        c->fn8(c->v[e].gate, H, r0, r1, c->xq, H / WPI_QK, 1, g, I);
-        c->fn8(c->v[e].up, H, r0, r1, c->xq, H / WPI_QK, 1, u, I);
-    } else {
-        c->fn(c->v[e].gate, H, r0, r1, c->x, H, 1, g, I);
-        c->fn(c->v[e].up, H, r0, r1, c->x, H, 1, u, I);
-    }
-    const float lim = c->lim;
-    for (size_t r = r0; r < r1; r++) {
-        float a = g[r], b = u[r];
-        if (lim > 0) {
-            a = a < lim ? a : lim;
-            b = b < -lim ? -lim : b > lim ? lim : b;
-        }
-        g[r] = wpi_glu(c->m->hp, a, b);
-    }
-    if (c->fn8) /* r0 and r1 are whole 32-row blocks here */
-        wpi_quant_x8(g + r0, r1 - r0, c->gq + ((size_t)e * I + r0) / WPI_QK);
+    c->fn(c->v[e].gate, H, r0, r1, c->x, H, 1, g, I);
+    c->fn(c->v[e].up, H, r0, r1, c->x, H, 1, u, I);
+    wpi_glu_rows(c->m->hp, c->lim, NULL, NULL, r0, r1 - r0, 1, g + r0, u + r0, I);
 }
 
 static void group_down_task(void *arg, uint32_t t)
@@ -272,30 +265,20 @@ static void batch_gu_task(void *arg, uint32_t t)
     const uint32_t e = t / c->tasks_gu, I = c->v[e].inter, H = c->v[e].hidden;
     const uint32_t q0 = c->row0[e], nq = c->row0[e + 1] - q0;
     size_t r0 = (size_t)(t % c->tasks_gu) * c->blk, r1 = r0 + c->blk < I ? r0 + c->blk : I;
+    if (c->fn8) { /* r0 and r1 are whole 32-row blocks here */
+        const wpi_wmat gate = {c->v[e].gate, c->v[e].dtype, I, H};
+        const wpi_wmat up = {c->v[e].up, c->v[e].dtype, I, H};
+        const wpi_gu8 f = {m->hp, c->fn8, c->fn8, &gate, &up, NULL, NULL, c->lim,
+                           c->xq + (size_t)q0 * (H / WPI_QK), H / WPI_QK, nq,
+                           c->gq + (size_t)q0 * (I / WPI_QK)};
+        wpi_gu_fused(&f, r0, r1);
+        return;
+    }
     float *g = m->ff_g + (size_t)q0 * I, *u = m->ff_u + (size_t)q0 * I;
-    if (c->fn8) {
-        const wpi_xq *xq = c->xq + (size_t)q0 * (H / WPI_QK);
-        c->fn8(c->v[e].gate, H, r0, r1, xq, H / WPI_QK, nq, g, I);
-        c->fn8(c->v[e].up, H, r0, r1, xq, H / WPI_QK, nq, u, I);
-    } else {
-        const float *x = m->xg + (size_t)q0 * H;
-        c->fn(c->v[e].gate, H, r0, r1, x, H, nq, g, I);
-        c->fn(c->v[e].up, H, r0, r1, x, H, nq, u, I);
-    }
-    const float lim = c->lim;
-    for (uint32_t q = 0; q < nq; q++) {
-        for (size_t r = r0; r < r1; r++) {
-            float a = g[(size_t)q * I + r], b = u[(size_t)q * I + r];
-            if (lim > 0) {
-                a = a < lim ? a : lim;
-                b = b < -lim ? -lim : b > lim ? lim : b;
-            }
-            g[(size_t)q * I + r] = wpi_glu(m->hp, a, b);
-        }
-        if (c->fn8) /* r0 and r1 are whole 32-row blocks here */
-            wpi_quant_x8(g + (size_t)q * I + r0, r1 - r0,
-                         c->gq + ((size_t)(q0 + q) * I + r0) / WPI_QK);
-    }
+    const float *x = m->xg + (size_t)q0 * H;
+    c->fn(c->v[e].gate, H, r0, r1, x, H, nq, g, I);
+    c->fn(c->v[e].up, H, r0, r1, x, H, nq, u, I);
+    wpi_glu_rows(m->hp, c->lim, NULL, NULL, r0, r1 - r0, nq, g + r0, u + r0, I);
 }
 
 static void batch_down_task(void *arg, uint32_t t)
@@ -313,11 +296,30 @@ static void batch_down_task(void *arg, uint32_t t)
               m->yg + (size_t)q0 * H, H);
 }
 
+typedef struct gather_ctx {
+    wpi_model *m;
+    const int32_t *pick; /* the batch's picks in order, one per gathered row */
+    wpi_xq *xq;          /* the 8-bit path: rows quantized here, else copied into xg */
+} gather_ctx;
+
+static void gather_rows(void *arg, uint32_t r0, uint32_t r1)
+{
+    const gather_ctx *c = arg;
+    const size_t H = c->m->hp->hidden_size, K = c->m->hp->top_k;
+    for (uint32_t q = r0; q < r1; q++) {
+        const float *x = c->m->xn + (size_t)(c->pick[q] / K) * H;
+        if (c->xq)
+            wpi_quant_x8(x, H, c->xq + (size_t)q * (H / WPI_QK));
+        else
+            memcpy(c->m->xg + (size_t)q * H, x, H * sizeof(float));
+    }
+}
+
 /* Experts s0 .. s0 + cnt - 1 (views v, one dtype and shape), all picks within cap. */
 static void apply_batch(wpi_model *m, const wpi_expert_view *v, uint32_t s0, uint32_t cnt,
                         int x8)
 {
-    const size_t H = m->hp->hidden_size, K = m->hp->top_k;
+    const size_t H = m->hp->hidden_size;
     const uint32_t I = v[0].inter, nt = wpi_pool_threads(m->pool);
     batch_ctx c = {m, v, {0}, wpi_kernels_matmul(m->k, v[0].dtype),
                    x8 ? wpi_kernels_matmul_x8(m->k, v[0].dtype) : NULL, NULL, NULL, 0, 0, 0,
@@ -325,17 +327,16 @@ static void apply_batch(wpi_model *m, const wpi_expert_view *v, uint32_t s0, uin
     uint32_t rows = 0;
     for (uint32_t s = 0; s < cnt; s++) {
         c.row0[s] = rows;
-        for (int32_t p = m->ex_start[s0 + s]; p < m->ex_start[s0 + s + 1]; p++, rows++)
-            memcpy(m->xg + (size_t)rows * H, m->xn + (size_t)(m->ex_pick[p] / K) * H,
-                   H * sizeof(float));
+        rows += (uint32_t)(m->ex_start[s0 + s + 1] - m->ex_start[s0 + s]);
     }
     c.row0[cnt] = rows;
+    /* the gathered rows: quantized straight from xn on the 8-bit path, else copied */
+    gather_ctx gc = {m, m->ex_pick + m->ex_start[s0], NULL};
     if (c.fn8) {
-        c.xq = m->xq;
+        c.xq = gc.xq = m->xq;
         c.gq = m->xq + (size_t)rows * (H / WPI_QK);
-        for (uint32_t q = 0; q < rows; q++)
-            wpi_quant_x8(m->xg + (size_t)q * H, H, c.xq + (size_t)q * (H / WPI_QK));
     }
+    wpi_parallel_rows(m, rows, H, gather_rows, &gc);
     const uint64_t rb = c.fn8 ? WPI_QK : 16, target = (uint64_t)nt * 4;
     c.blk = task_rows((uint64_t)cnt * I, target, rb);
     c.tasks_gu = (I + c.blk - 1) / c.blk;
@@ -496,14 +497,36 @@ wp_status wpi_moe_for_each_expert_requested(wpi_model *m, uint32_t l, const floa
     return WP_OK;
 }
 
+typedef struct combine_ctx {
+    wpi_model *m;
+    int shared; /* the shared expert's output waits in yg */
+} combine_ctx;
+
+/* Tokens r0 .. r1 - 1: x += sum over its picks, in router order, of weight * output, plus
+ * the gated shared expert. */
+static void combine_rows(void *arg, uint32_t r0, uint32_t r1)
+{
+    const combine_ctx *c = arg;
+    wpi_model *m = c->m;
+    const size_t H = m->hp->hidden_size, K = m->hp->top_k;
+    for (uint32_t t = r0; t < r1; t++) {
+        float *acc = m->moe_out + t * H;
+        memset(acc, 0, H * sizeof(float));
+        for (size_t j = 0; j < K; j++)
+            m->k->axpy_f32(m->topk_w[t * K + j], m->eo + (t * K + j) * H, acc, H);
+        if (c->shared) m->k->axpy_f32(m->sh_w[t], m->yg + t * H, acc, H);
+        float *x = m->x + t * H;
+        for (size_t i = 0; i < H; i++) x[i] += acc[i];
+    }
+}
+
 wp_status wpi_moe_block(wpi_model *m, uint32_t l, uint32_t n)
 {
     const wpi_hparams *hp = m->hp;
     const wpi_layer *L = &m->layers[l];
     const size_t H = hp->hidden_size, K = hp->top_k, E = hp->n_experts;
 
-    for (uint32_t t = 0; t < n; t++)
-        wpi_rmsnorm(m->xn + t * H, m->x + t * H, L->ffn_norm, H, hp->rms_norm_eps);
+    wpi_rmsnorm_rows(m, m->xn, m->x, L->ffn_norm, H, n, hp->rms_norm_eps);
     route(m, L->router, m->xn, H, n, m->probs);
     for (uint32_t t = 0; t < n; t++)
         if (wpi_route_noaux_used(hp, L)) /* sigmoid, bias, groups, scaling */
@@ -565,15 +588,8 @@ wp_status wpi_moe_block(wpi_model *m, uint32_t l, uint32_t n)
     }
 
     if (shared) memcpy(m->yg, m->moe_out, (size_t)n * H * sizeof(float));
-    for (uint32_t t = 0; t < n; t++) {
-        float *acc = m->moe_out + t * H;
-        memset(acc, 0, H * sizeof(float));
-        for (size_t j = 0; j < K; j++)
-            m->k->axpy_f32(m->topk_w[t * K + j], m->eo + (t * K + j) * H, acc, H);
-        if (shared) m->k->axpy_f32(m->sh_w[t], m->yg + t * H, acc, H);
-        float *x = m->x + t * H;
-        for (size_t i = 0; i < H; i++) x[i] += acc[i];
-    }
+    combine_ctx cc = {m, shared};
+    wpi_parallel_rows(m, n, (K + 1) * H, combine_rows, &cc);
 
     if (m->lookahead && (n == 1 || n == m->la_rows) && l + 1 < hp->n_layers &&
         m->layers[l + 1].is_moe)
