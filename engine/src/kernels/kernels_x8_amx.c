@@ -16,10 +16,11 @@
  * (row, token) and in block order, so a token's outputs do not depend on the rows, the
  * tokens or the tile it shares a call with.
  *
- * Tokens go in groups of 16; a group's token count is the tiles' height (the A and C
- * tiles are configured for it), while the float side runs 4, 8 or 16 rows, the unused
- * ones on a clamped token and never stored. Rows go in groups of 16, a ragged last group
- * with zero weights in its missing rows, masked on store.
+ * Rows go in groups of 16, a ragged last group with zero weights in its missing rows,
+ * masked on store. A group's blocks are packed (B's layout and the scales) up to
+ * AMX_PACK at a time and read by every group of 16 tokens: a group's token count is the
+ * tiles' height (the A and C tiles are configured for it), while the float side runs 4,
+ * 8 or 16 rows, the unused ones on a clamped token and never stored.
  *
  * dispatch.c offers this table only where the CPU has AMX-TILE and AMX-INT8, the OS
  * lets the process use the tile data (platform.c) and the AVX-512 VNNI set runs; the set
@@ -218,35 +219,60 @@ AMX_INLINE void amx_scale(const int k, const int T, const wpi_xq *const *px, siz
     }
 }
 
-/* One group: up to 16 rows (row i at w + i * rb, nr of them) times n <= T tokens
- * (token t's blocks at x + t * ldq), the A and C tiles configured for n rows. Two C
- * buffers: block b's tiles are stored while block b - 1's sums are scaled. */
-AMX_INLINE void amx_group(const int k, const size_t bytes, const int T, const uint8_t *w,
-                          size_t rb, size_t nr, const wpi_xq *x, size_t ldq, size_t n,
-                          size_t nb, float *y, size_t ldy)
+/* A block of 16 rows in B's layout, and its scales (amx_scales). */
+typedef struct amx_pk {
+    int32_t bt[128];
+    __m512 dw, mw;
+} amx_pk;
+
+/* Blocks per packing: 40 KiB, which stay in L1 or L2 while every token group reads them. */
+#define AMX_PACK 64
+
+/* The rows of one group and its packed blocks (w NULL once packed). */
+typedef struct amx_rows_pk {
+    const uint8_t *w; /* row i at w + i * rb, nr of them (up to 16); NULL: pk is filled */
+    size_t rb, nr;
+    __mmask16 rows;
+    amx_pk *pk;
+} amx_rows_pk;
+
+/* One group: blocks b0 .. b0 + nbc - 1 of up to 16 rows times n <= T tokens (token t's
+ * blocks at x + t * ldq), the A and C tiles configured for n rows, into y (token t's row
+ * at y + t * ldy), added to what y holds when `more` (the sums of the blocks before b0:
+ * the float side goes on in block order, exactly as in one pass). The first group of a
+ * pass packs each block just before its product (the packing overlaps the tiles' work);
+ * the others read the packed blocks. Two C buffers: block j's tiles are stored while
+ * block j - 1's sums are scaled. */
+AMX_INLINE void amx_group(const int k, const size_t bytes, const int T, const amx_rows_pk *g,
+                          size_t b0, size_t nbc, const wpi_xq *x, size_t ldq, size_t n,
+                          int more, float *y, size_t ldy)
 {
-    _Alignas(64) int32_t bt[128];
+    amx_pk *pk = g->pk;
+    const __mmask16 rows = g->rows;
     _Alignas(64) int32_t cq[2][256], cr[2][256];
     const wpi_xq *px[16];
-    __m512 acc[16], dw, mw;
-    const __mmask16 rows = (__mmask16)(nr >= 16 ? 0xffffu : (1u << nr) - 1);
+    __m512 acc[16];
     const size_t stride = ldq * sizeof(wpi_xq);
 #pragma GCC unroll 16
     for (int t = 0; t < T; t++) {
         px[t] = x + ((size_t)t < n ? (size_t)t : n - 1) * ldq;
-        acc[t] = _mm512_setzero_ps();
+        acc[t] = more && (size_t)t < n ? _mm512_maskz_loadu_ps(rows, y + (size_t)t * ldy)
+                                       : _mm512_setzero_ps();
     }
     memset(cq, 0, sizeof cq); /* the rows >= n of the float side read them, unused */
     memset(cr, 0, sizeof cr);
-    for (size_t b = 0; b <= nb; b++) {
-        if (b < nb) {
-            amx_pack_b(k, w + b * bytes, rb, nr, bt);
-            amx_block(x, b, stride, bt, cq[b & 1], cr[b & 1]);
+    for (size_t j = 0; j <= nbc; j++) {
+        if (j < nbc) {
+            if (g->w) {
+                const uint8_t *p = g->w + (b0 + j) * bytes;
+                amx_pack_b(k, p, g->rb, g->nr, pk[j].bt);
+                amx_scales(k, p, g->rb, rows, &pk[j].dw, &pk[j].mw);
+            }
+            amx_block(x, b0 + j, stride, pk[j].bt, cq[j & 1], cr[j & 1]);
         }
-        if (b > 0) {
-            amx_scales(k, w + (b - 1) * bytes, rb, rows, &dw, &mw);
-            amx_scale(k, T, px, b - 1, cq[(b - 1) & 1], cr[(b - 1) & 1], dw, mw, acc);
-        }
+        if (j > 0)
+            amx_scale(k, T, px, b0 + j - 1, cq[(j - 1) & 1], cr[(j - 1) & 1], pk[j - 1].dw,
+                      pk[j - 1].mw, acc);
     }
 #pragma GCC unroll 16
     for (int t = 0; t < T; t++)
@@ -254,27 +280,34 @@ AMX_INLINE void amx_group(const int k, const size_t bytes, const int T, const ui
             _mm512_mask_storeu_ps(y + (size_t)t * ldy, rows, acc[t]);
 }
 
-/* Every row and token: tokens in groups of 16 (the tiles reconfigured for a smaller last
- * group), rows in groups of 16 within each. */
+/* Every row and token: rows in groups of 16, each group's blocks packed AMX_PACK at a
+ * time and then run by every group of 16 tokens (the tiles reconfigured for a smaller
+ * last group), so a weight is decoded once per call whatever the token count. */
 AMX_INLINE void amx_tile(const int k, const size_t bytes, const uint8_t *w, size_t rb,
                          size_t nr, const wpi_xq *xq, size_t ldq, size_t nt, size_t nb,
                          float *y, size_t ldy)
 {
+    _Alignas(64) amx_pk pk[AMX_PACK];
     unsigned configured = 0;
-    for (size_t t = 0; t < nt; t += 16) {
-        size_t n = nt - t < 16 ? nt - t : 16;
-        if (n != configured)
-            amx_config((unsigned)(configured = (unsigned)n));
-        const wpi_xq *x = xq + t * ldq;
-        for (size_t i = 0; i < nr; i += 16) {
-            size_t m = nr - i < 16 ? nr - i : 16;
-            float *yo = y + t * ldy + i;
-            if (n > 8)
-                amx_group(k, bytes, 16, w + i * rb, rb, m, x, ldq, n, nb, yo, ldy);
-            else if (n > 4)
-                amx_group(k, bytes, 8, w + i * rb, rb, m, x, ldq, n, nb, yo, ldy);
-            else
-                amx_group(k, bytes, 4, w + i * rb, rb, m, x, ldq, n, nb, yo, ldy);
+    for (size_t i = 0; i < nr; i += 16) {
+        const size_t m = nr - i < 16 ? nr - i : 16;
+        for (size_t b0 = 0; b0 < nb || b0 == 0; b0 += AMX_PACK) {
+            const size_t nbc = nb - b0 < AMX_PACK ? nb - b0 : AMX_PACK;
+            amx_rows_pk g = {w + i * rb, rb, m,
+                             (__mmask16)(m >= 16 ? 0xffffu : (1u << m) - 1), pk};
+            for (size_t t = 0; t < nt; t += 16, g.w = NULL) {
+                const size_t n = nt - t < 16 ? nt - t : 16;
+                if (n != configured)
+                    amx_config((unsigned)(configured = (unsigned)n));
+                const wpi_xq *x = xq + t * ldq;
+                float *yo = y + t * ldy + i;
+                if (n > 8)
+                    amx_group(k, bytes, 16, &g, b0, nbc, x, ldq, n, b0 > 0, yo, ldy);
+                else if (n > 4)
+                    amx_group(k, bytes, 8, &g, b0, nbc, x, ldq, n, b0 > 0, yo, ldy);
+                else
+                    amx_group(k, bytes, 4, &g, b0, nbc, x, ldq, n, b0 > 0, yo, ldy);
+            }
         }
     }
     _tile_release();
