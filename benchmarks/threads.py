@@ -7,7 +7,11 @@ system, all threads): on a quiet machine 2 threads at ~2x speed spend about the 
 per token as 1; on a loaded one the wall clock is unreliable and the CPU time shows how
 much work the second thread added (spinning included).
 
-    python benchmarks/threads.py CONTAINER [CONTAINER ...] [--repeats 5] [--exact both]
+    python benchmarks/threads.py CONTAINER [CONTAINER ...] [--repeats 5]
+        [--exact yes|no|both|auto]
+
+--exact: yes (float32 activations), no (8-bit wherever a kernel exists), both, or auto
+(the engine's default, decided per step and weight type: docs/ENGINE.md).
 """
 
 from __future__ import annotations
@@ -49,9 +53,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("containers", type=Path, nargs="+")
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--exact", choices=("yes", "no", "both"), default="both")
+    ap.add_argument("--exact", choices=("yes", "no", "both", "auto"), default="both")
     args = ap.parse_args()
-    modes = {"yes": [True], "no": [False], "both": [True, False]}[args.exact]
+    modes = {"yes": [True], "no": [False], "both": [True, False], "auto": [None]}[args.exact]
+    labels = {True: "exact", False: "int8", None: "auto"}
     print(f"load average at start: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
     print("| model | path | prefill 1t | prefill 2t | prefill 2t/1t | decode 1t | decode 2t "
           "| decode 2t/1t | CPU ms/token prefill 1t / 2t | CPU ms/token decode 1t / 2t |")
@@ -76,7 +81,7 @@ def main() -> None:
                     e.close()
             med = {t: [statistics.median(x[i] for x in res[t]) for i in range(4)]
                    for t in (1, 2)}
-            print(f"| {c.name} | {'exact' if exact else 'int8'} | {med[1][0]:.1f} | "
+            print(f"| {c.name} | {labels[exact]} | {med[1][0]:.1f} | "
                   f"{med[2][0]:.1f} | **{med[2][0] / med[1][0]:.2f}x** | {med[1][1]:.2f} | "
                   f"{med[2][1]:.2f} | **{med[2][1] / med[1][1]:.2f}x** | "
                   f"{1e3 * med[1][2]:.1f} / {1e3 * med[2][2]:.1f} | "
