@@ -131,9 +131,15 @@ X8T_INLINE void xt_group(const int k, const size_t bytes, const int R, const int
          * by side defeat the hardware prefetch of weights streamed from DRAM (1.4x slower
          * at n_tok = 1 on [32768 x 1024] q8_0 without the first; the second, one token on
          * [500000 x 2048] (1.1 GB, past the last-level cache), AVX-512 VNNI: q8_0 10.6 ->
-         * 12.0 GB/s, q4_0 9.8 -> 13.2, docs/BENCHMARKS.md) */
+         * 12.0 GB/s, q4_0 9.8 -> 13.2, docs/BENCHMARKS.md); a step of more than a line
+         * (q8_0's two blocks, 68 bytes) prefetches the next line too, else every
+         * sixteenth line came from DRAM on demand (q8_0 on that shape 11.6 -> 12.5) */
         _mm_prefetch((const char *)(p + R * rb + 64), _MM_HINT_T0);
         _mm_prefetch((const char *)(p + 4 * R * rb + 64), _MM_HINT_T1);
+        if ((two ? 2 : 1) * bytes > 64) {
+            _mm_prefetch((const char *)(p + R * rb + 128), _MM_HINT_T0);
+            _mm_prefetch((const char *)(p + 4 * R * rb + 128), _MM_HINT_T1);
+        }
         wv[i] = xt_weights(k, X8T_BIASED(k, T), p, p1);
         if (!gather)
             dw[i] = xt_dw(k, p, p1);
