@@ -6,7 +6,9 @@
  * (decode) and 16 (prefill). Not part of any test run. Build and run by hand:
  *
  *   gcc -std=c11 -D_GNU_SOURCE -O2 -Iengine/include -Iengine/src benchmarks/kernels.c \
- *       $(ls engine/src/kernels/[a-z]*.c) -lm -o bench_kernels
+ *       $(ls engine/src/kernels/[a-z]*.c) engine/src/platform.c -lm -o bench_kernels
+ *
+ * (platform.c: the OS's permission for AMX tiles, which dispatch.c asks for.)
  *   ./bench_kernels [seconds_per_case] [--cpu] [--dtype NAME]...
  *
  * --dtype keeps only the named dtypes (repeatable), e.g. --dtype q4_0 --dtype mxfp4.
