@@ -7,9 +7,9 @@
  *
  *   gcc -std=c11 -D_GNU_SOURCE -O2 -Iengine/include -Iengine/src benchmarks/kernels.c \
  *       $(ls engine/src/kernels/[a-z]*.c) engine/src/platform.c -lm -o bench_kernels
- *
- * (platform.c: the OS's permission for AMX tiles, which dispatch.c asks for.)
  *   ./bench_kernels [seconds_per_case] [--cpu] [--dtype NAME]...
+ *
+ * (platform.c holds the OS's permission for AMX tiles, which dispatch.c asks for.)
  *
  * --dtype keeps only the named dtypes (repeatable), e.g. --dtype q4_0 --dtype mxfp4.
  * --x8 times the 8-bit-activation path instead (quantized dtypes only; each call
